@@ -1,0 +1,48 @@
+import { Config, Effect, Layer, Option } from "effect"
+import { BannerLive } from "./Banner.ts"
+import { Chain } from "./chain/Chain.ts"
+import { DatabaseLive } from "./db/Database.ts"
+import { Fleet } from "./devnet/fleet/Fleet.ts"
+import { HttpServerLive } from "./http/Server.ts"
+import { Latency } from "./market/Latency.ts"
+import { Market } from "./market/Market.ts"
+import { ModelCatalog } from "./market/ModelCatalog.ts"
+import { Providers } from "./market/Providers.ts"
+import { QuoteBook } from "./market/QuoteBook.ts"
+import { Readiness } from "./Readiness.ts"
+import { RouterConfig } from "./RouterConfig.ts"
+
+/** The market: registry, book, latency and the auction over them. */
+export const MarketLive = Market.layer.pipe(
+  Layer.provideMerge(QuoteBook.layer),
+  Layer.provideMerge(Providers.layer),
+  Layer.provideMerge(Layer.mergeAll(ModelCatalog.layer, Latency.layer))
+)
+
+/** Every service of the router over a database and a chain. */
+export const ServicesLive = Layer.mergeAll(MarketLive, Readiness.layer)
+
+/** The simulated fleet runs unless `SIMULATED_FLEET=false` (real upstreams register themselves). */
+const FleetWhenEnabled = Layer.unwrap(
+  Effect.gen(function* () {
+    const enabled = yield* Config.Boolean("SIMULATED_FLEET").pipe(Config.option)
+    if (Option.getOrElse(enabled, () => true) === false) return Layer.empty
+    const config = yield* RouterConfig
+    const fleet = Fleet.layer({
+      routerUrl: `http://127.0.0.1:${config.port}`,
+      operatorToken: config.operatorToken
+    })
+    return Layer.effectDiscard(Effect.void).pipe(Layer.provide(fleet))
+  })
+)
+
+/** The whole process: infrastructure, services, the HTTP server, then the banner and the fleet. */
+export const RouterLive = Layer.mergeAll(
+  HttpServerLive,
+  BannerLive.pipe(Layer.provide(HttpServerLive)),
+  FleetWhenEnabled.pipe(Layer.provide(HttpServerLive))
+).pipe(
+  Layer.provide(ServicesLive),
+  Layer.provide(Layer.mergeAll(DatabaseLive, Chain.layer)),
+  Layer.provide(RouterConfig.layer)
+)

@@ -1,0 +1,19 @@
+import { HttpApi, OpenApi } from "effect/http-api"
+import { GatedApi } from "./GatedApi.ts"
+import { AdminApi, MarketApi, ProviderApi, RoutingApi } from "./MarketApi.ts"
+import { SystemApi } from "./SystemApi.ts"
+
+export class Api extends HttpApi.make("svc")
+  .add(SystemApi)
+  .add(GatedApi)
+  .add(AdminApi)
+  .add(ProviderApi)
+  .add(MarketApi)
+  .add(RoutingApi)
+  .annotateMerge(
+    OpenApi.annotations({
+      title: "svc market-cleared inference router",
+      description:
+        "OpenAI-compatible inference cleared by a second-score auction over signed standing quotes."
+    })
+  ) {}

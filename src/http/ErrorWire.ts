@@ -1,0 +1,107 @@
+import { Schema, SchemaTransformation } from "effect"
+import { HttpApiSchema } from "effect/http-api"
+import { type DialectError, type DialectErrors, errorTypes } from "../domain/Errors.ts"
+import { PaymentRequired } from "../domain/Payment.ts"
+
+/**
+ * The one place that knows how each dialect spells an error. Endpoint definitions list
+ * `openAi(X)` or `anthropic(X)` so the compiler tracks which endpoint fails how, and
+ * the body on the wire is the dialect's own.
+ */
+export type Dialect = "openai" | "anthropic"
+
+export const OpenAiErrorBody = Schema.Struct({
+  error: Schema.Struct({
+    message: Schema.String,
+    type: Schema.String,
+    code: Schema.NullOr(Schema.String),
+    param: Schema.NullOr(Schema.String)
+  })
+})
+
+export const AnthropicErrorBody = Schema.Struct({
+  type: Schema.Literal("error"),
+  error: Schema.Struct({ type: Schema.String, message: Schema.String })
+})
+
+type ErrorClass = (typeof DialectErrors)[number]
+type Encoded = {
+  readonly _tag: DialectError["_tag"]
+  readonly message: string
+  readonly code: string
+  readonly param?: string
+}
+
+const statusOf = (cls: ErrorClass): number => {
+  const status = cls.ast.annotations?.httpApiStatus
+  return typeof status === "number" ? status : 500
+}
+const tagOf = (cls: ErrorClass) => cls.ast.annotations?.identifier as DialectError["_tag"]
+const asCodec = (cls: ErrorClass) => cls as unknown as Schema.Codec<DialectError, Encoded>
+
+export const openAiBody = (e: Encoded) => ({
+  error: { message: e.message, type: errorTypes[e._tag].openai, code: e.code, param: e.param ?? null }
+})
+export const anthropicBody = (e: Encoded) => ({
+  type: "error" as const,
+  error: { type: errorTypes[e._tag].anthropic, message: e.message }
+})
+
+export const openAi = <C extends ErrorClass>(cls: C) => {
+  const tag = tagOf(cls)
+  return OpenAiErrorBody.pipe(
+    Schema.decodeTo(
+      asCodec(cls),
+      SchemaTransformation.transform<Encoded, typeof OpenAiErrorBody.Type>({
+        decode: (b) => ({
+          _tag: tag,
+          message: b.error.message,
+          code: b.error.code ?? b.error.type,
+          ...(b.error.param === null ? {} : { param: b.error.param })
+        }),
+        encode: openAiBody
+      })
+    ),
+    HttpApiSchema.status(statusOf(cls))
+  ) as unknown as Schema.Codec<InstanceType<C>, typeof OpenAiErrorBody.Encoded>
+}
+
+export const anthropic = <C extends ErrorClass>(cls: C) => {
+  const tag = tagOf(cls)
+  return AnthropicErrorBody.pipe(
+    Schema.decodeTo(
+      asCodec(cls),
+      SchemaTransformation.transform<Encoded, typeof AnthropicErrorBody.Type>({
+        decode: (b) => ({ _tag: tag, message: b.error.message, code: b.error.type }),
+        encode: anthropicBody
+      })
+    ),
+    HttpApiSchema.status(statusOf(cls))
+  ) as unknown as Schema.Codec<InstanceType<C>, typeof AnthropicErrorBody.Encoded>
+}
+
+const { _tag: _, ...paymentFields } = PaymentRequired.fields
+const PaymentRequiredBody = Schema.Struct(paymentFields).pipe(HttpApiSchema.status(402))
+
+const toBase64 = (value: unknown) => Buffer.from(JSON.stringify(value)).toString("base64")
+const fromBase64 = (value: string): unknown => JSON.parse(Buffer.from(value, "base64").toString("utf8"))
+
+/** x402 v2 `PaymentRequired` as the official client reads it from the header. */
+export const paymentRequiredHeader = (e: typeof PaymentRequiredBody.Type) =>
+  toBase64({ x402Version: 2, error: e.error, resource: e.resource, accepts: e.accepts })
+
+/** 402 with the spec 2.7 body in every dialect, and the same requirements base64 in `PAYMENT-REQUIRED`. */
+export const PaymentRequiredWire = PaymentRequired.pipe(
+  HttpApiSchema.encodeToWithHeaders(
+    { body: PaymentRequiredBody, headers: { "payment-required": Schema.String } },
+    {
+      decode: ({ body }) => new PaymentRequired(body),
+      encode: (e) => {
+        const { _tag: _t, ...body } = e
+        return { body, headers: { "payment-required": paymentRequiredHeader(body) } }
+      }
+    }
+  )
+)
+
+export const decodePaymentHeader = fromBase64

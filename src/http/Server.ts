@@ -1,0 +1,39 @@
+import { createServer } from "node:http"
+import { NodeHttpServer } from "@effect/platform-node"
+import { Layer } from "effect"
+import { HttpRouter } from "effect/http"
+import { HttpApiBuilder } from "effect/http-api"
+import { RouterConfig } from "../RouterConfig.ts"
+import { OperatorAuthLive } from "./AdminAuth.ts"
+import { Api } from "./Api.ts"
+import { GatedHandlers } from "./handlers/Gated.ts"
+import { AdminHandlers, MarketHandlers, ProviderHandlers, RoutingHandlers } from "./handlers/Market.ts"
+import { SystemHandlers } from "./handlers/System.ts"
+import { Cors, RouterMiddleware } from "./Middleware.ts"
+
+/** All routes: the HttpApi (with `/openapi.json`), CORS and the dialect-aware middleware. */
+export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json" }).pipe(
+  Layer.provide([
+    SystemHandlers,
+    GatedHandlers,
+    AdminHandlers,
+    ProviderHandlers,
+    MarketHandlers,
+    RoutingHandlers
+  ]),
+  Layer.provide(OperatorAuthLive),
+  Layer.provide([RouterMiddleware, Cors])
+)
+
+export const HttpServerLive = HttpRouter.serve(ApiRoutes, {
+  disableListenLog: true,
+  disableLogger: true
+}).pipe(
+  Layer.provide(
+    Layer.unwrap(
+      RouterConfig.useSync((config) =>
+        NodeHttpServer.layer(createServer, { port: config.port, host: config.host })
+      )
+    )
+  )
+)

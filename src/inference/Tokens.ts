@@ -1,0 +1,32 @@
+import { encode } from "gpt-tokenizer"
+import type { ChatMessage } from "../domain/Chat.ts"
+
+/** Per-message framing overhead, as OpenAI counts chat messages. */
+const MESSAGE_OVERHEAD = 4
+const REPLY_PRIMER = 3
+
+export const countTextTokens = (text: string): number => (text.length === 0 ? 0 : encode(text).length)
+
+const contentText = (content: ChatMessage["content"]): string => {
+  if (content === undefined || content === null) return ""
+  if (typeof content === "string") return content
+  return content.map((part) => (part.type === "text" ? part.text : "")).join("\n")
+}
+
+/** A fixed charge per image part (a low-detail tile), documented in docs/decisions.md. */
+export const IMAGE_PART_TOKENS = 85
+
+/** Local estimate of prompt tokens with a real BPE tokenizer (cl100k/o200k family). */
+export const estimatePromptTokens = (messages: ReadonlyArray<ChatMessage>): number => {
+  let total = REPLY_PRIMER
+  for (const message of messages) {
+    total += MESSAGE_OVERHEAD + countTextTokens(contentText(message.content))
+    if (Array.isArray(message.content)) {
+      total += message.content.filter((p) => p.type === "image_url").length * IMAGE_PART_TOKENS
+    }
+    for (const call of message.tool_calls ?? []) {
+      total += countTextTokens(call.function.name) + countTextTokens(call.function.arguments)
+    }
+  }
+  return total
+}

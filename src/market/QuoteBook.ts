@@ -1,0 +1,222 @@
+import { Clock, Context, Effect, Layer, Schedule, Schema, type Scope } from "effect"
+import { SqlClient } from "effect/sql"
+import { type Hex, recoverMessageAddress } from "viem"
+import { Conflict, Forbidden, InvalidRequest, ServiceUnavailable, Unauthorized } from "../domain/Errors.ts"
+import { quoteSigningString, SignedQuote } from "../domain/Quote.ts"
+import type { LiveQuote } from "./Auction.ts"
+import { ModelCatalog } from "./ModelCatalog.ts"
+import { Providers } from "./Providers.ts"
+
+/** Spec 8: a quote's TTL is at most 30 s; payment and quote checks allow 5 s of clock skew. */
+export const MAX_QUOTE_TTL_S = 30
+export const CLOCK_SKEW_S = 5
+/** A capacity lease outlives its request only if an instance dies mid-request. */
+const LEASE_TTL = "10 minutes"
+
+export type QuoteRejection = InvalidRequest | Unauthorized | Forbidden | Conflict
+
+const slotKey = (providerId: string, modelClass: string) => `${providerId}\u0000${modelClass}`
+
+/** Canonical JSON of a quote, so a re-post of the identical quote is recognised. */
+const canonical = (q: SignedQuote) => JSON.stringify(Schema.encodeSync(SignedQuote)(q), Object.keys(q).sort())
+
+const decodeStored = Schema.decodeUnknownEffect(
+  Schema.Array(Schema.Struct({ seq: Schema.String, body: SignedQuote }))
+)
+
+/**
+ * The live quote book. Quotes are verified once, at ingest, persisted for audit, and held
+ * in memory per instance: the newest quote of each (provider, class) is that provider's
+ * standing offer for the class until its `valid_until`. Instances share quotes through the
+ * `quotes` table (a sync fiber reads what others ingested). Capacity slots are leases in
+ * the database, so `capacity_rps` holds across every instance.
+ */
+export class QuoteBook extends Context.Service<
+  QuoteBook,
+  {
+    readonly ingest: (quote: SignedQuote) => Effect.Effect<SignedQuote, QuoteRejection>
+    /** Live standing quotes with this instance's view of their in-flight counts. */
+    readonly live: Effect.Effect<ReadonlyArray<LiveQuote>>
+    /**
+     * Takes one concurrency slot on the quote's (provider, class) for the life of the
+     * scope; fails when the signed ceiling is reached across all instances.
+     */
+    readonly acquireSlot: (quote: SignedQuote) => Effect.Effect<void, ServiceUnavailable, Scope.Scope>
+    readonly sync: Effect.Effect<void>
+  }
+>()("router/market/QuoteBook") {
+  static readonly layer = Layer.effect(
+    QuoteBook,
+    Effect.gen(function* () {
+      const sql = yield* SqlClient.SqlClient
+      const providers = yield* Providers
+      const catalog = yield* ModelCatalog
+      const standing = new Map<string, SignedQuote>()
+      const inFlight = new Map<string, number>()
+      let lastSeq = 0n
+
+      const offer = (quote: SignedQuote) => {
+        const key = slotKey(quote.provider_id, quote.model_class)
+        const current = standing.get(key)
+        if (current === undefined || current.valid_until <= quote.valid_until) standing.set(key, quote)
+      }
+
+      const ingest = Effect.fn("QuoteBook.ingest")(function* (quote: SignedQuote) {
+        yield* Effect.annotateCurrentSpan({
+          quote_id: quote.quote_id,
+          provider_id: quote.provider_id,
+          model_class: quote.model_class
+        })
+        const provider = providers.get(quote.provider_id)
+        if (provider === undefined) {
+          return yield* new Forbidden({
+            code: "provider_not_registered",
+            param: "provider_id",
+            message: `Provider ${quote.provider_id} is not registered`
+          })
+        }
+        if (!provider.enabled) {
+          return yield* new Forbidden({
+            code: "provider_disabled",
+            param: "provider_id",
+            message: `Provider ${quote.provider_id} is disabled`
+          })
+        }
+        if (catalog.find(quote.model_class) === undefined) {
+          return yield* new InvalidRequest({
+            code: "unknown_model_class",
+            param: "model_class",
+            message: `Unknown model class ${quote.model_class}`
+          })
+        }
+        const nowS = Math.floor((yield* Clock.currentTimeMillis) / 1000)
+        if (quote.valid_until <= nowS - CLOCK_SKEW_S) {
+          return yield* new InvalidRequest({
+            code: "quote_expired",
+            param: "valid_until",
+            message: "valid_until is in the past"
+          })
+        }
+        if (quote.valid_until > nowS + MAX_QUOTE_TTL_S + CLOCK_SKEW_S) {
+          return yield* new InvalidRequest({
+            code: "quote_ttl_too_long",
+            param: "valid_until",
+            message: `valid_until may be at most ${MAX_QUOTE_TTL_S} s ahead`
+          })
+        }
+        const { sig, ...unsigned } = quote
+        const recovered = yield* Effect.tryPromise(() =>
+          recoverMessageAddress({ message: quoteSigningString(unsigned), signature: sig as Hex })
+        ).pipe(Effect.orElseSucceed(() => "0x"))
+        if (recovered.toLowerCase() !== provider.signer.toLowerCase()) {
+          return yield* new Unauthorized({
+            code: "invalid_signature",
+            param: "sig",
+            message: "The quote is not signed by the provider's registered signer"
+          })
+        }
+        const body = Schema.encodeSync(SignedQuote)(quote)
+        const inserted = yield* sql`
+          INSERT INTO quotes (quote_id, provider_id, model_class, price_in, price_out, max_context, valid_until,
+                              capacity_rps, body)
+          VALUES (${quote.quote_id}, ${quote.provider_id}, ${quote.model_class}, ${quote.price_in},
+                  ${quote.price_out}, ${quote.max_context}, ${quote.valid_until}, ${quote.capacity_rps},
+                  ${JSON.stringify(body)}::jsonb)
+          ON CONFLICT (quote_id) DO NOTHING
+          RETURNING quote_id
+        `.pipe(Effect.orDie)
+        if (inserted.length === 0) {
+          const stored = yield* sql<{
+            body: unknown
+          }>`SELECT body FROM quotes WHERE quote_id = ${quote.quote_id}`.pipe(Effect.orDie)
+          const previous = yield* Schema.decodeUnknownEffect(SignedQuote)(stored[0]?.body).pipe(Effect.orDie)
+          if (canonical(previous) !== canonical(quote)) {
+            return yield* new Conflict({
+              code: "quote_id_reused",
+              param: "quote_id",
+              message: `quote_id ${quote.quote_id} was already used with different fields`
+            })
+          }
+        }
+        offer(quote)
+        return quote
+      })
+
+      const live = Effect.map(Clock.currentTimeMillis, (nowMs) => {
+        const quotes: Array<LiveQuote> = []
+        for (const [key, quote] of standing) {
+          const provider = providers.get(quote.provider_id)
+          if (quote.valid_until * 1000 <= nowMs || provider === undefined || !provider.enabled) continue
+          quotes.push({ quote, inFlight: inFlight.get(key) ?? 0 })
+        }
+        return quotes
+      })
+
+      const sync = Effect.gen(function* () {
+        yield* providers.refresh
+        const nowS = Math.floor((yield* Clock.currentTimeMillis) / 1000)
+        const rows = yield* sql`
+          SELECT seq::text AS seq, body FROM quotes
+          WHERE seq > ${lastSeq.toString()}::bigint AND valid_until > ${nowS}
+          ORDER BY seq
+        `.pipe(Effect.flatMap(decodeStored), Effect.orDie)
+        for (const row of rows) {
+          offer(row.body)
+          lastSeq = BigInt(row.seq)
+        }
+        for (const [key, quote] of standing) if (quote.valid_until < nowS - 60) standing.delete(key)
+      }).pipe(Effect.withSpan("QuoteBook.sync"))
+
+      const acquireSlot = Effect.fn("QuoteBook.acquireSlot")(function* (quote: SignedQuote) {
+        const key = slotKey(quote.provider_id, quote.model_class)
+        const leaseId = crypto.randomUUID()
+        const granted = yield* sql
+          .withTransaction(
+            Effect.gen(function* () {
+              yield* sql`
+                INSERT INTO capacity_gates (provider_id, model_class) VALUES (${quote.provider_id}, ${quote.model_class})
+                ON CONFLICT DO NOTHING
+              `
+              yield* sql`
+                SELECT 1 FROM capacity_gates
+                WHERE provider_id = ${quote.provider_id} AND model_class = ${quote.model_class} FOR UPDATE
+              `
+              const rows = yield* sql<{ n: number }>`
+                SELECT count(*)::int AS n FROM capacity_leases
+                WHERE provider_id = ${quote.provider_id} AND model_class = ${quote.model_class} AND expires_at > now()
+              `
+              if ((rows[0]?.n ?? 0) >= quote.capacity_rps) return false
+              yield* sql`
+                INSERT INTO capacity_leases (lease_id, provider_id, model_class, expires_at)
+                VALUES (${leaseId}, ${quote.provider_id}, ${quote.model_class}, now() + ${LEASE_TTL}::interval)
+              `
+              return true
+            })
+          )
+          .pipe(Effect.orDie)
+        if (!granted) {
+          return yield* new ServiceUnavailable({
+            code: "capacity_exhausted",
+            message: `${quote.provider_id} is at its signed capacity for ${quote.model_class}`
+          })
+        }
+        inFlight.set(key, (inFlight.get(key) ?? 0) + 1)
+        yield* Effect.addFinalizer(() =>
+          Effect.gen(function* () {
+            inFlight.set(key, Math.max(0, (inFlight.get(key) ?? 1) - 1))
+            yield* sql`DELETE FROM capacity_leases WHERE lease_id = ${leaseId}`.pipe(Effect.ignore)
+          })
+        )
+      })
+
+      yield* sync
+      yield* sync.pipe(
+        Effect.catchCause((cause) => Effect.logWarning("quote book sync failed", cause)),
+        Effect.repeat(Schedule.spaced("1 second")),
+        Effect.forkScoped
+      )
+
+      return QuoteBook.of({ ingest, live, acquireSlot, sync })
+    })
+  )
+}

@@ -1,0 +1,33 @@
+import { PgClient } from "@effect/sql-pg"
+import { Effect, Layer, Redacted } from "effect"
+import { inject } from "vitest"
+import { databaseFromUrl } from "../../src/db/Database.ts"
+
+const withDatabase = (url: string, name: string) => {
+  const parsed = new URL(url)
+  parsed.pathname = `/${name}`
+  return parsed.toString()
+}
+
+/** Runs one statement against the admin database on a short-lived connection. */
+const admin = (statement: string) =>
+  Effect.gen(function* () {
+    const sql = yield* PgClient.PgClient
+    yield* sql.unsafe(statement)
+  }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(inject("adminDatabaseUrl")) })), Effect.orDie)
+
+/**
+ * A fresh, migrated database for one test file, dropped when the layer is released:
+ * tests never see each other's rows and never depend on what ran before.
+ */
+export const TestDatabase = Layer.unwrap(
+  Effect.gen(function* () {
+    const name = `t_${Date.now().toString(36)}_${Math.random().toString(36).slice(2, 8)}`
+    yield* Effect.acquireRelease(admin(`CREATE DATABASE ${name}`), () =>
+      admin(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`).pipe(Effect.ignore)
+    )
+    return databaseFromUrl(withDatabase(inject("adminDatabaseUrl"), name))
+  })
+)
+
+export const testDatabaseUrl = () => inject("adminDatabaseUrl")
