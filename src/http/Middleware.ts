@@ -1,5 +1,11 @@
-import { Cause, Clock, Effect, Exit, type Schema, SchemaIssue } from "effect"
-import { HttpRouter, HttpServerError, HttpServerRequest, HttpServerResponse } from "effect/http"
+import { ByteSize, Cause, Clock, Effect, Exit, type Schema, SchemaIssue } from "effect"
+import {
+  HttpIncomingMessage,
+  HttpRouter,
+  HttpServerError,
+  HttpServerRequest,
+  HttpServerResponse
+} from "effect/http"
 import { HttpApi, HttpApiError } from "effect/http-api"
 import {
   type DialectError,
@@ -8,6 +14,7 @@ import {
   PayloadTooLarge,
   ServiceUnavailable
 } from "../domain/Errors.ts"
+import { RouterConfig } from "../RouterConfig.ts"
 import { Api } from "./Api.ts"
 import { anthropicBody, type Dialect, openAiBody } from "./ErrorWire.ts"
 import { recordRequest } from "./Metrics.ts"
@@ -58,7 +65,7 @@ const frameworkError = (cause: Cause.Cause<unknown>, path: string): DialectError
       }
       if (value.reason._tag === "RequestParseError") {
         const text = String(value.reason.cause ?? "")
-        return /too large|size/i.test(text)
+        return /too large|size|maxBytes/i.test(text)
           ? new PayloadTooLarge({ code: "payload_too_large", message: "Request body is too large" })
           : new InvalidRequest({ code: "invalid_json", message: "Request body is not valid JSON" })
       }
@@ -86,40 +93,46 @@ const routeOf = (path: string) => routePatterns.find((r) => r.regex.test(path))?
  * request is counted and timed by route pattern.
  */
 export const RouterMiddleware = HttpRouter.middleware(
-  (httpEffect) =>
-    Effect.gen(function* () {
-      const request = yield* HttpServerRequest.HttpServerRequest
-      const path = request.url.split("?")[0] ?? "/"
-      const started = yield* Clock.currentTimeMillis
-      const exit = yield* Effect.exit(httpEffect)
-      let response: HttpServerResponse.HttpServerResponse
-      if (Exit.isSuccess(exit)) {
-        response = exit.value
-      } else {
-        const known = frameworkError(exit.cause, path)
-        if (known !== undefined) {
-          response = renderError(dialectOf(path), known)
-        } else if (Cause.hasInterruptsOnly(exit.cause)) {
-          return yield* Effect.failCause(exit.cause)
+  Effect.gen(function* () {
+    const { maxBodyBytes } = yield* RouterConfig
+    const maxBodySize = ByteSize.bytes(maxBodyBytes)
+    return (httpEffect) =>
+      Effect.gen(function* () {
+        const request = yield* HttpServerRequest.HttpServerRequest
+        const path = request.url.split("?")[0] ?? "/"
+        const started = yield* Clock.currentTimeMillis
+        const exit = yield* Effect.exit(
+          Effect.provideService(httpEffect, HttpIncomingMessage.MaxBodySize, maxBodySize)
+        )
+        let response: HttpServerResponse.HttpServerResponse
+        if (Exit.isSuccess(exit)) {
+          response = exit.value
         } else {
-          yield* Effect.logError("unhandled request failure", Cause.pretty(exit.cause))
-          response = renderError(
-            dialectOf(path),
-            new ServiceUnavailable({
-              code: "internal_error",
-              message: "The router failed to handle this request"
-            })
-          )
-          response = HttpServerResponse.setStatus(response, 500)
+          const known = frameworkError(exit.cause, path)
+          if (known !== undefined) {
+            response = renderError(dialectOf(path), known)
+          } else if (Cause.hasInterruptsOnly(exit.cause)) {
+            return yield* Effect.failCause(exit.cause)
+          } else {
+            yield* Effect.logError("unhandled request failure", Cause.pretty(exit.cause))
+            response = renderError(
+              dialectOf(path),
+              new ServiceUnavailable({
+                code: "internal_error",
+                message: "The router failed to handle this request"
+              })
+            )
+            response = HttpServerResponse.setStatus(response, 500)
+          }
         }
-      }
-      const finished = yield* Clock.currentTimeMillis
-      yield* recordRequest(
-        { route: routeOf(path), method: request.method, status: String(response.status) },
-        (finished - started) / 1000
-      )
-      return HttpServerResponse.setHeader(response, "x-svc-auction-version", AUCTION_VERSION)
-    }),
+        const finished = yield* Clock.currentTimeMillis
+        yield* recordRequest(
+          { route: routeOf(path), method: request.method, status: String(response.status) },
+          (finished - started) / 1000
+        )
+        return HttpServerResponse.setHeader(response, "x-svc-auction-version", AUCTION_VERSION)
+      })
+  }),
   { global: true }
 )
 

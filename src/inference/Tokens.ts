@@ -5,7 +5,26 @@ import type { ChatMessage } from "../domain/Chat.ts"
 const MESSAGE_OVERHEAD = 4
 const REPLY_PRIMER = 3
 
-export const countTextTokens = (text: string): number => (text.length === 0 ? 0 : encode(text).length)
+/**
+ * BPE cost grows badly on one enormous "word" (a run with no whitespace), so long text is
+ * counted in windows cut at whitespace where possible. A cut inside a word can only add a
+ * token, which keeps the estimate on the safe (authorizing) side.
+ */
+const WINDOW = 2048
+export const countTextTokens = (text: string): number => {
+  let total = 0
+  let start = 0
+  while (start < text.length) {
+    let end = Math.min(text.length, start + WINDOW)
+    if (end < text.length) {
+      const space = text.lastIndexOf(" ", end)
+      if (space > start + WINDOW / 2) end = space
+    }
+    total += encode(text.slice(start, end)).length
+    start = end
+  }
+  return total
+}
 
 const contentText = (content: ChatMessage["content"]): string => {
   if (content === undefined || content === null) return ""

@@ -1,0 +1,551 @@
+import { Config, Context, Effect, Layer, Option, Redacted, Schema, Semaphore } from "effect"
+import {
+  type Address,
+  createPublicClient,
+  createWalletClient,
+  defineChain,
+  getAddress,
+  type Hash,
+  type Hex,
+  type HttpTransport,
+  hexToNumber,
+  http,
+  type LocalAccount,
+  type PublicClient,
+  size,
+  slice,
+  toHex,
+  type Chain as ViemChain,
+  type WalletClient
+} from "viem"
+import { privateKeyToAccount } from "viem/accounts"
+import { launchAnvil } from "./Anvil.ts"
+import { epochAnchorAbi, epochAnchorBytecode, testUsdcAbi, testUsdcBytecode } from "./artifacts.ts"
+import { ChainError, fromViemError } from "./ChainError.ts"
+import { demoWalletAccounts, routerSignerAccount, treasuryAccount } from "./DevAccounts.ts"
+import type { TokenDomain } from "./Eip3009.ts"
+
+export { ChainError, type ChainErrorReason } from "./ChainError.ts"
+export {
+  randomAuthorizationNonce,
+  signTransferAuthorization,
+  type TokenDomain,
+  type TransferAuthorizationParams,
+  transferWithAuthorizationTypes,
+  verifyTransferAuthorization
+} from "./Eip3009.ts"
+
+/** 10,000 USDC in base units: what every embedded demo wallet starts with. */
+export const DEMO_WALLET_FUNDING = 10_000_000_000n
+
+export interface DemoWallet {
+  readonly address: Address
+  /** Only in embedded mode, where the keys derive from the public dev mnemonic. */
+  readonly privateKey?: Hex
+}
+
+export interface TransferAuthorization {
+  readonly from: Address
+  readonly to: Address
+  readonly value: bigint
+  readonly validAfter: bigint
+  readonly validBefore: bigint
+  readonly nonce: Hex
+  /** 65-byte r‖s‖v from an EOA, or any other length for a contract wallet (ERC-1271). */
+  readonly signature: Hex
+}
+
+export interface TransactionOutcome {
+  readonly status: "success" | "reverted"
+  readonly blockNumber: bigint
+}
+
+export interface TransferLog {
+  readonly from: Address
+  readonly to: Address
+  readonly value: bigint
+  readonly txHash: Hash
+  readonly blockNumber: bigint
+  readonly logIndex: number
+}
+
+export interface ChainShape {
+  readonly mode: "embedded" | "external"
+  readonly rpcUrl: string
+  readonly chainId: number
+  readonly network: `eip155:${number}`
+  readonly token: Address
+  readonly tokenDomain: TokenDomain
+  readonly anchor: Address
+  readonly treasury: Address
+  readonly routerSigner: Address
+  readonly demoWallets: ReadonlyArray<DemoWallet>
+  readonly publicClient: PublicClient<HttpTransport, ViemChain>
+  readonly blockNumber: () => Effect.Effect<bigint, ChainError>
+  readonly balanceOf: (address: Address) => Effect.Effect<bigint, ChainError>
+  readonly authorizationState: (authorizer: Address, nonce: Hex) => Effect.Effect<boolean, ChainError>
+  /** Sends the authorization from the router signer, which pays gas; returns once broadcast, not mined. */
+  /** Dry-runs the authorization as the router would send it (eth_call): fails `Reverted` with the token's reason. */
+  readonly simulateTransferWithAuthorization: (
+    authorization: TransferAuthorization
+  ) => Effect.Effect<void, ChainError>
+  readonly submitTransferWithAuthorization: (
+    authorization: TransferAuthorization
+  ) => Effect.Effect<Hash, ChainError>
+  readonly waitForReceipt: (hash: Hash) => Effect.Effect<TransactionOutcome, ChainError>
+  /** A refund or payout. Sent by the treasury when its key is configured, else by the router signer. */
+  readonly transferFromTreasury: (to: Address, amount: bigint) => Effect.Effect<Hash, ChainError>
+  readonly anchorEpoch: (epochId: bigint, root: Hex) => Effect.Effect<Hash, ChainError>
+  /** The anchored root of an epoch, or the zero hash when none is anchored. */
+  readonly anchoredRoot: (epochId: bigint) => Effect.Effect<Hex, ChainError>
+  /** Token Transfer events in an inclusive block range (RPCs cap the range; callers page). */
+  readonly readTransferLogs: (range: {
+    readonly fromBlock: bigint
+    readonly toBlock: bigint
+    readonly from?: Address
+    readonly to?: Address
+  }) => Effect.Effect<ReadonlyArray<TransferLog>, ChainError>
+}
+
+const RECEIPT_TIMEOUT_MS = 120_000
+const MAX_UINT64 = 2n ** 64n - 1n
+
+const requireUint64 = (epochId: bigint) =>
+  epochId >= 0n && epochId <= MAX_UINT64
+    ? Effect.void
+    : Effect.fail(
+        new ChainError({ reason: "Invalid", message: `epoch id ${epochId} does not fit in uint64` })
+      )
+
+type SignerWallet = WalletClient<HttpTransport, ViemChain, LocalAccount>
+
+/** One account that sends transactions. Its sends are serialized so that nonces never collide. */
+interface Sender {
+  readonly address: Address
+  readonly send: (
+    operation: string,
+    write: (wallet: SignerWallet, nonce: number) => Promise<Hash>
+  ) => Effect.Effect<Hash, ChainError>
+}
+
+interface Connection {
+  readonly rpcUrl: string
+  readonly chainId: number
+  readonly viemChain: ViemChain
+  readonly publicClient: PublicClient<HttpTransport, ViemChain>
+}
+
+const connect = (rpcUrl: string, chainId: number, pollingInterval: number): Connection => {
+  const viemChain = defineChain({
+    id: chainId,
+    name: `eip155:${chainId}`,
+    nativeCurrency: { name: "Ether", symbol: "ETH", decimals: 18 },
+    rpcUrls: { default: { http: [rpcUrl] } }
+  })
+  const publicClient = createPublicClient({ chain: viemChain, transport: http(rpcUrl), pollingInterval })
+  return { rpcUrl, chainId, viemChain, publicClient }
+}
+
+const makeSender = Effect.fnUntraced(function* (connection: Connection, account: LocalAccount) {
+  const wallet = createWalletClient({
+    account,
+    chain: connection.viemChain,
+    transport: http(connection.rpcUrl)
+  })
+  const semaphore = yield* Semaphore.make(1)
+  // The next nonce to use, known only after a successful send; any failure or interruption forgets it,
+  // and the next send asks the node for the pending count again.
+  let nextNonce: number | undefined
+  const send: Sender["send"] = (operation, write) =>
+    semaphore.withPermit(
+      Effect.gen(function* () {
+        const known = nextNonce
+        nextNonce = undefined
+        const nonce =
+          known ??
+          (yield* Effect.tryPromise({
+            try: () =>
+              connection.publicClient.getTransactionCount({ address: account.address, blockTag: "pending" }),
+            catch: fromViemError(operation)
+          }))
+        const hash = yield* Effect.tryPromise({
+          try: () => write(wallet, nonce),
+          catch: fromViemError(operation)
+        })
+        nextNonce = nonce + 1
+        return hash
+      })
+    )
+  return { address: account.address, send } satisfies Sender
+})
+
+const call = <A>(operation: string, evaluate: () => Promise<A>) =>
+  Effect.tryPromise({ try: evaluate, catch: fromViemError(operation) })
+
+const readTokenDomain = (connection: Connection, token: Address) =>
+  Effect.all({
+    name: call("Chain.tokenDomain", () =>
+      connection.publicClient.readContract({ address: token, abi: testUsdcAbi, functionName: "name" })
+    ),
+    version: call("Chain.tokenDomain", () =>
+      connection.publicClient.readContract({ address: token, abi: testUsdcAbi, functionName: "version" })
+    )
+  })
+
+// EIP-3009 has a v,r,s entry point on every USDC version and a bytes one only on v2.2+: EOAs use the former.
+const splitSignature = (signature: Hex) => {
+  if (size(signature) !== 65) return undefined
+  const v = hexToNumber(slice(signature, 64, 65))
+  return { r: slice(signature, 0, 32), s: slice(signature, 32, 64), v: v < 27 ? v + 27 : v }
+}
+
+interface Deployment {
+  readonly mode: ChainShape["mode"]
+  readonly connection: Connection
+  readonly router: Sender
+  /** Absent when no treasury key is configured: then the router signer sends refunds and payouts. */
+  readonly treasurySender: Sender | undefined
+  readonly treasury: Address
+  readonly token: Address
+  readonly anchor: Address
+  readonly demoWallets: ReadonlyArray<DemoWallet>
+}
+
+const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
+  const { connection, router, token, anchor } = deployment
+  const publicClient = connection.publicClient
+  const tokenDomain = yield* readTokenDomain(connection, token)
+  const payer = deployment.treasurySender ?? router
+
+  const blockNumber = Effect.fn("Chain.blockNumber")(() =>
+    call("Chain.blockNumber", () => publicClient.getBlockNumber({ cacheTime: 0 }))
+  )
+
+  const balanceOf = Effect.fn("Chain.balanceOf")((address: Address) =>
+    call("Chain.balanceOf", () =>
+      publicClient.readContract({
+        address: token,
+        abi: testUsdcAbi,
+        functionName: "balanceOf",
+        args: [address]
+      })
+    )
+  )
+
+  const authorizationState = Effect.fn("Chain.authorizationState")((authorizer: Address, nonce: Hex) =>
+    call("Chain.authorizationState", () =>
+      publicClient.readContract({
+        address: token,
+        abi: testUsdcAbi,
+        functionName: "authorizationState",
+        args: [authorizer, nonce]
+      })
+    )
+  )
+
+  const simulateTransferWithAuthorization = Effect.fn("Chain.simulateTransferWithAuthorization")(
+    (a: TransferAuthorization) => {
+      const split = splitSignature(a.signature)
+      return call("Chain.simulateTransferWithAuthorization", () =>
+        split === undefined
+          ? publicClient
+              .simulateContract({
+                account: router.address,
+                address: token,
+                abi: testUsdcAbi,
+                functionName: "transferWithAuthorization",
+                args: [a.from, a.to, a.value, a.validAfter, a.validBefore, a.nonce, a.signature]
+              })
+              .then(() => undefined)
+          : publicClient
+              .simulateContract({
+                account: router.address,
+                address: token,
+                abi: testUsdcAbi,
+                functionName: "transferWithAuthorization",
+                args: [a.from, a.to, a.value, a.validAfter, a.validBefore, a.nonce, split.v, split.r, split.s]
+              })
+              .then(() => undefined)
+      )
+    }
+  )
+
+  const submitTransferWithAuthorization = Effect.fn("Chain.submitTransferWithAuthorization")(
+    (a: TransferAuthorization) => {
+      const split = splitSignature(a.signature)
+      return router.send("Chain.submitTransferWithAuthorization", (wallet, nonce) =>
+        split === undefined
+          ? wallet.writeContract({
+              address: token,
+              abi: testUsdcAbi,
+              functionName: "transferWithAuthorization",
+              args: [a.from, a.to, a.value, a.validAfter, a.validBefore, a.nonce, a.signature],
+              nonce
+            })
+          : wallet.writeContract({
+              address: token,
+              abi: testUsdcAbi,
+              functionName: "transferWithAuthorization",
+              args: [a.from, a.to, a.value, a.validAfter, a.validBefore, a.nonce, split.v, split.r, split.s],
+              nonce
+            })
+      )
+    }
+  )
+
+  const waitForReceipt = Effect.fn("Chain.waitForReceipt")(function* (hash: Hash) {
+    const receipt = yield* call("Chain.waitForReceipt", () =>
+      publicClient.waitForTransactionReceipt({ hash, timeout: RECEIPT_TIMEOUT_MS })
+    )
+    return { status: receipt.status, blockNumber: receipt.blockNumber } satisfies TransactionOutcome
+  })
+
+  const transferFromTreasury = Effect.fn("Chain.transferFromTreasury")((to: Address, amount: bigint) =>
+    payer.send("Chain.transferFromTreasury", (wallet, nonce) =>
+      wallet.writeContract({
+        address: token,
+        abi: testUsdcAbi,
+        functionName: "transfer",
+        args: [to, amount],
+        nonce
+      })
+    )
+  )
+
+  const anchorEpoch = Effect.fn("Chain.anchorEpoch")(function* (epochId: bigint, root: Hex) {
+    yield* requireUint64(epochId)
+    return yield* router.send("Chain.anchorEpoch", (wallet, nonce) =>
+      wallet.writeContract({
+        address: anchor,
+        abi: epochAnchorAbi,
+        functionName: "anchor",
+        args: [epochId, root],
+        nonce
+      })
+    )
+  })
+
+  const anchoredRoot = Effect.fn("Chain.anchoredRoot")(function* (epochId: bigint) {
+    yield* requireUint64(epochId)
+    return yield* call("Chain.anchoredRoot", () =>
+      publicClient.readContract({
+        address: anchor,
+        abi: epochAnchorAbi,
+        functionName: "roots",
+        args: [epochId]
+      })
+    )
+  })
+
+  const readTransferLogs = Effect.fn("Chain.readTransferLogs")(function* (range: {
+    readonly fromBlock: bigint
+    readonly toBlock: bigint
+    readonly from?: Address
+    readonly to?: Address
+  }) {
+    const logs = yield* call("Chain.readTransferLogs", () =>
+      publicClient.getContractEvents({
+        address: token,
+        abi: testUsdcAbi,
+        eventName: "Transfer",
+        args: { from: range.from, to: range.to },
+        fromBlock: range.fromBlock,
+        toBlock: range.toBlock,
+        strict: true
+      })
+    )
+    return logs.flatMap(
+      (log): Array<TransferLog> =>
+        log.transactionHash === null || log.blockNumber === null || log.logIndex === null
+          ? []
+          : [
+              {
+                from: log.args.from,
+                to: log.args.to,
+                value: log.args.value,
+                txHash: log.transactionHash,
+                blockNumber: log.blockNumber,
+                logIndex: log.logIndex
+              }
+            ]
+    )
+  })
+
+  return {
+    mode: deployment.mode,
+    rpcUrl: connection.rpcUrl,
+    chainId: connection.chainId,
+    network: `eip155:${connection.chainId}`,
+    token,
+    tokenDomain,
+    anchor,
+    treasury: deployment.treasury,
+    routerSigner: router.address,
+    demoWallets: deployment.demoWallets,
+    publicClient,
+    blockNumber,
+    balanceOf,
+    authorizationState,
+    simulateTransferWithAuthorization,
+    submitTransferWithAuthorization,
+    waitForReceipt,
+    transferFromTreasury,
+    anchorEpoch,
+    anchoredRoot,
+    readTransferLogs
+  } satisfies ChainShape
+})
+
+const deployContract = Effect.fnUntraced(function* (
+  connection: Connection,
+  deployer: Sender,
+  name: string,
+  write: (wallet: SignerWallet, nonce: number) => Promise<Hash>
+) {
+  const hash = yield* deployer.send(`deploy ${name}`, write)
+  const receipt = yield* call(`deploy ${name}`, () =>
+    connection.publicClient.waitForTransactionReceipt({ hash })
+  )
+  if (receipt.status !== "success" || !receipt.contractAddress) {
+    return yield* new ChainError({ reason: "Devnet", message: `deploying ${name} failed` })
+  }
+  return getAddress(receipt.contractAddress)
+})
+
+/** No RPC_URL: a private Anvil for the layer's lifetime, with fresh contracts and funded demo wallets. */
+const embedded = Effect.gen(function* () {
+  const anvil = yield* launchAnvil()
+  const connection = connect(anvil.rpcUrl, anvil.chainId, 50)
+  const router = yield* makeSender(connection, routerSignerAccount())
+  const treasurySender = yield* makeSender(connection, treasuryAccount())
+  const token = yield* deployContract(connection, router, "TestUSDC", (wallet, nonce) =>
+    wallet.deployContract({ abi: testUsdcAbi, bytecode: testUsdcBytecode, nonce })
+  )
+  const anchor = yield* deployContract(connection, router, "EpochAnchor", (wallet, nonce) =>
+    wallet.deployContract({ abi: epochAnchorAbi, bytecode: epochAnchorBytecode, nonce })
+  )
+  const demoWallets = demoWalletAccounts()
+  const mints = yield* Effect.forEach(demoWallets, (wallet) =>
+    router.send("mint", (client, nonce) =>
+      client.writeContract({
+        address: token,
+        abi: testUsdcAbi,
+        functionName: "mint",
+        args: [wallet.address, DEMO_WALLET_FUNDING],
+        nonce
+      })
+    )
+  )
+  yield* Effect.forEach(
+    mints,
+    (hash) => call("mint", () => connection.publicClient.waitForTransactionReceipt({ hash })),
+    {
+      concurrency: "unbounded",
+      discard: true
+    }
+  )
+  yield* Effect.logInfo("embedded chain ready").pipe(
+    Effect.annotateLogs({ rpcUrl: anvil.rpcUrl, token, anchor, demoWallets: demoWallets.length })
+  )
+  return yield* makeService({
+    mode: "embedded",
+    connection,
+    router,
+    treasurySender,
+    treasury: treasurySender.address,
+    token,
+    anchor,
+    demoWallets: demoWallets.map((account) => {
+      const key = account.getHdKey().privateKey
+      return key === null
+        ? { address: account.address }
+        : { address: account.address, privateKey: toHex(key) }
+    })
+  })
+})
+
+const AddressConfig = (name: string) =>
+  Config.schema(Schema.String.check(Schema.isPattern(/^0x[0-9a-fA-F]{40}$/)), name).pipe(
+    Config.map((address) => getAddress(address.toLowerCase()))
+  )
+
+const isPrivateKey = (value: string): value is Hex => /^0x[0-9a-fA-F]{64}$/.test(value)
+
+const accountFromKey = (name: string, key: Redacted.Redacted<string>) => {
+  const raw = Redacted.value(key).trim()
+  const hex = raw.startsWith("0x") ? raw : `0x${raw}`
+  return isPrivateKey(hex)
+    ? Effect.succeed(privateKeyToAccount(hex))
+    : Effect.fail(new ChainError({ reason: "Config", message: `${name} is not a 32-byte hex private key` }))
+}
+
+/** RPC_URL set: the configured chain, token and anchor; the router key signs and pays gas. */
+const external = Effect.fnUntraced(function* (rpcUrl: string) {
+  const config = yield* Config.all({
+    routerKey: Config.Redacted("ROUTER_PRIVATE_KEY"),
+    treasuryKey: Config.option(Config.Redacted("TREASURY_PRIVATE_KEY")),
+    treasury: AddressConfig("TREASURY_ADDRESS"),
+    token: AddressConfig("TOKEN_ADDRESS"),
+    anchor: AddressConfig("ANCHOR_ADDRESS"),
+    chainId: Config.Int("CHAIN_ID")
+  })
+  const connection = connect(rpcUrl, config.chainId, 1000)
+  const actualChainId = yield* call("Chain.connect", () => connection.publicClient.getChainId())
+  if (actualChainId !== config.chainId) {
+    return yield* new ChainError({
+      reason: "Config",
+      message: `CHAIN_ID is ${config.chainId} but the RPC serves chain ${actualChainId}`
+    })
+  }
+  const router = yield* makeSender(connection, yield* accountFromKey("ROUTER_PRIVATE_KEY", config.routerKey))
+  const treasuryKey = Option.getOrUndefined(config.treasuryKey)
+  let treasurySender: Sender | undefined
+  if (treasuryKey !== undefined) {
+    const account = yield* accountFromKey("TREASURY_PRIVATE_KEY", treasuryKey)
+    if (account.address !== config.treasury) {
+      return yield* new ChainError({
+        reason: "Config",
+        message: "TREASURY_PRIVATE_KEY does not belong to TREASURY_ADDRESS"
+      })
+    }
+    // One account, one nonce sequence: a treasury that is also the router signer shares its sender.
+    treasurySender = account.address === router.address ? router : yield* makeSender(connection, account)
+  }
+  const anchorOwner = yield* call("Chain.connect", () =>
+    connection.publicClient.readContract({
+      address: config.anchor,
+      abi: epochAnchorAbi,
+      functionName: "owner"
+    })
+  )
+  if (anchorOwner !== router.address) {
+    return yield* new ChainError({
+      reason: "Config",
+      message: `ANCHOR_ADDRESS is owned by ${anchorOwner}, not by the router signer ${router.address}`
+    })
+  }
+  return yield* makeService({
+    mode: "external",
+    connection,
+    router,
+    treasurySender,
+    treasury: config.treasury,
+    token: config.token,
+    anchor: config.anchor,
+    demoWallets: []
+  })
+})
+
+const make = Effect.gen(function* () {
+  const rpcUrl = yield* Config.option(Config.String("RPC_URL"))
+  const configured = Option.getOrUndefined(rpcUrl)?.trim()
+  return configured === undefined || configured === "" ? yield* embedded : yield* external(configured)
+})
+
+/**
+ * The settlement chain: the stablecoin, the epoch anchor, and the accounts that use them.
+ * Embedded (no RPC_URL) starts and seeds a private Anvil; external uses the configured RPC and contracts.
+ */
+export class Chain extends Context.Service<Chain, ChainShape>()("router/chain/Chain") {
+  static readonly layer = Layer.effect(Chain, make)
+}

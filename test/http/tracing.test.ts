@@ -1,0 +1,48 @@
+import { assert, describe, layer } from "@effect/vitest"
+import { SpanKind } from "@opentelemetry/api"
+import { InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
+import { Effect, Layer } from "effect"
+import { tracingWith } from "../../src/Telemetry.ts"
+import { call, OPERATOR_TOKEN, routerLayer } from "../support/Router.ts"
+
+const exporter = new InMemorySpanExporter()
+
+describe("tracing", () => {
+  layer(routerLayer().pipe(Layer.provide(tracingWith([new SimpleSpanProcessor(exporter)]))), {
+    excludeTestServices: true,
+    timeout: 120_000
+  })((it) => {
+    it.effect("one request is one trace: a server span with the service-call spans under it", () =>
+      Effect.gen(function* () {
+        exporter.reset()
+        const r = yield* call("/ready")
+        assert.strictEqual(r.status, 200)
+        yield* Effect.sleep("50 millis")
+        const spans = exporter.getFinishedSpans()
+        const server = spans.find((s) => s.kind === SpanKind.SERVER && s.name === "GET")
+        assert.isDefined(server, `spans: ${spans.map((s) => s.name).join(", ")}`)
+        const check = spans.find((s) => s.name === "Readiness.check")
+        assert.isDefined(check)
+        assert.strictEqual(check!.spanContext().traceId, server!.spanContext().traceId)
+        assert.strictEqual(
+          server!.attributes["http.response.status_code"] ?? server!.attributes["http.status_code"],
+          200
+        )
+      })
+    )
+
+    it.effect("no secret appears in any span attribute", () =>
+      Effect.gen(function* () {
+        exporter.reset()
+        yield* call("/v1/admin/providers", { headers: { authorization: `Bearer ${OPERATOR_TOKEN}` } })
+        yield* Effect.sleep("50 millis")
+        const spans = exporter.getFinishedSpans()
+        assert.isAbove(spans.length, 0)
+        const dump = JSON.stringify(
+          spans.map((s) => ({ name: s.name, attributes: s.attributes, events: s.events }))
+        )
+        assert.notInclude(dump, OPERATOR_TOKEN)
+      })
+    )
+  })
+})

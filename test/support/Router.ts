@@ -1,0 +1,76 @@
+import { Context, Effect, Layer, Redacted } from "effect"
+import { Chain } from "../../src/chain/Chain.ts"
+import { freePort } from "../../src/devnet/EmbeddedPostgres.ts"
+import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
+import { HttpServerLive } from "../../src/http/Server.ts"
+import { ServicesLive } from "../../src/Router.ts"
+import { RouterConfig, type RouterSettings } from "../../src/RouterConfig.ts"
+import { TestDatabase } from "./Database.ts"
+
+export const OPERATOR_TOKEN = "test-operator-token"
+
+/** Where the router under test listens. */
+export class RouterUrl extends Context.Service<RouterUrl, string>()("test/RouterUrl") {}
+
+/**
+ * The real router, in process: its own migrated database, its own Anvil with the project's
+ * contracts, the HTTP server on a free loopback port.
+ */
+export const routerLayer = (overrides: Partial<RouterSettings> = {}) =>
+  Layer.unwrap(
+    Effect.gen(function* () {
+      const port = yield* Effect.orDie(freePort)
+      const url = `http://127.0.0.1:${port}`
+      const config = RouterConfig.test({ port, publicUrl: url, ...overrides })
+      const infrastructure = Layer.mergeAll(TestDatabase, Chain.layer).pipe(Layer.provideMerge(config))
+      return Layer.mergeAll(HttpServerLive, Layer.succeed(RouterUrl, url)).pipe(
+        Layer.provideMerge(ServicesLive),
+        Layer.provideMerge(infrastructure)
+      )
+    })
+  )
+
+/** The router plus the simulated fleet registered and quoting into it. */
+export const routerWithFleet = (overrides: Partial<RouterSettings> = {}) =>
+  Layer.unwrap(
+    Effect.gen(function* () {
+      const router = routerLayer(overrides)
+      const fleet = Layer.unwrap(
+        Effect.map(RouterUrl, (url) =>
+          Fleet.layer({ routerUrl: url, operatorToken: Redacted.make(OPERATOR_TOKEN), refreshMs: 2_000 })
+        )
+      )
+      return fleet.pipe(Layer.provideMerge(router))
+    })
+  )
+
+export interface Reply {
+  readonly status: number
+  readonly headers: Headers
+  readonly text: string
+  readonly json: unknown
+}
+
+/** A plain HTTP call against the router (tests talk to it as any client would). */
+export const call = (path: string, init: RequestInit = {}) =>
+  Effect.gen(function* () {
+    const base = yield* RouterUrl
+    return yield* Effect.promise(async (): Promise<Reply> => {
+      const response = await fetch(`${base}${path}`, init)
+      const text = await response.text()
+      let json: unknown
+      try {
+        json = JSON.parse(text)
+      } catch {
+        json = undefined
+      }
+      return { status: response.status, headers: response.headers, text, json }
+    })
+  })
+
+export const postJson = (path: string, body: unknown, headers: Record<string, string> = {}) =>
+  call(path, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...headers },
+    body: JSON.stringify(body)
+  })
