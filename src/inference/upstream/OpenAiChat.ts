@@ -1,0 +1,190 @@
+import { Result, Schema } from "effect"
+import type { ChatCompletionRequest } from "../../domain/Chat.ts"
+import type { FinishReason, UpstreamEvent, UpstreamSource } from "../Events.ts"
+import type { SseEvent } from "./Sse.ts"
+import { protocolError, providerError, type UpstreamError } from "./UpstreamError.ts"
+
+/**
+ * The OpenAI chat-completions dialect: the request body sent upstream and the translation of
+ * `chat.completion.chunk`s into dialect-neutral events. Every OpenAI-compatible upstream
+ * goes through this one module.
+ */
+
+/**
+ * The body sent upstream: built from an allow-list, so router-only fields (`routing`,
+ * `context`, `include_reasoning`) and the caller's `user` never leave the router. The
+ * ceiling is sent as `max_completion_tokens`, the field reasoning models require (and the
+ * one that counts reasoning inside the ceiling, as the worst-case authorization does).
+ */
+export const chatRequestToUpstream = (
+  request: ChatCompletionRequest,
+  modelClass: string,
+  maxTokens: number
+): Record<string, unknown> => {
+  const body: Record<string, unknown> = {
+    model: modelClass,
+    messages: request.messages,
+    max_completion_tokens: maxTokens,
+    stream: true,
+    stream_options: { include_usage: true }
+  }
+  const passed = [
+    "tools",
+    "tool_choice",
+    "response_format",
+    "reasoning_effort",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed"
+  ] as const
+  for (const key of passed) {
+    if (request[key] !== undefined) body[key] = request[key]
+  }
+  return body
+}
+
+const optional = <S extends Schema.Top>(schema: S) => Schema.optionalKey(Schema.NullOr(schema))
+
+const ToolCallDelta = Schema.Struct({
+  index: optional(Schema.Int),
+  id: optional(Schema.String),
+  function: optional(Schema.Struct({ name: optional(Schema.String), arguments: optional(Schema.String) }))
+})
+
+const Delta = Schema.Struct({
+  content: optional(Schema.String),
+  reasoning_content: optional(Schema.String),
+  reasoning: optional(Schema.String),
+  tool_calls: optional(Schema.Array(ToolCallDelta))
+})
+
+export const OpenAiUsage = Schema.Struct({
+  prompt_tokens: optional(Schema.Int),
+  completion_tokens: optional(Schema.Int),
+  prompt_tokens_details: optional(Schema.Struct({ cached_tokens: optional(Schema.Int) })),
+  completion_tokens_details: optional(Schema.Struct({ reasoning_tokens: optional(Schema.Int) }))
+})
+export type OpenAiUsage = typeof OpenAiUsage.Type
+
+export const Source = Schema.Struct({
+  id: Schema.String,
+  title: Schema.String,
+  url: Schema.String,
+  snippet: Schema.String
+})
+
+/** The parts of a `chat.completion.chunk` read here; anything else is ignored. */
+export const OpenAiChunk = Schema.Struct({
+  choices: optional(
+    Schema.Array(
+      Schema.Struct({ index: Schema.Int, delta: optional(Delta), finish_reason: optional(Schema.String) })
+    )
+  ),
+  usage: optional(OpenAiUsage),
+  svc_sources: optional(Schema.Array(Schema.Unknown)),
+  error: optional(Schema.Struct({ message: optional(Schema.String), type: optional(Schema.String) }))
+})
+export type OpenAiChunk = typeof OpenAiChunk.Type
+
+const decodeChunk = Schema.decodeUnknownResult(Schema.fromJsonString(OpenAiChunk))
+const decodeSource = Schema.decodeUnknownOption(Source)
+
+/** Grounding sources preserved as sent; entries without the four string fields are skipped. */
+export const sourcesToEvents = (sources: ReadonlyArray<unknown> | null | undefined): Array<UpstreamEvent> => {
+  const valid: Array<UpstreamSource> = []
+  for (const source of sources ?? []) {
+    const decoded = decodeSource(source)
+    if (decoded._tag === "Some") valid.push(decoded.value)
+  }
+  return valid.length > 0 ? [{ _tag: "Sources", sources: valid }] : []
+}
+
+export const openAiFinishReason = (reason: string): FinishReason => {
+  switch (reason) {
+    case "length":
+      return "length"
+    case "tool_calls":
+    case "function_call":
+      return "tool_calls"
+    case "content_filter":
+      return "content_filter"
+    default:
+      return "stop"
+  }
+}
+
+export const openaiUsageToUsage = (usage: OpenAiUsage): UpstreamEvent => ({
+  _tag: "Usage",
+  inputTokens: usage.prompt_tokens ?? undefined,
+  outputTokens: usage.completion_tokens ?? undefined,
+  reasoningTokens: usage.completion_tokens_details?.reasoning_tokens ?? undefined,
+  cachedInputTokens: usage.prompt_tokens_details?.cached_tokens ?? undefined
+})
+
+/** Events of one chunk, in wire order: sources, reasoning, text, tool calls, finish, usage. */
+export const openAiChunkToEvents = (chunk: OpenAiChunk): ReadonlyArray<UpstreamEvent> => {
+  const events = sourcesToEvents(chunk.svc_sources)
+  // One choice is asked for; other indexes could only come from a misbehaving upstream.
+  const choice = chunk.choices?.find((c) => c.index === 0)
+  const delta = choice?.delta
+  if (delta !== undefined && delta !== null) {
+    const reasoning = delta.reasoning_content ?? delta.reasoning
+    if (reasoning !== undefined && reasoning !== null && reasoning.length > 0) {
+      events.push({ _tag: "ReasoningDelta", text: reasoning })
+    }
+    if (delta.content !== undefined && delta.content !== null && delta.content.length > 0) {
+      events.push({ _tag: "TextDelta", text: delta.content })
+    }
+    for (const call of delta.tool_calls ?? []) {
+      events.push({
+        _tag: "ToolCallDelta",
+        index: call.index ?? 0,
+        id: call.id ?? undefined,
+        name: call.function?.name ?? undefined,
+        argumentsDelta: call.function?.arguments ?? ""
+      })
+    }
+  }
+  if (choice?.finish_reason !== undefined && choice.finish_reason !== null) {
+    events.push({ _tag: "Finish", reason: openAiFinishReason(choice.finish_reason) })
+  }
+  if (chunk.usage !== undefined && chunk.usage !== null) events.push(openaiUsageToUsage(chunk.usage))
+  return events
+}
+
+/** Where an OpenAI stream stands: a finish reason seen is enough to call the reply whole. */
+export interface OpenAiStreamState {
+  readonly finished: boolean
+}
+export const initialOpenAiState: OpenAiStreamState = { finished: false }
+
+export interface StreamStep<S> {
+  readonly state: S
+  readonly events: ReadonlyArray<UpstreamEvent>
+  /** The dialect's terminal frame was read; nothing after it is read. */
+  readonly done: boolean
+}
+
+/** One SSE frame of an OpenAI stream: `[DONE]` ends it, an `error` chunk fails it. */
+export const openAiFrameToStep = (
+  state: OpenAiStreamState,
+  frame: SseEvent
+): Result.Result<StreamStep<OpenAiStreamState>, UpstreamError> => {
+  const data = frame.data.trim()
+  if (data === "[DONE]") return Result.succeed({ state, events: [], done: true })
+  const decoded = decodeChunk(data)
+  if (Result.isFailure(decoded)) {
+    return Result.fail(protocolError("upstream sent a chunk that is not a chat.completion.chunk"))
+  }
+  const chunk = decoded.success
+  if (chunk.error !== undefined && chunk.error !== null) {
+    return Result.fail(providerError(chunk.error.type ?? undefined, chunk.error.message ?? undefined))
+  }
+  const events = openAiChunkToEvents(chunk)
+  const finished = state.finished || events.some((e) => e._tag === "Finish")
+  return Result.succeed({ state: finished === state.finished ? state : { finished }, events, done: false })
+}
+
+/** At the end of the body: an OpenAI reply is whole once its finish reason arrived. */
+export const openAiStreamComplete = (state: OpenAiStreamState): boolean => state.finished

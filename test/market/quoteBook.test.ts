@@ -1,0 +1,80 @@
+import { assert, describe, layer } from "@effect/vitest"
+import { Effect, Exit, Layer, Scope } from "effect"
+import { TestClock } from "effect/testing"
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
+import { quoteSigningString, SignedQuote } from "../../src/domain/Quote.ts"
+import { ModelCatalog } from "../../src/market/ModelCatalog.ts"
+import { Providers } from "../../src/market/Providers.ts"
+import { QuoteBook } from "../../src/market/QuoteBook.ts"
+import { TestDatabase } from "../support/Database.ts"
+
+const key = privateKeyToAccount(generatePrivateKey())
+
+const BookLayer = QuoteBook.layer.pipe(
+  Layer.provideMerge(Providers.layer),
+  Layer.provideMerge(ModelCatalog.layerDefault),
+  Layer.provideMerge(TestDatabase)
+)
+
+const quoteAt = (validUntil: number, capacity = 2, id = `q-${validUntil}-${capacity}`) =>
+  Effect.promise(async () => {
+    const unsigned = {
+      quote_id: id,
+      provider_id: "prov-clock",
+      model_class: "chat-small",
+      price_in: 100_000,
+      price_out: 400_000,
+      max_context: 32_000,
+      valid_until: validUntil,
+      capacity_rps: capacity
+    }
+    return new SignedQuote({ ...unsigned, sig: await key.signMessage({ message: quoteSigningString(unsigned) }) })
+  })
+
+describe("quote book", () => {
+  // it.effect runs on the TestClock: the router's clock starts at 0 and moves only when told.
+  layer(BookLayer, { timeout: 60_000 })((it) => {
+    it.effect("a quote is live until valid_until and gone after it", () =>
+      Effect.gen(function* () {
+        const providers = yield* Providers
+        const book = yield* QuoteBook
+        yield* providers.register({
+          provider_id: "prov-clock",
+          signer: key.address,
+          base_url: "http://127.0.0.1:9",
+          dialect: "openai"
+        })
+        yield* TestClock.setTime(1_000_000)
+        yield* book.ingest(yield* quoteAt(1_000 + 30))
+        assert.strictEqual((yield* book.live).length, 1)
+        yield* TestClock.adjust("29 seconds")
+        assert.strictEqual((yield* book.live).length, 1)
+        yield* TestClock.adjust("2 seconds")
+        assert.strictEqual((yield* book.live).length, 0)
+      })
+    )
+
+    it.effect("capacity is a scoped slot: the ceiling holds and a failed request releases its slot", () =>
+      Effect.gen(function* () {
+        const book = yield* QuoteBook
+        yield* TestClock.setTime(2_000_000)
+        const quote = yield* quoteAt(2_000 + 30, 1, "q-capacity")
+        yield* book.ingest(quote)
+        const held = yield* Scope.make()
+        yield* book.acquireSlot(quote).pipe(Scope.provide(held))
+        assert.strictEqual((yield* book.live)[0]!.inFlight, 1)
+        const second = yield* Effect.exit(Effect.scoped(book.acquireSlot(quote)))
+        assert.isTrue(Exit.isFailure(second), "second request must not exceed capacity_rps = 1")
+        yield* Scope.close(held, Exit.void)
+        assert.strictEqual((yield* book.live)[0]!.inFlight, 0)
+        // A request that fails after taking its slot gives it back.
+        const failed = yield* Effect.exit(
+          Effect.scoped(Effect.andThen(book.acquireSlot(quote), Effect.fail("provider error")))
+        )
+        assert.isTrue(Exit.isFailure(failed))
+        assert.strictEqual((yield* book.live)[0]!.inFlight, 0)
+        yield* Effect.scoped(book.acquireSlot(quote))
+      })
+    )
+  })
+})
