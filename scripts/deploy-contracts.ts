@@ -18,7 +18,12 @@ if (!rpcUrl || !key) {
 const account = privateKeyToAccount(key)
 const publicClient = createPublicClient({ transport: http(rpcUrl) })
 const chainId = await publicClient.getChainId()
-const chain = { id: chainId, name: `chain-${chainId}`, nativeCurrency: { name: "ETH", symbol: "ETH", decimals: 18 }, rpcUrls: { default: { http: [rpcUrl] } } }
+const chain = {
+  id: chainId,
+  name: `chain-${chainId}`,
+  nativeCurrency: { name: "ETH", symbol: "ETH", decimals: 18 },
+  rpcUrls: { default: { http: [rpcUrl] } }
+}
 const wallet = createWalletClient({ account, chain, transport: http(rpcUrl) })
 
 const deploy = async (abi: typeof testUsdcAbi | typeof epochAnchorAbi, bytecode: Hex) => {

@@ -4,11 +4,20 @@ import { Chain } from "./chain/Chain.ts"
 import { DatabaseLive } from "./db/Database.ts"
 import { Fleet } from "./devnet/fleet/Fleet.ts"
 import { HttpServerLive } from "./http/Server.ts"
+import { Completions } from "./inference/Completions.ts"
+import { LiveStreams } from "./inference/LiveStreams.ts"
+import { Upstream } from "./inference/upstream/Upstream.ts"
+import { Epochs, PayoutConfig } from "./ledger/Epochs.ts"
+import { Ledger } from "./ledger/Ledger.ts"
 import { Latency } from "./market/Latency.ts"
 import { Market } from "./market/Market.ts"
 import { ModelCatalog } from "./market/ModelCatalog.ts"
 import { Providers } from "./market/Providers.ts"
 import { QuoteBook } from "./market/QuoteBook.ts"
+import { Idempotency } from "./payment/Idempotency.ts"
+import { PaymentVerifier } from "./payment/PaymentVerifier.ts"
+import { Settlement } from "./payment/Settlement.ts"
+import { X402Config } from "./payment/X402.ts"
 import { Readiness } from "./Readiness.ts"
 import { RouterConfig } from "./RouterConfig.ts"
 
@@ -19,8 +28,26 @@ export const MarketLive = Market.layer.pipe(
   Layer.provideMerge(Layer.mergeAll(ModelCatalog.layer, Latency.layer))
 )
 
+/** Payments: x402 verification, the ledger, settlement, epoch refunds, idempotency. */
+export const PaymentsLive = Layer.mergeAll(
+  Settlement.layer,
+  Epochs.layer,
+  PaymentVerifier.layer,
+  Idempotency.layer
+).pipe(
+  Layer.provideMerge(Ledger.layer),
+  Layer.provideMerge(Layer.mergeAll(X402Config.layer, PayoutConfig.layer))
+)
+
+/** Serving: the lifecycle over the market and payments, upstream clients and live streams. */
+export const InferenceLive = Completions.layer.pipe(
+  Layer.provideMerge(Layer.mergeAll(LiveStreams.layer, Upstream.layerFetch)),
+  Layer.provideMerge(PaymentsLive),
+  Layer.provideMerge(MarketLive)
+)
+
 /** Every service of the router over a database and a chain. */
-export const ServicesLive = Layer.mergeAll(MarketLive, Readiness.layer)
+export const ServicesLive = Layer.mergeAll(InferenceLive, Readiness.layer)
 
 /** The simulated fleet runs unless `SIMULATED_FLEET=false` (real upstreams register themselves). */
 const FleetWhenEnabled = Layer.unwrap(

@@ -14,6 +14,7 @@ import {
   type PublicClient,
   size,
   slice,
+  type TypedDataDefinition,
   toHex,
   type Chain as ViemChain,
   type WalletClient
@@ -98,6 +99,8 @@ export interface ChainShape {
   readonly anchorEpoch: (epochId: bigint, root: Hex) => Effect.Effect<Hash, ChainError>
   /** The anchored root of an epoch, or the zero hash when none is anchored. */
   readonly anchoredRoot: (epochId: bigint) => Effect.Effect<Hex, ChainError>
+  /** EIP-712 signature by the router signer (receipts); no transaction, no gas. */
+  readonly signTypedData: (typedData: TypedDataDefinition) => Effect.Effect<Hex, ChainError>
   /** Token Transfer events in an inclusive block range (RPCs cap the range; callers page). */
   readonly readTransferLogs: (range: {
     readonly fromBlock: bigint
@@ -122,6 +125,7 @@ type SignerWallet = WalletClient<HttpTransport, ViemChain, LocalAccount>
 /** One account that sends transactions. Its sends are serialized so that nonces never collide. */
 interface Sender {
   readonly address: Address
+  readonly account: LocalAccount
   readonly send: (
     operation: string,
     write: (wallet: SignerWallet, nonce: number) => Promise<Hash>
@@ -176,7 +180,7 @@ const makeSender = Effect.fnUntraced(function* (connection: Connection, account:
         return hash
       })
     )
-  return { address: account.address, send } satisfies Sender
+  return { address: account.address, account, send } satisfies Sender
 })
 
 const call = <A>(operation: string, evaluate: () => Promise<A>) =>
@@ -392,6 +396,8 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     transferFromTreasury,
     anchorEpoch,
     anchoredRoot,
+    signTypedData: (typedData: TypedDataDefinition) =>
+      call("Chain.signTypedData", () => router.account.signTypedData(typedData)),
     readTransferLogs
   } satisfies ChainShape
 })

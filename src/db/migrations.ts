@@ -67,5 +67,118 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
         PRIMARY KEY (provider_id, model_class)
       )
     `
+  }),
+  "0003_payments_receipts": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // One row per paid request: what was reserved and what was captured. No prompt, no reply.
+    yield* sql`
+      CREATE TABLE requests (
+        request_id TEXT PRIMARY KEY,
+        dialect TEXT NOT NULL,
+        payment_kind TEXT NOT NULL CHECK (payment_kind IN ('x402', 'credit')),
+        payer TEXT NOT NULL,
+        requested_model TEXT NOT NULL,
+        model_class TEXT NOT NULL,
+        provider_id TEXT NOT NULL,
+        authorized BIGINT NOT NULL CHECK (authorized >= 0),
+        charged BIGINT CHECK (charged >= 0 AND charged <= authorized),
+        status TEXT NOT NULL CHECK (status IN ('reserved', 'captured', 'released')),
+        agent JSONB NOT NULL DEFAULT '{}'::jsonb,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        finished_at TIMESTAMPTZ
+      )
+    `
+    // EIP-3009 authorizations awaiting or done settlement. The signature is kept only until the
+    // transfer lands (then erased): settlement must survive a restart, the envelope never is stored.
+    yield* sql`
+      CREATE TABLE x402_authorizations (
+        payer TEXT NOT NULL,
+        nonce TEXT NOT NULL,
+        request_id TEXT NOT NULL UNIQUE REFERENCES requests (request_id),
+        value BIGINT NOT NULL CHECK (value > 0),
+        valid_after BIGINT NOT NULL,
+        valid_before BIGINT NOT NULL,
+        signature TEXT,
+        status TEXT NOT NULL CHECK (status IN ('reserved', 'pending', 'submitted', 'landed', 'failed', 'released')),
+        tx_hash TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        next_attempt_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        PRIMARY KEY (payer, nonce)
+      )
+    `
+    // Append-only: every movement of money, written in the same transaction as what it changes.
+    yield* sql`
+      CREATE TABLE ledger_entries (
+        id BIGSERIAL PRIMARY KEY,
+        request_id TEXT,
+        account TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        amount BIGINT NOT NULL CHECK (amount >= 0),
+        ref TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+      )
+    `
+    yield* sql`CREATE INDEX ledger_entries_request ON ledger_entries (request_id)`
+    yield* sql`
+      CREATE TABLE wallet_balances (
+        wallet TEXT PRIMARY KEY,
+        available BIGINT NOT NULL DEFAULT 0 CHECK (available >= 0),
+        reserved BIGINT NOT NULL DEFAULT 0 CHECK (reserved >= 0),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+      )
+    `
+    yield* sql`
+      CREATE TABLE refunds (
+        request_id TEXT PRIMARY KEY REFERENCES requests (request_id),
+        payer TEXT NOT NULL,
+        amount BIGINT NOT NULL CHECK (amount > 0),
+        epoch_id BIGINT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('due', 'paying', 'paid', 'credited')),
+        tx_hash TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        settled_at TIMESTAMPTZ
+      )
+    `
+    yield* sql`CREATE INDEX refunds_due ON refunds (status, epoch_id)`
+    yield* sql`
+      CREATE TABLE receipts (
+        request_id TEXT PRIMARY KEY REFERENCES requests (request_id),
+        epoch_id BIGINT NOT NULL,
+        body JSONB NOT NULL,
+        signature TEXT,
+        final BOOLEAN NOT NULL DEFAULT false,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+      )
+    `
+    yield* sql`CREATE INDEX receipts_epoch ON receipts (epoch_id)`
+    yield* sql`
+      CREATE TABLE economics (
+        request_id TEXT PRIMARY KEY REFERENCES requests (request_id),
+        body JSONB NOT NULL
+      )
+    `
+    yield* sql`
+      CREATE TABLE idempotency_keys (
+        key TEXT PRIMARY KEY,
+        body_hash TEXT NOT NULL,
+        request_id TEXT,
+        state TEXT NOT NULL CHECK (state IN ('in_progress', 'done', 'failed')),
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+      )
+    `
+    yield* sql`
+      CREATE TABLE epochs (
+        epoch_id BIGINT PRIMARY KEY,
+        status TEXT NOT NULL CHECK (status IN ('closing', 'closed')),
+        root TEXT,
+        anchor_tx TEXT,
+        receipts INTEGER,
+        closed_at TIMESTAMPTZ
+      )
+    `
   })
 }

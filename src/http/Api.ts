@@ -1,4 +1,5 @@
 import { HttpApi, OpenApi } from "effect/http-api"
+import { ChatApi, ReceiptsApi } from "./ChatApi.ts"
 import { GatedApi } from "./GatedApi.ts"
 import { AdminApi, MarketApi, ProviderApi, RoutingApi } from "./MarketApi.ts"
 import { SystemApi } from "./SystemApi.ts"
@@ -10,6 +11,8 @@ export class Api extends HttpApi.make("svc")
   .add(ProviderApi)
   .add(MarketApi)
   .add(RoutingApi)
+  .add(ChatApi)
+  .add(ReceiptsApi)
   .annotateMerge(
     OpenApi.annotations({
       title: "svc market-cleared inference router",

@@ -130,7 +130,9 @@ export const RouterMiddleware = HttpRouter.middleware(
           { route: routeOf(path), method: request.method, status: String(response.status) },
           (finished - started) / 1000
         )
-        return HttpServerResponse.setHeader(response, "x-svc-auction-version", AUCTION_VERSION)
+        return response.headers["x-svc-auction-version"] === undefined
+          ? HttpServerResponse.setHeader(response, "x-svc-auction-version", AUCTION_VERSION)
+          : response
       })
   }),
   { global: true }

@@ -6,6 +6,7 @@ import { HttpApiBuilder } from "effect/http-api"
 import { RouterConfig } from "../RouterConfig.ts"
 import { OperatorAuthLive } from "./AdminAuth.ts"
 import { Api } from "./Api.ts"
+import { ChatHandlers, ReceiptHandlers } from "./handlers/Chat.ts"
 import { GatedHandlers } from "./handlers/Gated.ts"
 import { AdminHandlers, MarketHandlers, ProviderHandlers, RoutingHandlers } from "./handlers/Market.ts"
 import { SystemHandlers } from "./handlers/System.ts"
@@ -19,7 +20,9 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     AdminHandlers,
     ProviderHandlers,
     MarketHandlers,
-    RoutingHandlers
+    RoutingHandlers,
+    ChatHandlers,
+    ReceiptHandlers
   ]),
   Layer.provide(OperatorAuthLive),
   Layer.provide([RouterMiddleware, Cors])

@@ -113,7 +113,10 @@ export class PaymentVerifier extends Context.Service<
         const decoded = decodePaymentSignature(input.header)
         if (Result.isFailure(decoded)) {
           const { reason, message } = decoded.failure
-          return yield* rejectWith(reason === "unsupported_scheme" ? "wrong_scheme" : "payment_invalid", message)
+          return yield* rejectWith(
+            reason === "unsupported_scheme" ? "wrong_scheme" : "payment_invalid",
+            message
+          )
         }
         const { network, authorization, signature } = decoded.success
         const { from, to, value, validAfter, validBefore, nonce } = authorization
@@ -123,7 +126,10 @@ export class PaymentVerifier extends Context.Service<
           return yield* rejectWith("payment_invalid", `network must be ${settings.network}`)
         }
         if (to !== settings.payTo) {
-          return yield* rejectWith("payment_invalid", `authorization.to must be the treasury ${settings.payTo}`)
+          return yield* rejectWith(
+            "payment_invalid",
+            `authorization.to must be the treasury ${settings.payTo}`
+          )
         }
         if (value < BigInt(settings.soloSettleFloor)) {
           return yield* rejectWith(
@@ -187,7 +193,14 @@ export class PaymentVerifier extends Context.Service<
           return yield* rejectWith("payment_invalid", "insufficient balance")
         }
 
-        return { scheme: "exact", payer: from, value, authorization, signature, network } satisfies VerifiedPayment
+        return {
+          scheme: "exact",
+          payer: from,
+          value,
+          authorization,
+          signature,
+          network
+        } satisfies VerifiedPayment
       })
 
       return PaymentVerifier.of({ settings, quote, verifyExact })

@@ -18,6 +18,13 @@ export interface X402Settings {
   readonly paymentCap: number
 }
 
+/** Spec 8: payment validity checks allow 5 seconds of clock skew. */
+export const PAYMENT_CLOCK_SKEW_S = 5
+/** Spec 5.2: an `exact` authorization leaves at least this much broadcast runway... */
+export const EXACT_MIN_RUNWAY_S = 120
+/** ...and expires within 7 days. */
+export const EXACT_MAX_VALIDITY_S = 7 * 24 * 3600
+
 export interface X402Limits {
   readonly soloSettleFloor: number
   readonly paymentCap: number
@@ -37,8 +44,12 @@ export class X402Config extends Context.Service<X402Config, X402Limits>()("route
         )
       const soloSettleFloor = yield* nonNegative("SOLO_SETTLE_FLOOR", defaultLimits.soloSettleFloor)
       const paymentCap = yield* nonNegative("PAYMENT_CAP", defaultLimits.paymentCap)
+      // The official client signs `validBefore = now + maxTimeoutSeconds`: the timeout must fit the exact window.
       const maxTimeoutSeconds = yield* Config.schema(
-        Schema.Int.check(Schema.isGreaterThanOrEqualTo(120)),
+        Schema.Int.check(
+          Schema.isGreaterThanOrEqualTo(EXACT_MIN_RUNWAY_S),
+          Schema.isLessThanOrEqualTo(EXACT_MAX_VALIDITY_S)
+        ),
         "PAYMENT_TIMEOUT_SECONDS"
       ).pipe(Config.withDefault(defaultLimits.maxTimeoutSeconds))
       return X402Config.of({ soloSettleFloor, paymentCap, maxTimeoutSeconds })
@@ -48,13 +59,6 @@ export class X402Config extends Context.Service<X402Config, X402Limits>()("route
   static readonly layerTest = (overrides: Partial<X402Limits> = {}) =>
     Layer.succeed(X402Config, X402Config.of({ ...defaultLimits, ...overrides }))
 }
-
-/** Spec 8: payment validity checks allow 5 seconds of clock skew. */
-export const PAYMENT_CLOCK_SKEW_S = 5
-/** Spec 5.2: an `exact` authorization leaves at least this much broadcast runway... */
-export const EXACT_MIN_RUNWAY_S = 120
-/** ...and expires within 7 days. */
-export const EXACT_MAX_VALIDITY_S = 7 * 24 * 3600
 
 /**
  * What the 402 asks the client to sign. An authorization below the solo settlement floor would cost more in
@@ -159,7 +163,11 @@ const UINT256_MAX = 2n ** 256n - 1n
 const Uint256 = Schema.Union([
   Schema.String.check(Schema.isPattern(/^\d{1,78}$/, { message: "expected a decimal string" })),
   // Numbers are accepted defensively; only safe integers, since a larger one has already lost precision.
-  Schema.Number.check(Schema.isInt(), Schema.isGreaterThanOrEqualTo(0), Schema.isLessThanOrEqualTo(2 ** 53 - 1))
+  Schema.Number.check(
+    Schema.isInt(),
+    Schema.isGreaterThanOrEqualTo(0),
+    Schema.isLessThanOrEqualTo(2 ** 53 - 1)
+  )
 ]).pipe(
   Schema.decodeTo(
     Schema.BigInt.check(Schema.isLessThanOrEqualToBigInt(UINT256_MAX)),
@@ -195,7 +203,9 @@ const Authorization = Schema.Struct({
   nonce: Bytes32
 })
 
-const ExactBody = Schema.Struct({ payload: Schema.Struct({ authorization: Authorization, signature: HexBytes }) })
+const ExactBody = Schema.Struct({
+  payload: Schema.Struct({ authorization: Authorization, signature: HexBytes })
+})
 
 const Rail = Schema.Struct({ scheme: Schema.String, network: Schema.String })
 /** x402 v2 as the official client sends it: the chosen requirements echoed under `accepted`. */
@@ -206,7 +216,9 @@ const FlatHead = Rail
 const describeIssue = (issue: SchemaIssue.Issue): string =>
   SchemaIssue.makeFormatterStandardSchemaV1()(issue)
     .issues.slice(0, 3)
-    .map(({ path = [], message }) => (path.length === 0 ? message : `${path.map(String).join(".")}: ${message}`))
+    .map(({ path = [], message }) =>
+      path.length === 0 ? message : `${path.map(String).join(".")}: ${message}`
+    )
     .join("; ")
 
 const malformed = (message: string) => Result.fail(new PaymentEnvelopeError({ reason: "malformed", message }))
@@ -214,7 +226,8 @@ const malformed = (message: string) => Result.fail(new PaymentEnvelopeError({ re
 const parseJson = (text: string): Result.Result<unknown, PaymentEnvelopeError> =>
   Result.try({
     try: (): unknown => JSON.parse(text),
-    catch: () => new PaymentEnvelopeError({ reason: "malformed", message: "PAYMENT-SIGNATURE is not base64 JSON" })
+    catch: () =>
+      new PaymentEnvelopeError({ reason: "malformed", message: "PAYMENT-SIGNATURE is not base64 JSON" })
   })
 
 const isRecord = (value: unknown): value is Record<string, unknown> =>
@@ -226,7 +239,9 @@ const isRecord = (value: unknown): value is Record<string, unknown> =>
  * network, payload}`. The version and scheme are read before the payload so that a well-formed envelope of
  * another scheme (whose payload has another shape) is reported as that scheme, not as malformed.
  */
-export const decodePaymentSignature = (headerValue: string): Result.Result<ExactPayment, PaymentEnvelopeError> => {
+export const decodePaymentSignature = (
+  headerValue: string
+): Result.Result<ExactPayment, PaymentEnvelopeError> => {
   const trimmed = headerValue.trim()
   if (trimmed.length === 0) return malformed("PAYMENT-SIGNATURE is empty")
   if (trimmed.length > MAX_HEADER_CHARS) return malformed("PAYMENT-SIGNATURE is too large")
@@ -244,7 +259,8 @@ export const decodePaymentSignature = (headerValue: string): Result.Result<Exact
     "accepted" in envelope
       ? Schema.decodeUnknownResult(NestedHead)(envelope).pipe(Result.map((nested) => nested.accepted))
       : Schema.decodeUnknownResult(FlatHead)(envelope)
-  if (Result.isFailure(head)) return malformed(`malformed payment envelope: ${describeIssue(head.failure.issue)}`)
+  if (Result.isFailure(head))
+    return malformed(`malformed payment envelope: ${describeIssue(head.failure.issue)}`)
   const { scheme, network } = head.success
   if (scheme !== "exact") {
     return Result.fail(
@@ -255,7 +271,8 @@ export const decodePaymentSignature = (headerValue: string): Result.Result<Exact
     )
   }
   const body = Schema.decodeUnknownResult(ExactBody)(envelope, { errors: "all" })
-  if (Result.isFailure(body)) return malformed(`malformed exact payload: ${describeIssue(body.failure.issue)}`)
+  if (Result.isFailure(body))
+    return malformed(`malformed exact payload: ${describeIssue(body.failure.issue)}`)
   const { authorization, signature } = body.success.payload
   return Result.succeed({ scheme: "exact", network, authorization, signature })
 }

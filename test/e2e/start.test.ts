@@ -18,10 +18,19 @@ describe("npm start", () => {
   it("serves, fills the book from the fleet within 15 s, and stops cleanly on SIGTERM", async () => {
     const port = await Effect.runPromise(freePort)
     const db = new URL(inject("adminDatabaseUrl"))
-    const env = { ...process.env, PORT: String(port), DATA_DIR: dataDir, DATABASE_URL: db.toString(), OPERATOR_TOKEN: "start-test" }
+    const env: Record<string, string | undefined> = {
+      ...process.env,
+      PORT: String(port),
+      DATA_DIR: dataDir,
+      DATABASE_URL: db.toString(),
+      OPERATOR_TOKEN: "start-test"
+    }
     delete env.RPC_URL
     const started = Date.now()
-    const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], { env, stdio: ["ignore", "pipe", "pipe"] })
+    const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
+      env,
+      stdio: ["ignore", "pipe", "pipe"]
+    })
     let output = ""
     child.stdout.on("data", (b) => {
       output += b

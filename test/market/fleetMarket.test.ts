@@ -2,7 +2,13 @@ import { assert, describe, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { call, postJson, routerWithFleet } from "../support/Router.ts"
 
-type Book = { classes: Array<{ model_class: string; depth: number; levels: Array<{ price_in: number; price_out: number }> }> }
+type Book = {
+  classes: Array<{
+    model_class: string
+    depth: number
+    levels: Array<{ price_in: number; price_out: number }>
+  }>
+}
 
 const started = Date.now()
 
@@ -17,10 +23,13 @@ describe("the market with the simulated fleet", () => {
           yield* Effect.sleep("200 millis")
         }
         assert.isBelow(Date.now() - started, 15_000)
-        assert.deepStrictEqual(
-          book.classes.map((c) => c.model_class).sort(),
-          ["chat-large", "chat-medium", "chat-small", "grounded-medium", "reasoning-large"]
-        )
+        assert.deepStrictEqual(book.classes.map((c) => c.model_class).sort(), [
+          "chat-large",
+          "chat-medium",
+          "chat-small",
+          "grounded-medium",
+          "reasoning-large"
+        ])
         for (const c of book.classes) assert.isAbove(c.depth, 0, c.model_class)
         const text = (yield* call("/v1/market/book")).text
         assert.notMatch(text, /sim-|provider|0x[0-9a-fA-F]{40}/)
@@ -32,7 +41,14 @@ describe("the market with the simulated fleet", () => {
         const r = yield* call("/v1/models")
         const body = r.json as {
           object: string
-          data: Array<{ id: string; object: string; live_depth: number; best_ask: unknown; quality: unknown; routing_profiles: string[] }>
+          data: Array<{
+            id: string
+            object: string
+            live_depth: number
+            best_ask: unknown
+            quality: unknown
+            routing_profiles: string[]
+          }>
         }
         assert.strictEqual(body.object, "list")
         const medium = body.data.find((m) => m.id === "chat-medium")!
@@ -41,7 +57,10 @@ describe("the market with the simulated fleet", () => {
         assert.isNotNull(medium.best_ask)
         assert.strictEqual(medium.quality, 0.75)
         assert.includeMembers(medium.routing_profiles, ["auto", "cheapest"])
-        assert.includeMembers(body.data.map((m) => m.id), ["auto", "best", "cheapest", "fastest"])
+        assert.includeMembers(
+          body.data.map((m) => m.id),
+          ["auto", "best", "cheapest", "fastest"]
+        )
       })
     )
 
@@ -60,7 +79,12 @@ describe("the market with the simulated fleet", () => {
             profile: string
             outcome: string
             mechanism_version: string
-            winner: { provider: string; clear: { price_in: number }; own_ask: { price_in: number }; price_setter: string } | null
+            winner: {
+              provider: string
+              clear: { price_in: number }
+              own_ask: { price_in: number }
+              price_setter: string
+            } | null
             candidates: { considered: number; eligible: number }
             data_maturity: Record<string, number>
           }>
@@ -74,7 +98,10 @@ describe("the market with the simulated fleet", () => {
           assert.strictEqual(p.outcome, "cleared", p.profile)
           assert.isAtLeast(p.winner!.clear.price_in, p.winner!.own_ask.price_in)
           assert.isAbove(p.candidates.eligible, 0)
-          assert.isAbove(Object.values(p.data_maturity).reduce((a, b) => a + b, 0), 0)
+          assert.isAbove(
+            Object.values(p.data_maturity).reduce((a, b) => a + b, 0),
+            0
+          )
         }
         const asSent = body.profiles.find((p) => p.profile === "as-sent")!
         assert.strictEqual(asSent.mechanism_version, "deadline-price/1")

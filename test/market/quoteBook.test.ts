@@ -1,5 +1,5 @@
 import { assert, describe, layer } from "@effect/vitest"
-import { Effect, Exit, Layer, Scope } from "effect"
+import { Effect, Exit, Layer, Schema, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
 import { quoteSigningString, SignedQuote } from "../../src/domain/Quote.ts"
@@ -28,7 +28,8 @@ const quoteAt = (validUntil: number, capacity = 2, id = `q-${validUntil}-${capac
       valid_until: validUntil,
       capacity_rps: capacity
     }
-    return new SignedQuote({ ...unsigned, sig: await key.signMessage({ message: quoteSigningString(unsigned) }) })
+    const sig = await key.signMessage({ message: quoteSigningString(unsigned as never) })
+    return Schema.decodeUnknownSync(SignedQuote)({ ...unsigned, sig })
   })
 
 describe("quote book", () => {

@@ -22,7 +22,10 @@ const draft = (overrides: Record<string, unknown> = {}) => ({
   ...overrides
 })
 
-const signed = (quote: Record<string, unknown>, signer = providerKey) =>
+const signed = (
+  quote: Record<string, unknown>,
+  signer = providerKey
+): Effect.Effect<Record<string, unknown>> =>
   Effect.promise(async () => ({
     ...quote,
     sig: await signer.signMessage({ message: quoteSigningString(quote as never) })
@@ -42,7 +45,12 @@ describe("quote ingest", () => {
       Effect.gen(function* () {
         const reg = yield* postJson(
           "/v1/admin/providers",
-          { provider_id: "prov-test", signer: providerKey.address, base_url: "http://127.0.0.1:9", dialect: "openai" },
+          {
+            provider_id: "prov-test",
+            signer: providerKey.address,
+            base_url: "http://127.0.0.1:9",
+            dialect: "openai"
+          },
           admin
         )
         assert.strictEqual(reg.status, 200)
@@ -51,9 +59,9 @@ describe("quote ingest", () => {
         assert.strictEqual(r.status, 200, r.text)
         const book = yield* call("/v1/market/book")
         assert.notInclude(book.text, "prov-test")
-        const medium = (book.json as { classes: Array<{ model_class: string; levels: Array<{ price_in: number }> }> }).classes.find(
-          (c) => c.model_class === "chat-medium"
-        )!
+        const medium = (
+          book.json as { classes: Array<{ model_class: string; levels: Array<{ price_in: number }> }> }
+        ).classes.find((c) => c.model_class === "chat-medium")!
         assert.deepStrictEqual(
           medium.levels.map((l) => l.price_in),
           [700_000]
@@ -71,7 +79,12 @@ describe("quote ingest", () => {
         assert.strictEqual((yield* postJson("/provider/quotes", reused)).status, 200)
         const afterGood = yield* quoteCount
         const cases: Array<[string, unknown, number, string | undefined]> = [
-          ["unknown provider", yield* signed(draft({ provider_id: "nobody" })), 403, "provider_not_registered"],
+          [
+            "unknown provider",
+            yield* signed(draft({ provider_id: "nobody" })),
+            403,
+            "provider_not_registered"
+          ],
           ["another key", yield* signed(draft(), strangerKey), 401, "invalid_signature"],
           ["expired", yield* signed(draft({ valid_until: nowS - 30 })), 400, "quote_expired"],
           ["too long", yield* signed(draft({ valid_until: nowS + 120 })), 400, "quote_ttl_too_long"],
@@ -80,7 +93,9 @@ describe("quote ingest", () => {
           ["negative price", yield* signed(draft({ price_out: -1 })), 400, undefined],
           [
             "reused id",
-            yield* signed(draft({ quote_id: (reused as { quote_id: string }).quote_id, price_in: 1 })),
+            yield* signed(
+              draft({ quote_id: (reused as unknown as { quote_id: string }).quote_id, price_in: 1 })
+            ),
             409,
             "quote_id_reused"
           ]

@@ -1,7 +1,8 @@
 import { Result, Schema } from "effect"
 import type { ChatCompletionRequest } from "../../domain/Chat.ts"
-import type { FinishReason, UpstreamEvent, UpstreamSource } from "../Events.ts"
+import type { FinishReason, UpstreamEvent } from "../Events.ts"
 import type { SseEvent } from "./Sse.ts"
+import { type StreamStep, sourcesToEvents } from "./StreamStep.ts"
 import { protocolError, providerError, type UpstreamError } from "./UpstreamError.ts"
 
 /**
@@ -67,13 +68,6 @@ export const OpenAiUsage = Schema.Struct({
 })
 export type OpenAiUsage = typeof OpenAiUsage.Type
 
-export const Source = Schema.Struct({
-  id: Schema.String,
-  title: Schema.String,
-  url: Schema.String,
-  snippet: Schema.String
-})
-
 /** The parts of a `chat.completion.chunk` read here; anything else is ignored. */
 export const OpenAiChunk = Schema.Struct({
   choices: optional(
@@ -88,18 +82,6 @@ export const OpenAiChunk = Schema.Struct({
 export type OpenAiChunk = typeof OpenAiChunk.Type
 
 const decodeChunk = Schema.decodeUnknownResult(Schema.fromJsonString(OpenAiChunk))
-const decodeSource = Schema.decodeUnknownOption(Source)
-
-/** Grounding sources preserved as sent; entries without the four string fields are skipped. */
-export const sourcesToEvents = (sources: ReadonlyArray<unknown> | null | undefined): Array<UpstreamEvent> => {
-  const valid: Array<UpstreamSource> = []
-  for (const source of sources ?? []) {
-    const decoded = decodeSource(source)
-    if (decoded._tag === "Some") valid.push(decoded.value)
-  }
-  return valid.length > 0 ? [{ _tag: "Sources", sources: valid }] : []
-}
-
 export const openAiFinishReason = (reason: string): FinishReason => {
   switch (reason) {
     case "length":
@@ -158,13 +140,6 @@ export interface OpenAiStreamState {
   readonly finished: boolean
 }
 export const initialOpenAiState: OpenAiStreamState = { finished: false }
-
-export interface StreamStep<S> {
-  readonly state: S
-  readonly events: ReadonlyArray<UpstreamEvent>
-  /** The dialect's terminal frame was read; nothing after it is read. */
-  readonly done: boolean
-}
 
 /** One SSE frame of an OpenAI stream: `[DONE]` ends it, an `error` chunk fails it. */
 export const openAiFrameToStep = (

@@ -28,12 +28,10 @@ export class UpstreamError extends Schema.TaggedError<UpstreamError>()("Upstream
   reason: UpstreamErrorReason,
   message: Schema.String,
   status: Schema.optional(Schema.Int),
-  excerpt: Schema.optional(Schema.String),
-  cause: Schema.optional(Schema.Defect())
+  excerpt: Schema.optional(Schema.String)
 }) {}
 
-export const protocolError = (message: string, cause?: unknown) =>
-  new UpstreamError({ reason: "protocol", message, cause })
+export const protocolError = (message: string) => new UpstreamError({ reason: "protocol", message })
 
 export const providerError = (kind: string | undefined, message: string | undefined) =>
   new UpstreamError({

@@ -1,0 +1,144 @@
+import { createHash, randomBytes } from "node:crypto"
+import { type Cause, Clock, Context, Deferred, Effect, Fiber, Layer, Queue, Schedule, Stream } from "effect"
+
+/**
+ * Served work runs detached from the HTTP connection, in a fiber this registry owns, and
+ * publishes its events into a bounded in-memory buffer (the reply is never stored
+ * anywhere else, and the buffer is dropped after `RETENTION_MS`). Any number of readers
+ * follow it: the original response, a reconnect from a last event id, an idempotent
+ * replay. When the last reader leaves before the work ends, the work is interrupted after
+ * a short grace period, so a client that hangs up stops paying for tokens within a second.
+ */
+const GRACE = "500 millis"
+const RETENTION_MS = 10 * 60 * 1000
+const MAX_EVENTS = 100_000
+
+export interface Indexed<E> {
+  readonly index: number
+  readonly event: E
+}
+
+export interface LiveStream<E> {
+  readonly id: string
+  readonly tokenHash: string
+  readonly events: Array<E>
+  readonly done: Deferred.Deferred<void>
+  readonly readers: Set<Queue.Queue<Indexed<E>, Cause.Done>>
+  fiber: Fiber.Fiber<void> | undefined
+  finishedAt: number | undefined
+  stopRequested: boolean
+}
+
+export const hashToken = (token: string) => createHash("sha256").update(token).digest("hex")
+
+export class LiveStreams extends Context.Service<
+  LiveStreams,
+  {
+    /**
+     * Starts `work` detached; it receives `emit`. Returns the stream and its capability token
+     * (returned to the caller once, stored only as a hash).
+     */
+    readonly start: <E>(
+      id: string,
+      work: (emit: (event: E) => Effect.Effect<void>) => Effect.Effect<void>
+    ) => Effect.Effect<{ readonly stream: LiveStream<E>; readonly token: string }>
+    readonly get: <E>(id: string) => LiveStream<E> | undefined
+    /** Events from index `from` on, live until the work ends. */
+    readonly follow: <E>(stream: LiveStream<E>, from: number) => Stream.Stream<Indexed<E>>
+    readonly stop: <E>(stream: LiveStream<E>) => Effect.Effect<void>
+    readonly verify: <E>(stream: LiveStream<E>, token: string | undefined) => boolean
+  }
+>()("router/inference/LiveStreams") {
+  static readonly layer = Layer.effect(
+    LiveStreams,
+    Effect.gen(function* () {
+      const streams = new Map<string, LiveStream<unknown>>()
+      const scope = yield* Effect.scope
+
+      const start = <E>(id: string, work: (emit: (event: E) => Effect.Effect<void>) => Effect.Effect<void>) =>
+        Effect.gen(function* () {
+          const token = randomBytes(24).toString("base64url")
+          const stream: LiveStream<E> = {
+            id,
+            tokenHash: hashToken(token),
+            events: [],
+            done: yield* Deferred.make<void>(),
+            readers: new Set(),
+            fiber: undefined,
+            finishedAt: undefined,
+            stopRequested: false
+          }
+          streams.set(id, stream as LiveStream<unknown>)
+          const emit = (event: E) =>
+            Effect.sync(() => {
+              if (stream.events.length >= MAX_EVENTS) return
+              const indexed = { index: stream.events.length, event }
+              stream.events.push(event)
+              for (const reader of stream.readers) Queue.offerUnsafe(reader, indexed)
+            })
+          stream.fiber = yield* work(emit).pipe(
+            Effect.ensuring(
+              Effect.gen(function* () {
+                stream.finishedAt = yield* Clock.currentTimeMillis
+                for (const reader of stream.readers) Queue.endUnsafe(reader)
+                yield* Deferred.succeed(stream.done, undefined)
+              })
+            ),
+            Effect.forkIn(scope)
+          )
+          return { stream, token }
+        })
+
+      const stop = <E>(stream: LiveStream<E>) =>
+        Effect.gen(function* () {
+          stream.stopRequested = true
+          if (stream.fiber !== undefined) yield* Fiber.interrupt(stream.fiber)
+        })
+
+      const follow = <E>(stream: LiveStream<E>, from: number) =>
+        Stream.callback<Indexed<E>>((queue) =>
+          Effect.acquireRelease(
+            Effect.sync(() => {
+              for (let i = Math.max(0, from); i < stream.events.length; i++) {
+                Queue.offerUnsafe(queue, { index: i, event: stream.events[i]! })
+              }
+              if (stream.finishedAt !== undefined) Queue.endUnsafe(queue)
+              else stream.readers.add(queue)
+            }),
+            () =>
+              Effect.suspend(() => {
+                stream.readers.delete(queue)
+                if (stream.readers.size > 0 || stream.finishedAt !== undefined) return Effect.void
+                // The last reader left mid-work: stop it unless someone reconnects in time.
+                return Effect.sleep(GRACE).pipe(
+                  Effect.andThen(
+                    Effect.suspend(() =>
+                      stream.readers.size === 0 && stream.finishedAt === undefined
+                        ? stop(stream)
+                        : Effect.void
+                    )
+                  ),
+                  Effect.forkIn(scope),
+                  Effect.asVoid
+                )
+              })
+          )
+        )
+
+      yield* Effect.gen(function* () {
+        const now = yield* Clock.currentTimeMillis
+        for (const [id, stream] of streams) {
+          if (stream.finishedAt !== undefined && now - stream.finishedAt > RETENTION_MS) streams.delete(id)
+        }
+      }).pipe(Effect.repeat(Schedule.spaced("30 seconds")), Effect.forkScoped)
+
+      return LiveStreams.of({
+        start,
+        get: <E>(id: string) => streams.get(id) as LiveStream<E> | undefined,
+        follow,
+        stop,
+        verify: (stream, token) => token !== undefined && hashToken(token) === stream.tokenHash
+      })
+    })
+  )
+}

@@ -1,0 +1,75 @@
+import { createHash } from "node:crypto"
+import { Context, Effect, Layer } from "effect"
+import { SqlClient } from "effect/sql"
+import { Conflict } from "../domain/Errors.ts"
+
+export type Claim = { readonly _tag: "Fresh" } | { readonly _tag: "Replay"; readonly requestId: string }
+
+export const bodyHash = (body: unknown) => createHash("sha256").update(JSON.stringify(body)).digest("hex")
+
+/**
+ * `Idempotency-Key` on paid calls, enforced by the database across instances: the first
+ * request with a key owns it; the same key and body afterwards replays the original
+ * result (never a second charge or provider call); a different body, or a duplicate while
+ * the first is still running, is a 409. A key whose request failed before anything was
+ * reserved is freed, so the client can retry it (for example after a 402).
+ */
+export class Idempotency extends Context.Service<
+  Idempotency,
+  {
+    readonly claim: (key: string, hash: string) => Effect.Effect<Claim, Conflict>
+    readonly complete: (key: string, requestId: string) => Effect.Effect<void>
+    readonly abandon: (key: string) => Effect.Effect<void>
+  }
+>()("router/payment/Idempotency") {
+  static readonly layer = Layer.effect(
+    Idempotency,
+    Effect.gen(function* () {
+      const sql = yield* SqlClient.SqlClient
+
+      const claim = Effect.fn("Idempotency.claim")(function* (
+        key: string,
+        hash: string
+      ): Effect.fn.Return<Claim, Conflict> {
+        const inserted = yield* sql`
+          INSERT INTO idempotency_keys (key, body_hash, state) VALUES (${key}, ${hash}, 'in_progress')
+          ON CONFLICT (key) DO NOTHING RETURNING key
+        `.pipe(Effect.orDie)
+        if (inserted.length > 0) return { _tag: "Fresh" } as const
+        const rows = yield* sql<{ body_hash: string; request_id: string | null; state: string }>`
+          SELECT body_hash, request_id, state FROM idempotency_keys WHERE key = ${key}
+        `.pipe(Effect.orDie)
+        const row = rows[0]
+        if (row === undefined) return yield* claim(key, hash)
+        if (row.body_hash !== hash) {
+          return yield* new Conflict({
+            code: "idempotency_replay",
+            param: "Idempotency-Key",
+            message: "This Idempotency-Key was used with a different request body"
+          })
+        }
+        if (row.state !== "done" || row.request_id === null) {
+          return yield* new Conflict({
+            code: "idempotency_replay",
+            param: "Idempotency-Key",
+            message: "A request with this Idempotency-Key is still in progress"
+          })
+        }
+        return { _tag: "Replay", requestId: row.request_id } as const
+      })
+
+      const complete = (key: string, requestId: string) =>
+        sql`UPDATE idempotency_keys SET state = 'done', request_id = ${requestId} WHERE key = ${key}`.pipe(
+          Effect.asVoid,
+          Effect.orDie
+        )
+      const abandon = (key: string) =>
+        sql`DELETE FROM idempotency_keys WHERE key = ${key} AND state = 'in_progress'`.pipe(
+          Effect.asVoid,
+          Effect.orDie
+        )
+
+      return Idempotency.of({ claim, complete, abandon })
+    })
+  )
+}
