@@ -19,8 +19,6 @@ import {
   type ServeEvent
 } from "../../inference/Completions.ts"
 import { type LiveStream, LiveStreams } from "../../inference/LiveStreams.ts"
-import { Ledger } from "../../ledger/Ledger.ts"
-import { receiptTypedDataJson } from "../../ledger/Receipt.ts"
 import { bodyHash, Idempotency } from "../../payment/Idempotency.ts"
 import { RouterConfig } from "../../RouterConfig.ts"
 import { Api } from "../Api.ts"
@@ -143,37 +141,6 @@ export const ChatHandlers = HttpApiBuilder.group(
           const { stream } = yield* streamFor(params.id, request)
           yield* live.stop(stream)
           return { id: params.id, stopped: true }
-        })
-      )
-  })
-)
-
-export const ReceiptHandlers = HttpApiBuilder.group(
-  Api,
-  "receipts",
-  Effect.fn(function* (handlers) {
-    const ledger = yield* Ledger
-    const chain = yield* Chain
-    const notFound = (id: string) => new NotFound({ code: "request_not_found", message: `No request ${id}` })
-    return handlers
-      .handle("receipt", ({ params }) =>
-        Effect.gen(function* () {
-          const found = yield* ledger.receipt(params.id)
-          if (found === undefined) return yield* notFound(params.id)
-          return {
-            receipt: found.body,
-            final: found.final,
-            signature: found.signature,
-            signer: chain.routerSigner,
-            typed_data: receiptTypedDataJson(found.body, chain.chainId)
-          }
-        })
-      )
-      .handle("economics", ({ params }) =>
-        Effect.gen(function* () {
-          const body = yield* ledger.economics(params.id)
-          if (body === undefined) return yield* notFound(params.id)
-          return body
         })
       )
   })

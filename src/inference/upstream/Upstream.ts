@@ -77,7 +77,8 @@ const isEvent = (item: UpstreamEvent | typeof Done): item is UpstreamEvent => it
 
 /**
  * Raw body bytes to dialect-neutral events, as they arrive. Reading stops at the terminal
- * frame; a body that ends (or breaks) before it fails with `dropped`.
+ * frame; a body that ends (or breaks) before it fails with `dropped`. An `undefined` frame
+ * marks the end of the body, so the dialect can judge whether the reply was whole.
  */
 export const decodeUpstreamStream = <S, E>(
   codec: DialectCodec<S>,
