@@ -41,8 +41,13 @@ export const FunctionTool = Schema.Struct({
     strict: Schema.optionalKey(Schema.NullOr(Schema.Boolean))
   })
 })
-/** Any tool; vendor-native hosted tools (other `type`s) fail closed in the gate step. */
-export const AnyTool = Schema.Struct({ type: Schema.String })
+/** Vendor-native hosted tools (any other `type`): decoded only so the gate can refuse them by name. */
+export const HostedTool = Schema.Struct({
+  type: Schema.String.check(
+    Schema.makeFilter((type) => (type === "function" ? "a function tool needs a `function` object" : undefined))
+  )
+})
+export const AnyTool = Schema.Union([FunctionTool, HostedTool])
 
 export const LatencySloField = Schema.Struct({
   metric: Schema.Literal("first_token"),

@@ -261,7 +261,8 @@ export class Completions extends Context.Service<
           reasoning: [] as Array<string>,
           usage: undefined as Extract<UpstreamEvent, { _tag: "Usage" }> | undefined,
           finish: null as FinishReason | null,
-          error: null as { code: string; message: string } | null
+          error: null as { code: string; message: string } | null,
+          heldSources: undefined as Extract<UpstreamEvent, { _tag: "Sources" }> | undefined
         }
         const fallbacks = auction.bids.filter(
           (b) =>
@@ -287,6 +288,7 @@ export class Completions extends Context.Service<
                 .acquireSlot(quote.quote)
                 .pipe(Effect.mapError((e) => new UpstreamFailed({ code: e.code, message: e.message })))
               meter.servedBy = bid
+              meter.heldSources = undefined
               const sentAt = yield* Clock.currentTimeMillis
               yield* upstream
                 .stream(
@@ -306,10 +308,18 @@ export class Completions extends Context.Service<
                         meter.finish = event.reason
                         return
                       }
+                      if (event._tag === "Sources") {
+                        // Grounding arrives before the first token; it is held until a token
+                        // proves this provider is serving (a fallback must not repeat it).
+                        if (!meter.delivered) meter.heldSources = event
+                        else yield* input.emit({ _tag: "Delta", event })
+                        return
+                      }
                       if (!meter.delivered) {
                         meter.delivered = true
                         meter.firstTokenAt = yield* Clock.currentTimeMillis
                         yield* latency.observe(bid.provider_id, bid.model_class, meter.firstTokenAt - sentAt)
+                        if (meter.heldSources !== undefined) yield* input.emit({ _tag: "Delta", event: meter.heldSources })
                         yield* Deferred.succeed(input.started, undefined)
                       }
                       if (event._tag === "TextDelta") meter.pieces.push(event.text)
@@ -366,6 +376,7 @@ export class Completions extends Context.Service<
           usage: Extract<UpstreamEvent, { _tag: "Usage" }> | undefined
           finish: FinishReason | null
           error: { code: string; message: string } | null
+          heldSources: Extract<UpstreamEvent, { _tag: "Sources" }> | undefined
         },
         exit: Exit.Exit<void, UpstreamFailed>
       ) =>

@@ -162,19 +162,27 @@ describe("Simulator", () => {
     assert.strictEqual(simulate(request(), { multiTool: false }).sources.length, 0)
   })
 
+  it("[[sim:long]] makes a reply as long as max_tokens allows", () => {
+    const long = simulate({ ...request(), maxTokens: 1_000 }, { multiTool: false, long: true })
+    assert.strictEqual(long.completionTokens, 1_000)
+    assert.strictEqual(long.finishReason, "length")
+  })
+
   it("scopes markers to one provider when asked", () => {
     const text = "hi [[sim:error@sim-openai-1]] [[sim:slow]] [[sim:multi-tool]]"
     assert.deepStrictEqual(markersFor(text, "sim-openai-1"), {
       slow: true,
       error: true,
       drop: false,
-      multiTool: true
+      multiTool: true,
+      long: false
     })
     assert.deepStrictEqual(markersFor(text, "sim-openai-2"), {
       slow: true,
       error: false,
       drop: false,
-      multiTool: true
+      multiTool: true,
+      long: false
     })
   })
 

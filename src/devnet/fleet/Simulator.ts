@@ -88,6 +88,8 @@ export interface SimMarkers {
   readonly error: boolean
   readonly drop: boolean
   readonly multiTool: boolean
+  /** `[[sim:long]]`: a reply of up to 4,000 tokens (cut at max_tokens), for cancellation tests. */
+  readonly long: boolean
 }
 
 const markerPattern = /\[\[sim:([a-z-]+)(?:@([A-Za-z0-9._:-]+))?\]\]/g
@@ -102,7 +104,8 @@ export const markersFor = (text: string, providerId: string): SimMarkers => {
     slow: found.has("slow"),
     error: found.has("error"),
     drop: found.has("drop"),
-    multiTool: found.has("multi-tool")
+    multiTool: found.has("multi-tool"),
+    long: found.has("long")
   }
 }
 
@@ -329,7 +332,10 @@ const toolsToCall = (request: SimRequest, multiTool: boolean): ReadonlyArray<Sim
  * serving provider by the caller). The natural reply is cut at `maxTokens` completion tokens,
  * reasoning first, as providers count reasoning inside the completion budget.
  */
-export const simulate = (request: SimRequest, options: { readonly multiTool: boolean }): SimReply => {
+export const simulate = (
+  request: SimRequest,
+  options: { readonly multiTool: boolean; readonly long?: boolean }
+): SimReply => {
   const digest = promptDigest(request.messages)
   const rng = makeRng(digest.readUInt32BE(0))
   const idBase = digest.subarray(4, 16).toString("hex")
@@ -362,7 +368,8 @@ export const simulate = (request: SimRequest, options: { readonly multiTool: boo
     for (const text of splitEvery(JSON.stringify(value), 4)) answer.push({ _tag: "Text", text })
   } else {
     const citations = sources.map((s) => s.id)
-    for (const text of sentencePieces(rng, intBetween(rng, 12, 63), citations))
+    const length = options.long === true ? 4_000 : intBetween(rng, 12, 63)
+    for (const text of sentencePieces(rng, length, citations))
       answer.push({ _tag: "Text", text })
   }
 

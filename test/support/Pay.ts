@@ -1,0 +1,125 @@
+import { wrapFetchWithPayment, x402Client } from "@x402/fetch"
+import { ExactEvmScheme } from "@x402/evm/exact/client"
+import { Effect } from "effect"
+import type { Hex } from "viem"
+import { type PrivateKeyAccount, privateKeyToAccount } from "viem/accounts"
+import { Chain } from "../../src/chain/Chain.ts"
+import { randomAuthorizationNonce, signTransferAuthorization } from "../../src/chain/Eip3009.ts"
+import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
+import { call, RouterUrl } from "./Router.ts"
+
+/** A demo wallet of the local chain and an official x402 client paying from it. */
+export const payer = (index = 0) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    const account = privateKeyToAccount(chain.demoWallets[index]!.privateKey!)
+    const client = new x402Client().register(chain.network, new ExactEvmScheme(account)).setSpendControls({
+      allowedAssets: [{ network: chain.network, asset: chain.token, maxAmountPerPayment: "10000000" }]
+    })
+    return { chain, account, payingFetch: wrapFetchWithPayment(fetch, client) }
+  })
+
+/** A hand-built x402 v2 envelope for negative tests (the official client only signs what it is asked). */
+export const handSignedHeader = (
+  account: PrivateKeyAccount,
+  options: { value: bigint; scheme?: string; to?: Hex; validBefore?: bigint }
+) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    const nowS = BigInt(Math.floor(Date.now() / 1000))
+    const authorization = {
+      from: account.address,
+      to: options.to ?? chain.treasury,
+      value: options.value,
+      validAfter: 0n,
+      validBefore: options.validBefore ?? nowS + 300n,
+      nonce: randomAuthorizationNonce()
+    }
+    const signature = yield* Effect.promise(() =>
+      signTransferAuthorization(account, {
+        token: chain.token,
+        chainId: chain.chainId,
+        domain: chain.tokenDomain,
+        ...authorization
+      })
+    )
+    const envelope = {
+      x402Version: 2,
+      scheme: options.scheme ?? "exact",
+      network: chain.network,
+      payload: {
+        authorization: Object.fromEntries(Object.entries(authorization).map(([k, v]) => [k, String(v)])),
+        signature
+      }
+    }
+    return Buffer.from(JSON.stringify(envelope)).toString("base64")
+  })
+
+/** Total requests the simulated providers have seen (to prove "no provider work"). */
+export const providerRequests = Effect.gen(function* () {
+  const fleet = yield* Fleet
+  let total = 0
+  for (const provider of fleet.providers) {
+    const counters = yield* provider.counters
+    total += Object.values(counters.requests).reduce((a, b) => a + b, 0)
+  }
+  return total
+})
+
+export const waitFor = <A, R>(what: string, probe: Effect.Effect<A | undefined, never, R>, timeoutMs = 20_000) =>
+  Effect.gen(function* () {
+    const started = Date.now()
+    while (Date.now() - started < timeoutMs) {
+      const value = yield* probe
+      if (value !== undefined) return value
+      yield* Effect.sleep("100 millis")
+    }
+    return yield* Effect.die(new Error(`timed out waiting for ${what}`))
+  })
+
+export const waitForBook = waitFor(
+  "the fleet's quotes",
+  Effect.map(call("/v1/market/book"), (r) =>
+    (r.json as { classes: Array<{ depth: number }> }).classes.every((c) => c.depth > 0) ? true : undefined
+  )
+)
+
+export interface ReceiptView {
+  readonly receipt: {
+    readonly status: string
+    readonly settlement: string
+    readonly charged: number
+    readonly authorized: number
+    readonly provider_id: string
+    readonly out_tokens: number
+    readonly refund_ref: string | null
+    readonly payment_ref: string
+  }
+  readonly final: boolean
+}
+
+export const receiptWhen = (id: string, predicate: (r: ReceiptView) => boolean = () => true) =>
+  waitFor(
+    `receipt ${id}`,
+    Effect.map(call(`/v1/receipts/${id}`), (r) =>
+      r.status === 200 && predicate(r.json as ReceiptView) ? (r.json as ReceiptView) : undefined
+    )
+  )
+
+/** Reads an SSE body until it ends or `stopAfter` data frames were seen. */
+export const readSse = (response: Response, stopAfter = Number.POSITIVE_INFINITY) =>
+  Effect.promise(async () => {
+    const reader = response.body!.getReader()
+    const decoder = new TextDecoder()
+    let text = ""
+    let frames = 0
+    while (frames < stopAfter) {
+      const { done, value } = await reader.read()
+      if (done) break
+      text += decoder.decode(value, { stream: true })
+      frames = (text.match(/^data: /gm) ?? []).length
+    }
+    return { text, reader }
+  })
+
+export const routerBase = RouterUrl
