@@ -1,5 +1,5 @@
 import { Context, Effect, Layer, Schema } from "effect"
-import { SqlClient } from "effect/sql"
+import { SqlClient, type SqlError } from "effect/sql"
 import type { Hex } from "viem"
 import { Chain } from "../chain/Chain.ts"
 import { feeSplit } from "../domain/Billing.ts"
@@ -31,6 +31,8 @@ export interface CaptureRecord {
 }
 
 const decodeReceipt = Schema.decodeUnknownEffect(ReceiptBody)
+
+const isUniqueViolation = (error: SqlError.SqlError) => error.reason._tag === "UniqueViolation"
 
 /**
  * The book of record for paid requests. Every movement of money is an append-only
@@ -77,39 +79,39 @@ export class Ledger extends Context.Service<
                 VALUES (${requestId}, ${account}, ${kind}, ${amount}, ${ref})`
           : Effect.void
 
+      /**
+       * One statement, one round trip, on the first-byte path: the request, its authorization
+       * and the ledger row land together or not at all. A (payer, nonce) seen before violates
+       * the primary key and the whole statement fails: a replay never reserves anything.
+       */
       const reserveX402 = Effect.fn("Ledger.reserveX402")(function* (
         record: ReservationRecord,
         hold: X402Hold
       ) {
         const payer = record.payer.toLowerCase()
-        const inserted = yield* sql
-          .withTransaction(
-            Effect.gen(function* () {
-              yield* sql`
-                INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
-                                      provider_id, authorized, status, agent)
-                VALUES (${record.requestId}, ${record.dialect}, 'x402', ${payer}, ${record.requestedModel},
-                        ${record.modelClass}, ${record.providerId}, ${record.authorized}, 'reserved',
-                        ${JSON.stringify(record.agent)}::jsonb)
-              `
-              const rows = yield* sql`
-                INSERT INTO x402_authorizations (payer, nonce, request_id, value, valid_after, valid_before,
-                                                 signature, status)
-                VALUES (${payer}, ${hold.nonce.toLowerCase()}, ${record.requestId}, ${record.authorized},
-                        ${hold.validAfter.toString()}, ${hold.validBefore.toString()}, ${hold.signature}, 'reserved')
-                ON CONFLICT (payer, nonce) DO NOTHING
-                RETURNING nonce
-              `
-              if (rows.length === 0) return yield* Effect.fail("replay" as const)
-              yield* entry(record.requestId, payer, "authorization_reserved", record.authorized)
-              return true
-            })
+        yield* sql`
+          WITH request AS (
+            INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
+                                  provider_id, authorized, status, agent)
+            VALUES (${record.requestId}, ${record.dialect}, 'x402', ${payer}, ${record.requestedModel},
+                    ${record.modelClass}, ${record.providerId}, ${record.authorized}, 'reserved',
+                    ${JSON.stringify(record.agent)}::jsonb)
+            RETURNING request_id
+          ), hold AS (
+            INSERT INTO x402_authorizations (payer, nonce, request_id, value, valid_after, valid_before,
+                                             signature, status)
+            SELECT ${payer}, ${hold.nonce.toLowerCase()}, request_id, ${record.authorized},
+                   ${hold.validAfter.toString()}, ${hold.validBefore.toString()}, ${hold.signature}, 'reserved'
+            FROM request
+            RETURNING request_id
           )
-          .pipe(
-            Effect.catch((e) => (e === "replay" ? Effect.succeed(false) : Effect.die(e))),
-            Effect.orDie
+          INSERT INTO ledger_entries (request_id, account, kind, amount)
+          SELECT request_id, ${payer}, 'authorization_reserved', ${record.authorized} FROM hold
+        `.pipe(
+          Effect.catchTag("SqlError", (error) =>
+            isUniqueViolation(error) ? Effect.fail(new NonceReplay({ payer })) : Effect.die(error)
           )
-        if (!inserted) return yield* new NonceReplay({ payer })
+        )
       })
 
       const nonceUnused = (payer: string, nonce: Hex) =>

@@ -1,4 +1,4 @@
-import { Clock, Context, Effect, Layer, Result } from "effect"
+import { Clock, Context, Effect, Fiber, Layer, Result } from "effect"
 import { type Address, type Hex, hexToBigInt, size, slice } from "viem"
 import { Chain, type ChainShape, verifyTransferAuthorization } from "../chain/Chain.ts"
 import type { PaymentRequired, PaymentRequiredCode } from "../domain/Payment.ts"
@@ -156,6 +156,22 @@ export class PaymentVerifier extends Context.Service<
           return yield* rejectWith("payment_invalid", "authorization.validBefore must be within 7 days")
         }
 
+        const unavailable = () =>
+          rejectWith(
+            "payment_verification_unavailable",
+            "the payer's on-chain state could not be read; the signature was not rejected",
+            { retryable: true }
+          )
+        // Signature recovery is CPU work and the three reads are I/O: start the reads first and
+        // recover while they are in flight (this is on every paid call's first-byte path).
+        const reads = yield* Effect.all(
+          [
+            input.nonceUnused(from, nonce),
+            chain.authorizationState(from, nonce).pipe(Effect.catch(unavailable)),
+            chain.balanceOf(from).pipe(Effect.catch(unavailable))
+          ],
+          { concurrency: "unbounded" }
+        ).pipe(Effect.forkChild)
         const recovered =
           isCanonicalSignature(signature) &&
           (yield* Effect.tryPromise(() =>
@@ -168,27 +184,16 @@ export class PaymentVerifier extends Context.Service<
             })
           ).pipe(Effect.catch(() => Effect.succeed(false))))
         if (!recovered) {
+          yield* Fiber.interrupt(reads)
           return yield* rejectWith(
             "payment_invalid",
             "the signature is not a TransferWithAuthorization signed by authorization.from for this token"
           )
         }
-
-        const unavailable = () =>
-          rejectWith(
-            "payment_verification_unavailable",
-            "the payer's on-chain state could not be read; the signature was not rejected",
-            { retryable: true }
-          )
-        const unusedHere = yield* input.nonceUnused(from, nonce)
-        const usedOnChain = unusedHere
-          ? yield* chain.authorizationState(from, nonce).pipe(Effect.catch(unavailable))
-          : true
-        if (usedOnChain) {
+        const [unusedHere, usedOnChain, balance] = yield* Fiber.join(reads)
+        if (!unusedHere || usedOnChain) {
           return yield* rejectWith("payment_invalid", "authorization already used")
         }
-
-        const balance = yield* chain.balanceOf(from).pipe(Effect.catch(unavailable))
         if (balance < value) {
           return yield* rejectWith("payment_invalid", "insufficient balance")
         }

@@ -1,7 +1,7 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { ExactEvmScheme } from "@x402/evm/exact/client"
 import { wrapFetchWithPayment, x402Client } from "@x402/fetch"
-import { Effect } from "effect"
+import { Effect, Layer, Logger } from "effect"
 import { SqlClient } from "effect/sql"
 import OpenAI from "openai"
 import { type Address, type Hex, verifyTypedData } from "viem"
@@ -99,8 +99,22 @@ const clients = Effect.gen(function* () {
   return { chain, account, openai }
 })
 
+/** Every log line the router writes during this file, to prove no prompt reaches a log. */
+const logLines: Array<string> = []
+const captureLogs = Logger.layer(
+  [
+    Logger.map(Logger.formatLogFmt, (line) => {
+      logLines.push(line)
+    })
+  ],
+  { mergeWithExisting: true }
+)
+
 describe("a paid chat completion end to end (official openai SDK over @x402/fetch)", () => {
-  layer(routerWithFleet({ epochSeconds: 2 }), { excludeTestServices: true, timeout: 180_000 })((it) => {
+  layer(routerWithFleet({ epochSeconds: 2 }).pipe(Layer.provide(captureLogs)), {
+    excludeTestServices: true,
+    timeout: 180_000
+  })((it) => {
     it.effect("non-streaming: 402, sign, serve, settle on chain, signed receipt, refund at epoch close", () =>
       Effect.gen(function* () {
         yield* waitForBook
@@ -223,7 +237,7 @@ describe("a paid chat completion end to end (official openai SDK over @x402/fetc
       })
     )
 
-    it.effect("privacy: a unique marker in a prompt is in no table", () =>
+    it.effect("privacy: a unique marker in a prompt is in no table and no log line", () =>
       Effect.gen(function* () {
         yield* waitForBook
         const { openai } = yield* clients
@@ -246,6 +260,18 @@ describe("a paid chat completion end to end (official openai SDK over @x402/fetc
           )
           assert.isFalse(rows[0]!.found, `marker found in ${table_name}`)
         }
+        // Even a failing request (whose error paths log) must not log the prompt.
+        yield* Effect.promise(() =>
+          openai.chat.completions
+            .create({
+              model: "chat-small",
+              messages: [{ role: "user", content: `${marker} [[sim:error]]` }],
+              max_tokens: 8
+            })
+            .catch(() => undefined)
+        )
+        assert.isAbove(logLines.length, 0)
+        assert.isFalse(logLines.some((line) => line.includes(marker)))
       })
     )
   })

@@ -220,7 +220,10 @@ export const make = Effect.fn("ProviderServer.make")(function* (
       yield* countFault("error")
       return errorResponse("server_error", `simulated upstream failure at ${options.providerId}`)
     }
-    const reply = simulate({ ...simRequest, modelClass: model }, { multiTool: markers.multiTool, long: markers.long })
+    const reply = simulate(
+      { ...simRequest, modelClass: model },
+      { multiTool: markers.multiTool, long: markers.long }
+    )
     if (reply.promptTokens > options.maxContext) {
       return errorResponse(
         "invalid_request",

@@ -369,8 +369,7 @@ export const simulate = (
   } else {
     const citations = sources.map((s) => s.id)
     const length = options.long === true ? 4_000 : intBetween(rng, 12, 63)
-    for (const text of sentencePieces(rng, length, citations))
-      answer.push({ _tag: "Text", text })
+    for (const text of sentencePieces(rng, length, citations)) answer.push({ _tag: "Text", text })
   }
 
   const limit = Math.max(0, request.maxTokens)

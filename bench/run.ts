@@ -1,0 +1,218 @@
+/**
+ * `npm run bench`: time to first token through the router against the provider's own,
+ * measured in the same process on the same machine (the baseline), plus the router's
+ * per-request overhead split into admission (auction, x402 verification, reservation)
+ * and streaming. Prints figures; asserts nothing (these machines are noisy).
+ *
+ * Uses DATABASE_URL when set, else an embedded Postgres in a temporary folder, and its
+ * own Anvil. One simulated provider (OpenAI dialect) with a fixed 40 ms time to first token.
+ */
+
+import { mkdtempSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
+import { ExactEvmScheme } from "@x402/evm/exact/client"
+import { wrapFetchWithPayment, x402Client, x402HTTPClient } from "@x402/fetch"
+import { Effect, Layer, ManagedRuntime, Redacted } from "effect"
+import { privateKeyToAccount } from "viem/accounts"
+import { Chain } from "../src/chain/Chain.ts"
+import { DatabaseLive } from "../src/db/Database.ts"
+import { freePort } from "../src/devnet/EmbeddedPostgres.ts"
+import { type ProviderConfig, simulationAccount } from "../src/devnet/fleet/FleetConfig.ts"
+import * as ProviderServer from "../src/devnet/fleet/ProviderServer.ts"
+import { freshQuote } from "../src/devnet/fleet/Quotes.ts"
+import { HttpServerLive } from "../src/http/Server.ts"
+import { ServicesLive } from "../src/Router.ts"
+import { RouterConfig } from "../src/RouterConfig.ts"
+import { tracingWith } from "../src/Telemetry.ts"
+
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 40)
+const TOKEN = "bench-operator"
+
+const quantile = (xs: ReadonlyArray<number>, q: number) => {
+  const sorted = [...xs].sort((a, b) => a - b)
+  return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!
+}
+const summary = (xs: ReadonlyArray<number>) =>
+  `p50 ${quantile(xs, 0.5).toFixed(1)} ms  p95 ${quantile(xs, 0.95).toFixed(1)} ms  mean ${(xs.reduce((a, b) => a + b, 0) / xs.length).toFixed(1)} ms`
+
+/** Milliseconds from sending the request to the first content delta of an SSE body. */
+const firstContentMs = async (
+  doFetch: typeof fetch,
+  url: string,
+  body: unknown,
+  headers: Record<string, string> = {}
+) => {
+  const started = performance.now()
+  const response = await doFetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...headers },
+    body: JSON.stringify(body)
+  })
+  if (!response.ok) throw new Error(`${url}: ${response.status} ${await response.text()}`)
+  const reader = response.body!.getReader()
+  const decoder = new TextDecoder()
+  let text = ""
+  let first = Number.NaN
+  for (;;) {
+    const { done, value } = await reader.read()
+    if (done) break
+    text += decoder.decode(value, { stream: true })
+    if (Number.isNaN(first) && /"content":"[^"]/.test(text)) first = performance.now() - started
+  }
+  return first
+}
+
+const spanTable = (exporter: InMemorySpanExporter) => {
+  const byName = new Map<string, Array<number>>()
+  for (const span of exporter.getFinishedSpans()) {
+    const ms = span.duration[0] * 1000 + span.duration[1] / 1e6
+    byName.set(span.name, [...(byName.get(span.name) ?? []), ms])
+  }
+  return [...byName.entries()]
+    .filter(([name]) =>
+      /^(Completions|PaymentVerifier|Ledger|QuoteBook\.acquire|Market|Chain|Idempotency)/.test(name)
+    )
+    .map(
+      ([name, xs]) =>
+        `    ${name.padEnd(40)} ${(xs.reduce((a, b) => a + b, 0) / xs.length).toFixed(2).padStart(8)}  (n=${xs.length})`
+    )
+}
+
+const main = async () => {
+  const dataDir = mkdtempSync(join(tmpdir(), "svc-bench-"))
+  const port = await Effect.runPromise(freePort)
+  const config = RouterConfig.test({
+    port,
+    publicUrl: `http://127.0.0.1:${port}`,
+    operatorToken: Redacted.make(TOKEN),
+    dataDir
+  })
+  const infrastructure = Layer.mergeAll(DatabaseLive, Chain.layer).pipe(Layer.provideMerge(config))
+  const spans = new InMemorySpanExporter()
+  const runtime = ManagedRuntime.make(
+    HttpServerLive.pipe(
+      Layer.provideMerge(ServicesLive),
+      Layer.provideMerge(infrastructure),
+      Layer.provide(tracingWith([new SimpleSpanProcessor(spans)]))
+    )
+  )
+  const providerConfig: ProviderConfig = {
+    providerId: "bench-1",
+    dialect: "openai",
+    offers: [{ modelClass: "chat-small", priceIn: 100_000, priceOut: 400_000 }],
+    ttftMs: 40,
+    tokensPerSecond: 2_000,
+    capacityRps: 64,
+    maxContext: 32_000
+  }
+  const providerRuntime = ManagedRuntime.make(
+    ProviderServer.ProviderServer.layer({
+      providerId: providerConfig.providerId,
+      dialect: providerConfig.dialect,
+      modelClasses: ["chat-small"],
+      ttftMs: providerConfig.ttftMs,
+      tokensPerSecond: providerConfig.tokensPerSecond,
+      maxContext: providerConfig.maxContext
+    })
+  )
+  try {
+    const chain = await runtime.runPromise(Effect.service(Chain))
+    const provider = await providerRuntime.runPromise(Effect.service(ProviderServer.ProviderServer))
+    const router = `http://127.0.0.1:${port}`
+    const signer = simulationAccount("bench-1")
+    await fetch(`${router}/v1/admin/providers`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${TOKEN}` },
+      body: JSON.stringify({
+        provider_id: "bench-1",
+        signer: signer.address,
+        base_url: provider.baseUrl,
+        dialect: "openai"
+      })
+    })
+    const postQuote = async () => {
+      const quote = await Effect.runPromise(freshQuote(providerConfig, providerConfig.offers[0]!, signer))
+      await fetch(`${router}/provider/quotes`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify(quote)
+      })
+    }
+    await postQuote()
+    const refresher = setInterval(postQuote, 5_000)
+
+    const account = privateKeyToAccount(chain.demoWallets[0]!.privateKey!)
+    const client = new x402Client()
+      .register(chain.network, new ExactEvmScheme(account))
+      .setSpendControls(false)
+    const payingFetch = wrapFetchWithPayment(fetch, client)
+    const http = new x402HTTPClient(client)
+    /** A signed PAYMENT-SIGNATURE for this body, obtained outside the timed section. */
+    const signedFor = async (payload: unknown) => {
+      const unpaid = await fetch(`${router}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify(payload)
+      })
+      await unpaid.text()
+      const required = http.getPaymentRequiredResponse((name) => unpaid.headers.get(name))
+      const paymentPayload = await http.createPaymentPayload(required)
+      return http.encodePaymentSignatureHeader(paymentPayload)
+    }
+    const body = (i: number) => ({
+      model: "chat-small",
+      messages: [{ role: "user", content: `benchmark round ${i}` }],
+      max_tokens: 16,
+      stream: true
+    })
+
+    // Warm up both paths (JIT, connection pools, prepared statements).
+    for (let i = 0; i < 5; i++) {
+      await firstContentMs(fetch, `${provider.baseUrl}/v1/chat/completions`, {
+        ...body(i),
+        model: "chat-small"
+      })
+      await firstContentMs(payingFetch, `${router}/v1/chat/completions`, body(i))
+    }
+    spans.reset()
+    const direct: Array<number> = []
+    const routed: Array<number> = []
+    const withQuote: Array<number> = []
+    for (let i = 0; i < ROUNDS; i++) {
+      direct.push(await firstContentMs(fetch, `${provider.baseUrl}/v1/chat/completions`, body(1000 + i)))
+      const headers = await signedFor(body(2000 + i))
+      routed.push(await firstContentMs(fetch, `${router}/v1/chat/completions`, body(2000 + i), headers))
+      withQuote.push(await firstContentMs(payingFetch, `${router}/v1/chat/completions`, body(3000 + i)))
+    }
+    clearInterval(refresher)
+    const overhead = routed.map((r, i) => r - direct[i]!)
+    process.stdout.write(
+      [
+        `time to first token, ${ROUNDS} rounds, provider TTFT set to 40 ms`,
+        `  provider direct (baseline)   ${summary(direct)}`,
+        `  through the router, paid     ${summary(routed)}`,
+        `  router overhead, paid call   ${summary(overhead)}`,
+        "    (auction, EIP-712 verification, nonce and balance reads, reservation, capacity lease, relay)",
+        `  incl. the 402 round trip     ${summary(withQuote)}`,
+        "    (what @x402/fetch sees: an unpaid call answered 402, signing, then the paid call)",
+        `  rss ${(process.memoryUsage().rss / 1024 / 1024).toFixed(0)} MiB`,
+        "  where a paid call's time goes (mean span duration, ms):",
+        ...spanTable(spans)
+      ].join("\n") + "\n"
+    )
+  } finally {
+    await runtime.dispose()
+    await providerRuntime.dispose()
+    rmSync(dataDir, { recursive: true, force: true })
+  }
+}
+
+main().then(
+  () => process.exit(0),
+  (error) => {
+    process.stderr.write(`${error}\n`)
+    process.exit(1)
+  }
+)
