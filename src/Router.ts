@@ -9,13 +9,19 @@ import { LiveStreams } from "./inference/LiveStreams.ts"
 import { Upstream } from "./inference/upstream/Upstream.ts"
 import { Epochs, PayoutConfig } from "./ledger/Epochs.ts"
 import { Ledger } from "./ledger/Ledger.ts"
+import { Reconciliation } from "./ledger/Reconciliation.ts"
 import { Latency } from "./market/Latency.ts"
 import { Market } from "./market/Market.ts"
 import { ModelCatalog } from "./market/ModelCatalog.ts"
 import { Providers } from "./market/Providers.ts"
 import { QuoteBook } from "./market/QuoteBook.ts"
+import { CreditKeys } from "./payment/CreditKeys.ts"
+import { Credits } from "./payment/Credits.ts"
 import { Idempotency } from "./payment/Idempotency.ts"
+import { Keys } from "./payment/Keys.ts"
+import { KeysAuth } from "./payment/KeysAuth.ts"
 import { PaymentVerifier } from "./payment/PaymentVerifier.ts"
+import { Sessions } from "./payment/Sessions.ts"
 import { Settlement } from "./payment/Settlement.ts"
 import { X402Config } from "./payment/X402.ts"
 import { Readiness } from "./Readiness.ts"
@@ -28,20 +34,25 @@ export const MarketLive = Market.layer.pipe(
   Layer.provideMerge(Layer.mergeAll(ModelCatalog.layer, Latency.layer))
 )
 
-/** Payments: x402 verification, the ledger, settlement, epoch refunds, idempotency. */
+/** Payments: x402 verification, the ledger, settlement, epoch refunds, idempotency, keys and credits. */
 export const PaymentsLive = Layer.mergeAll(
   Settlement.layer,
   Epochs.layer,
-  PaymentVerifier.layer,
-  Idempotency.layer
+  Reconciliation.layer,
+  Idempotency.layer,
+  KeysAuth.layer,
+  Credits.layer
 ).pipe(
+  Layer.provideMerge(Layer.mergeAll(PaymentVerifier.layer, Keys.layer)),
   Layer.provideMerge(Ledger.layer),
   Layer.provideMerge(Layer.mergeAll(X402Config.layer, PayoutConfig.layer))
 )
 
 /** Serving: the lifecycle over the market and payments, upstream clients and live streams. */
 export const InferenceLive = Completions.layer.pipe(
-  Layer.provideMerge(Layer.mergeAll(LiveStreams.layer, Upstream.layerFetch)),
+  Layer.provideMerge(
+    Layer.mergeAll(LiveStreams.layer, Upstream.layerFetch, CreditKeys.layer, Sessions.layer)
+  ),
   Layer.provideMerge(PaymentsLive),
   Layer.provideMerge(MarketLive)
 )

@@ -180,5 +180,121 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
         closed_at TIMESTAMPTZ
       )
     `
+  }),
+  "0004_epochs_reconciliation": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // The leaf each receipt had when its epoch closed, and its position in the epoch's tree.
+    yield* sql`ALTER TABLE receipts ADD COLUMN leaf TEXT, ADD COLUMN leaf_index INTEGER`
+    yield* sql`CREATE INDEX receipts_epoch_leaf ON receipts (epoch_id, leaf_index)`
+    // An epoch closes only when no request reserved before its end is still in flight.
+    yield* sql`CREATE INDEX requests_in_flight ON requests (created_at) WHERE status = 'reserved'`
+    // The chain height when the close was recorded: where to look for an anchor sent before a crash.
+    yield* sql`ALTER TABLE epochs ADD COLUMN from_block BIGINT, ADD COLUMN closing_at TIMESTAMPTZ DEFAULT now()`
+  }),
+  "0005_keys_credits": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    yield* sql`
+      CREATE TABLE wallets (
+        wallet TEXT PRIMARY KEY,
+        invited BOOLEAN NOT NULL DEFAULT false,
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+      )
+    `
+    // A key is a record; its secret is returned once and only its SHA-256 is kept.
+    yield* sql`
+      CREATE TABLE api_keys (
+        key_id TEXT PRIMARY KEY,
+        wallet TEXT NOT NULL,
+        label TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('credit', 'api')),
+        key_hash TEXT NOT NULL UNIQUE,
+        budget BIGINT NOT NULL CHECK (budget >= 0),
+        spent BIGINT NOT NULL DEFAULT 0 CHECK (spent >= 0),
+        reserved BIGINT NOT NULL DEFAULT 0 CHECK (reserved >= 0),
+        requests BIGINT NOT NULL DEFAULT 0,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        revoked_at TIMESTAMPTZ,
+        CONSTRAINT api_keys_within_budget CHECK (spent + reserved <= budget)
+      )
+    `
+    yield* sql`CREATE INDEX api_keys_wallet ON api_keys (wallet)`
+    // Replay guard of wallet-signed key requests: a signed message is accepted once.
+    yield* sql`
+      CREATE TABLE keys_signatures (
+        sig_hash TEXT PRIMARY KEY,
+        wallet TEXT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL
+      )
+    `
+    yield* sql`CREATE INDEX keys_signatures_expiry ON keys_signatures (expires_at)`
+    yield* sql`
+      CREATE TABLE deposits (
+        deposit_id TEXT PRIMARY KEY,
+        wallet TEXT NOT NULL,
+        amount BIGINT NOT NULL CHECK (amount > 0),
+        request_id TEXT UNIQUE,
+        status TEXT NOT NULL CHECK (status IN ('pending', 'credited', 'failed')),
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        credited_at TIMESTAMPTZ
+      )
+    `
+    yield* sql`CREATE INDEX deposits_wallet_pending ON deposits (wallet) WHERE status = 'pending'`
+    // Payout queue columns: a claim pushes next_attempt_at ahead (a lease shared by all instances).
+    yield* sql`
+      CREATE TABLE withdrawals (
+        withdrawal_id TEXT PRIMARY KEY,
+        wallet TEXT NOT NULL,
+        amount BIGINT NOT NULL CHECK (amount > 0),
+        to_address TEXT NOT NULL,
+        nonce TEXT NOT NULL UNIQUE,
+        status TEXT NOT NULL CHECK (status IN ('pending', 'paid', 'failed')),
+        tx_hash TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        last_error TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        paid_at TIMESTAMPTZ
+      )
+    `
+    yield* sql`CREATE INDEX withdrawals_queue ON withdrawals (next_attempt_at) WHERE status = 'pending'`
+  }),
+  "0006_credit_requests_sessions": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    yield* sql`ALTER TABLE requests ADD COLUMN key_id TEXT`
+    yield* sql`ALTER TABLE requests ADD COLUMN session_id TEXT`
+    // A session turn draws on its session's budget: no authorization, no key reservation of its own.
+    yield* sql`ALTER TABLE requests DROP CONSTRAINT requests_payment_kind_check`
+    yield* sql`ALTER TABLE requests ADD CONSTRAINT requests_payment_kind_check
+               CHECK (payment_kind IN ('x402', 'credit', 'session'))`
+    yield* sql`CREATE INDEX requests_key ON requests (key_id, created_at)`
+    // A budget session: funded once by its opening call, drawn on by later turns without a new
+    // signature. `in_flight` makes a session serve one request at a time (409 session_used).
+    yield* sql`
+      CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY,
+        token_hash TEXT NOT NULL,
+        payer TEXT NOT NULL,
+        funding_kind TEXT NOT NULL CHECK (funding_kind IN ('x402', 'credit')),
+        funding_request_id TEXT NOT NULL,
+        key_id TEXT,
+        budget BIGINT NOT NULL CHECK (budget >= 0),
+        spent BIGINT NOT NULL DEFAULT 0 CHECK (spent >= 0),
+        provider_id TEXT NOT NULL,
+        model_class TEXT NOT NULL,
+        price_in BIGINT NOT NULL,
+        price_out BIGINT NOT NULL,
+        price_in_cached BIGINT,
+        expires_at TIMESTAMPTZ NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('open', 'closed', 'dead')),
+        in_flight TEXT,
+        turns INTEGER NOT NULL DEFAULT 0,
+        prefix_tokens INTEGER NOT NULL DEFAULT 0,
+        refund_ref TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        closed_at TIMESTAMPTZ,
+        CHECK (spent <= budget)
+      )
+    `
   })
 }

@@ -44,7 +44,9 @@ export const FunctionTool = Schema.Struct({
 /** Vendor-native hosted tools (any other `type`): decoded only so the gate can refuse them by name. */
 export const HostedTool = Schema.Struct({
   type: Schema.String.check(
-    Schema.makeFilter((type) => (type === "function" ? "a function tool needs a `function` object" : undefined))
+    Schema.makeFilter((type) =>
+      type === "function" ? "a function tool needs a `function` object" : undefined
+    )
   )
 })
 export const AnyTool = Schema.Union([FunctionTool, HostedTool])

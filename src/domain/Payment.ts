@@ -25,7 +25,8 @@ export const PaymentRequiredCode = Schema.Literals([
   "payment_invalid",
   "wrong_scheme",
   "key_unfunded",
-  "key_budget_exhausted"
+  "key_budget_exhausted",
+  "session_budget_exhausted"
 ])
 export type PaymentRequiredCode = typeof PaymentRequiredCode.Type
 

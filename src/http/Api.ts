@@ -1,7 +1,10 @@
 import { HttpApi, OpenApi } from "effect/http-api"
+import { MessagesApi, ResponsesApi } from "./AdaptersApi.ts"
 import { ChatApi, ReceiptsApi } from "./ChatApi.ts"
 import { GatedApi } from "./GatedApi.ts"
+import { CreditsApi, KeysApi, WalletsAdminApi } from "./KeysApi.ts"
 import { AdminApi, MarketApi, ProviderApi, RoutingApi } from "./MarketApi.ts"
+import { SessionsApi } from "./SessionsApi.ts"
 import { SystemApi } from "./SystemApi.ts"
 
 export class Api extends HttpApi.make("svc")
@@ -13,6 +16,12 @@ export class Api extends HttpApi.make("svc")
   .add(RoutingApi)
   .add(ChatApi)
   .add(ReceiptsApi)
+  .add(SessionsApi)
+  .add(ResponsesApi)
+  .add(MessagesApi)
+  .add(WalletsAdminApi)
+  .add(KeysApi)
+  .add(CreditsApi)
   .annotateMerge(
     OpenApi.annotations({
       title: "svc market-cleared inference router",

@@ -5,6 +5,7 @@ import {
   CapabilityUnsupported,
   Conflict,
   FeatureGated,
+  Forbidden,
   InvalidRequest,
   NotFound,
   ServiceUnavailable,
@@ -16,6 +17,8 @@ import { openAi, PaymentRequiredWire } from "./ErrorWire.ts"
 /** Every way a paid chat call can fail, each with its status, in OpenAI's convention (402: x402). */
 export const PaidCallErrors = [
   openAi(InvalidRequest),
+  openAi(Unauthorized),
+  openAi(Forbidden),
   openAi(CapabilityUnsupported),
   openAi(FeatureGated),
   openAi(NotFound),
@@ -47,6 +50,17 @@ export class ChatApi extends HttpApiGroup.make("chat")
     })
   ) {}
 
+/** How a receipt is in its epoch's root anchored on chain (docs/protocol.md section 3); null until then. */
+export const ReceiptInclusion = Schema.Struct({
+  epoch_id: Schema.Int,
+  leaf: Schema.String,
+  proof: Schema.Array(Schema.String),
+  root: Schema.String,
+  anchor_tx: Schema.String,
+  anchor_contract: Schema.String,
+  chain_id: Schema.Int
+})
+
 export class ReceiptsApi extends HttpApiGroup.make("receipts").add(
   HttpApiEndpoint.get("receipt", "/v1/receipts/:id", {
     params: { id: Schema.String },
@@ -55,7 +69,8 @@ export class ReceiptsApi extends HttpApiGroup.make("receipts").add(
       final: Schema.Boolean,
       signature: Schema.NullOr(Schema.String),
       signer: Schema.String,
-      typed_data: Schema.Unknown
+      typed_data: Schema.Unknown,
+      inclusion: Schema.NullOr(ReceiptInclusion)
     }),
     error: openAi(NotFound)
   }),

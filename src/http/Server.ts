@@ -6,10 +6,13 @@ import { HttpApiBuilder } from "effect/http-api"
 import { RouterConfig } from "../RouterConfig.ts"
 import { OperatorAuthLive } from "./AdminAuth.ts"
 import { Api } from "./Api.ts"
+import { MessagesHandlers, ResponsesHandlers } from "./handlers/Adapters.ts"
 import { ChatHandlers } from "./handlers/Chat.ts"
 import { GatedHandlers } from "./handlers/Gated.ts"
+import { CreditsHandlers, KeysHandlers, WalletsAdminHandlers } from "./handlers/Keys.ts"
 import { AdminHandlers, MarketHandlers, ProviderHandlers, RoutingHandlers } from "./handlers/Market.ts"
 import { ReceiptHandlers } from "./handlers/Receipts.ts"
+import { SessionHandlers } from "./handlers/Sessions.ts"
 import { SystemHandlers } from "./handlers/System.ts"
 import { Cors, RouterMiddleware } from "./Middleware.ts"
 
@@ -23,7 +26,13 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     MarketHandlers,
     RoutingHandlers,
     ChatHandlers,
-    ReceiptHandlers
+    ReceiptHandlers,
+    SessionHandlers,
+    ResponsesHandlers,
+    MessagesHandlers,
+    WalletsAdminHandlers,
+    KeysHandlers,
+    CreditsHandlers
   ]),
   Layer.provide(OperatorAuthLive),
   Layer.provide([RouterMiddleware, Cors])

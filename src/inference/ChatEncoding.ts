@@ -230,14 +230,22 @@ export const paidHeaders = (
     "x-svc-quotes-competing": String(auction.eligible),
     "x-svc-price-setter": auction.priceSetter,
     "x-svc-service-premium-cap-bps": String(auction.premiumCapBps),
-    "x-stream-token": admitted.streamToken,
+    "x-stream-token": admitted.streamToken
+  }
+  const funding = admitted.funding
+  if (admitted.sessionToken !== undefined) headers["x-session-token"] = admitted.sessionToken
+  if (funding._tag === "Credit") {
+    headers["x-key-budget-remaining"] = String(funding.keyRemaining)
+  } else if (funding._tag === "Session") {
+    headers["x-session-budget-remaining"] = String(funding.budgetRemaining)
+  } else {
     // The transfer is submitted after the response (off its path); the receipt carries the hash.
-    "payment-response": paymentResponseHeader({
+    headers["payment-response"] = paymentResponseHeader({
       success: true,
       transaction: "",
       network,
-      payer: admitted.payment.payer,
-      amount: admitted.payment.value
+      payer: funding.payment.payer,
+      amount: funding.payment.value
     })
   }
   if (agent.role !== undefined) headers["x-routing-agent-role"] = agent.role

@@ -1,27 +1,31 @@
 import { randomBytes } from "node:crypto"
 import { Cause, Clock, Context, Deferred, Effect, Exit, Layer, Option, Stream } from "effect"
-import type { Address } from "viem"
 import { charge, feeSplit } from "../domain/Billing.ts"
 import { type ChatCompletionRequest, maxTokensOf } from "../domain/Chat.ts"
 import {
   CapabilityUnsupported,
+  Conflict,
   type FeatureGated,
+  type Forbidden,
   gated,
   type InvalidRequest,
   NotFound,
   ServiceUnavailable,
+  Unauthorized,
   UpstreamFailed
 } from "../domain/Errors.ts"
-import { PaymentRequired } from "../domain/Payment.ts"
+import { PaymentRequired, type PaymentRequiredCode } from "../domain/Payment.ts"
 import { epochOf } from "../ledger/Epochs.ts"
-import { Ledger } from "../ledger/Ledger.ts"
+import { Ledger, type PaymentSource } from "../ledger/Ledger.ts"
 import type { ReceiptBody } from "../ledger/Receipt.ts"
 import { type AuctionCleared, type RankedBid, rivalCounterfactuals } from "../market/Auction.ts"
 import { Latency } from "../market/Latency.ts"
 import { Market } from "../market/Market.ts"
 import { Providers } from "../market/Providers.ts"
 import { QuoteBook } from "../market/QuoteBook.ts"
+import { CreditKeys } from "../payment/CreditKeys.ts"
 import { PaymentVerifier, type VerifiedPayment } from "../payment/PaymentVerifier.ts"
+import { type SessionRow, Sessions, type TurnRefusal } from "../payment/Sessions.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import type { FinishReason, UpstreamEvent } from "./Events.ts"
 import { type LiveStream, LiveStreams } from "./LiveStreams.ts"
@@ -38,6 +42,10 @@ export interface AgentHeaders {
 export interface PaidRequestContext {
   readonly dialect: "openai" | "anthropic" | "responses"
   readonly paymentHeader: string | undefined
+  /** `x-session-token`: a later turn of an open session. */
+  readonly sessionToken?: string | undefined
+  /** `x-credit-key`: spend a funded key's budget instead of signing per request. */
+  readonly creditKey?: string | undefined
   readonly resourceUrl: string
   readonly agent: AgentHeaders
 }
@@ -68,17 +76,33 @@ export type ServeEvent =
   | { readonly _tag: "Delta"; readonly event: Exclude<UpstreamEvent, { _tag: "Usage" | "Finish" }> }
   | { readonly _tag: "End"; readonly summary: ServeSummary }
 
+/** How an admitted request is paid for. */
+export type Funding =
+  | { readonly _tag: "X402"; readonly payment: VerifiedPayment }
+  | {
+      readonly _tag: "Credit"
+      readonly keyId: string
+      readonly wallet: string
+      readonly keyRemaining: number
+    }
+  | { readonly _tag: "Session"; readonly sessionId: string; readonly budgetRemaining: number }
+
 export interface Admitted {
   readonly requestId: string
   readonly createdAt: number
   readonly request: ChatCompletionRequest
   readonly auction: AuctionCleared
-  readonly payment: VerifiedPayment
+  readonly funding: Funding
   readonly stream: LiveStream<ServeEvent>
   readonly streamToken: string
+  /** Returned once, when this request opened a session. */
+  readonly sessionToken: string | undefined
 }
 
 export type CompletionError =
+  | Conflict
+  | Unauthorized
+  | Forbidden
   | InvalidRequest
   | CapabilityUnsupported
   | FeatureGated
@@ -121,6 +145,8 @@ export class Completions extends Context.Service<
       const live = yield* LiveStreams
       const upstream = yield* Upstream
       const config = yield* RouterConfig
+      const creditKeys = yield* CreditKeys
+      const sessions = yield* Sessions
 
       const gate = Effect.fn("Completions.gate")(function* (request: ChatCompletionRequest) {
         if (request.context !== undefined) return yield* gated("context_passports")
@@ -137,9 +163,13 @@ export class Completions extends Context.Service<
 
       const route = Effect.fn("Completions.route")(function* (
         request: ChatCompletionRequest,
-        promptTokens: number
+        promptTokens: number,
+        opensSession = false
       ) {
-        const outcome = yield* market.clear(marketRequestOf(request, promptTokens))
+        const outcome = yield* market.clear({
+          ...marketRequestOf(request, promptTokens),
+          requireSessionTariff: opensSession
+        })
         if (outcome._tag === "Cleared") return outcome
         if (outcome.reason === "unknown_model_class") {
           return yield* new NotFound({
@@ -160,92 +190,321 @@ export class Completions extends Context.Service<
       ) {
         yield* gate(request)
         const promptEstimate = estimatePromptTokens(request.messages)
-        const auction = yield* route(request, promptEstimate)
-        const worstCase = auction.clearedCost
-        const description = `${auction.winner.model_class} completion, at most ${maxTokensOf(request)} output tokens`
-        if (context.paymentHeader === undefined) {
-          return yield* verifier.quote({ worstCase, resourceUrl: context.resourceUrl, description })
-        }
-        const payment = yield* verifier.verifyExact({
-          header: context.paymentHeader,
-          worstCase,
-          resourceUrl: context.resourceUrl,
-          description,
-          nonceUnused: ledger.nonceUnused
-        })
+        const sessionId = request.routing?.session_id
+        const session = sessionId === undefined ? undefined : yield* sessions.find(sessionId)
+        if (session !== undefined) return yield* admitTurn(request, context, session, promptEstimate)
+
+        const auction = yield* route(request, promptEstimate, sessionId !== undefined)
+        // An opening call funds its session: it asks for at least the session minimum.
+        const opening = sessionId !== undefined
+        const worstCase = opening
+          ? Math.max(
+              auction.clearedCost,
+              context.creditKey === undefined ? sessions.settings.minBudget : sessions.settings.keyBudget
+            )
+          : auction.clearedCost
+        const description = opening
+          ? `budget for session ${sessionId} (${auction.winner.model_class})`
+          : `${auction.winner.model_class} completion, at most ${maxTokensOf(request)} output tokens`
         const requestId = newRequestId()
         const createdAt = yield* Clock.currentTimeMillis
-        const authorized = Number(payment.value)
-        yield* Effect.annotateCurrentSpan({
-          request_id: requestId,
-          model_class: auction.winner.model_class,
-          winner: auction.winner.provider_id,
-          price_setter: auction.priceSetter
-        })
-        yield* ledger
-          .reserveX402(
-            {
-              requestId,
-              dialect: context.dialect,
-              payer: payment.payer,
-              requestedModel: request.model,
-              modelClass: auction.winner.model_class,
-              providerId: auction.winner.provider_id,
-              authorized,
-              agent: agentRecord(context.agent)
-            },
-            {
-              nonce: payment.authorization.nonce,
-              validAfter: payment.authorization.validAfter,
-              validBefore: payment.authorization.validBefore,
-              signature: payment.signature
-            }
-          )
-          .pipe(
-            Effect.catchTag("NonceReplay", () => {
-              const { _tag, ...quote } = verifier.quote({
-                worstCase,
-                resourceUrl: context.resourceUrl,
-                description
-              })
-              return Effect.fail(
-                new PaymentRequired({
-                  ...quote,
-                  code: "payment_invalid",
-                  error: "authorization already used"
-                })
-              )
-            })
-          )
-
-        const started = yield* Deferred.make<void, UpstreamFailed>()
-        const { stream, token } = yield* live.start<ServeEvent>(requestId, (emit) =>
-          serve({
-            requestId,
-            createdAt,
-            request,
-            auction,
-            payer: payment.payer,
-            authorized,
-            promptEstimate,
-            emit,
-            started
+        const reservation = {
+          requestId,
+          dialect: context.dialect,
+          requestedModel: request.model,
+          modelClass: auction.winner.model_class,
+          providerId: auction.winner.provider_id,
+          agent: agentRecord(context.agent),
+          sessionId
+        }
+        const quote = (code?: PaymentRequiredCode, error?: string) => {
+          const { _tag, ...body } = verifier.quote({
+            worstCase,
+            resourceUrl: context.resourceUrl,
+            description
           })
-        )
-        // Headers go out only once the winner (or its fallback) has produced its first event,
-        // so a provider that fails before the first token is a clean 502 with nothing charged.
-        yield* Deferred.await(started)
-        return { requestId, createdAt, request, auction, payment, stream, streamToken: token }
+          return new PaymentRequired({
+            ...body,
+            ...(code === undefined ? {} : { code }),
+            ...(error ? { error } : {})
+          })
+        }
+        const openSession = (
+          payer: string,
+          budget: number,
+          fundingKind: "x402" | "credit",
+          keyId: string | null
+        ) =>
+          sessionId === undefined
+            ? Effect.succeed(undefined)
+            : sessions.open({
+                sessionId,
+                payer: payer.toLowerCase(),
+                fundingKind,
+                fundingRequestId: requestId,
+                keyId,
+                budget,
+                providerId: auction.winner.provider_id,
+                modelClass: auction.winner.model_class,
+                priceIn: auction.clear.price_in,
+                priceOut: auction.clear.price_out,
+                priceInCached: auction.clear.price_in_cached ?? null,
+                ttlSeconds: auction.winningQuote.session_ttl_s ?? sessions.settings.defaultTtlSeconds
+              })
+        let funding: Funding
+        let payer: string
+        let authorized: number
+        let sessionToken: string | undefined
+        if (context.creditKey !== undefined) {
+          // A funded key: the worst case is reserved from the owner's balance within the key's
+          // cap; no signature, no 402 round trip.
+          const key = yield* creditKeys.resolve(context.creditKey)
+          authorized = worstCase
+          payer = key.wallet
+          sessionToken = yield* openSession(payer, authorized, "credit", key.keyId)
+          const { keyRemaining } = yield* ledger
+            .reserveCredit({ ...reservation, payer, authorized }, key.keyId)
+            .pipe(
+              Effect.catchTag("CreditRefused", (refused) =>
+                Effect.andThen(
+                  sessionId === undefined ? Effect.void : sessions.discard(sessionId),
+                  Effect.fail(
+                    quote(
+                      refused.code,
+                      refused.code === "key_budget_exhausted"
+                        ? "this key's budget cannot cover the worst case of this request"
+                        : "the key owner's credit balance cannot cover the worst case of this request"
+                    )
+                  )
+                )
+              )
+            )
+          funding = { _tag: "Credit", keyId: key.keyId, wallet: key.wallet, keyRemaining }
+        } else {
+          if (context.paymentHeader === undefined) return yield* quote()
+          const payment = yield* verifier.verifyExact({
+            header: context.paymentHeader,
+            worstCase,
+            resourceUrl: context.resourceUrl,
+            description,
+            nonceUnused: ledger.nonceUnused
+          })
+          authorized = Number(payment.value)
+          payer = payment.payer
+          sessionToken = yield* openSession(payer, authorized, "x402", null)
+          yield* ledger
+            .reserveX402(
+              { ...reservation, payer, authorized },
+              {
+                nonce: payment.authorization.nonce,
+                validAfter: payment.authorization.validAfter,
+                validBefore: payment.authorization.validBefore,
+                signature: payment.signature
+              }
+            )
+            .pipe(
+              Effect.catchTag("NonceReplay", () =>
+                Effect.andThen(
+                  sessionId === undefined ? Effect.void : sessions.discard(sessionId),
+                  Effect.fail(quote("payment_invalid", "authorization already used"))
+                )
+              )
+            )
+          funding = { _tag: "X402", payment }
+        }
+        const source: PaymentSource =
+          sessionId !== undefined
+            ? {
+                _tag: "SessionOpening",
+                sessionId,
+                funding:
+                  funding._tag === "Credit" ? { _tag: "Credit", keyId: funding.keyId } : { _tag: "X402" },
+                prefixTokens: 0
+              }
+            : funding._tag === "Credit"
+              ? { _tag: "Credit", keyId: funding.keyId }
+              : { _tag: "X402" }
+        return yield* launch({
+          requestId,
+          createdAt,
+          request,
+          auction,
+          payer,
+          funding,
+          source,
+          authorized,
+          promptEstimate,
+          cachedEstimate: 0,
+          sessionToken
+        })
       })
 
-      interface ServeInput {
+      /** A later turn of an open session: no payment of its own, the locked tariff, one at a time. */
+      const admitTurn = Effect.fn("Completions.admitTurn")(function* (
+        request: ChatCompletionRequest,
+        context: PaidRequestContext,
+        session: SessionRow,
+        promptEstimate: number
+      ) {
+        const lock = {
+          providerId: session.provider_id,
+          modelClass: session.model_class,
+          tariff: {
+            price_in: session.price_in,
+            price_out: session.price_out,
+            ...(session.price_in_cached === null ? {} : { price_in_cached: session.price_in_cached })
+          }
+        }
+        const outcome = yield* market.clear({
+          ...marketRequestOf(request, promptEstimate),
+          sessionLock: lock
+        })
+        if (outcome._tag !== "Cleared") {
+          return yield* new ServiceUnavailable({
+            code: "session_provider_unavailable",
+            message: `The session's provider has no live quote for ${session.model_class} (${outcome.reason}); nothing was charged`
+          })
+        }
+        // The provider holds the conversation so far in its cache: that prefix bills at the cached rate.
+        const cachedEstimate = Math.min(session.prefix_tokens, promptEstimate)
+        const worstCase = charge(
+          { input: promptEstimate, cachedInput: cachedEstimate, output: maxTokensOf(request) },
+          lock.tariff
+        )
+        const requestId = newRequestId()
+        const createdAt = yield* Clock.currentTimeMillis
+        const taken = yield* sessions
+          .takeTurn(session.session_id, context.sessionToken, requestId, worstCase)
+          .pipe(Effect.mapError((refusal) => turnRefused(refusal, session.session_id, worstCase, context)))
+        yield* ledger.reserveSessionTurn({
+          requestId,
+          dialect: context.dialect,
+          payer: taken.payer,
+          requestedModel: request.model,
+          modelClass: outcome.winner.model_class,
+          providerId: outcome.winner.provider_id,
+          authorized: worstCase,
+          agent: agentRecord(context.agent),
+          sessionId: session.session_id
+        })
+        return yield* launch({
+          requestId,
+          createdAt,
+          request,
+          auction: outcome,
+          payer: taken.payer,
+          funding: {
+            _tag: "Session",
+            sessionId: session.session_id,
+            budgetRemaining: taken.budget - taken.spent - worstCase
+          },
+          source: { _tag: "SessionTurn", sessionId: session.session_id, prefixTokens: 0 },
+          authorized: worstCase,
+          promptEstimate,
+          cachedEstimate,
+          sessionToken: undefined
+        })
+      })
+
+      const turnRefused = (
+        refusal: TurnRefusal,
+        sessionId: string,
+        worstCase: number,
+        context: PaidRequestContext
+      ): CompletionError => {
+        switch (refusal._tag) {
+          case "Unknown":
+            return new NotFound({ code: "session_not_found", message: `No session ${sessionId}` })
+          case "BadToken":
+            return new Unauthorized({
+              code: "invalid_session_token",
+              message: "Missing or invalid x-session-token"
+            })
+          case "Busy":
+            return new Conflict({
+              code: "session_used",
+              message:
+                "Another request is in flight on this session; retry when it ends or rotate the session"
+            })
+          case "Closed":
+          case "Expired":
+            return new Conflict({
+              code: "session_used",
+              message: `The session is ${refusal._tag === "Closed" ? "closed" : "expired"}; open a new session id`
+            })
+          case "Dead": {
+            const { _tag, ...body } = verifier.quote({
+              worstCase,
+              resourceUrl: context.resourceUrl,
+              description: "session"
+            })
+            return new PaymentRequired({
+              ...body,
+              code: "session_dead",
+              error: "the session's funding settlement failed; no further turns",
+              hint: "open a new session"
+            })
+          }
+          case "Exhausted": {
+            const { _tag, ...body } = verifier.quote({
+              worstCase,
+              resourceUrl: context.resourceUrl,
+              description: "session"
+            })
+            return new PaymentRequired({
+              ...body,
+              code: "session_budget_exhausted",
+              error: `the session has ${refusal.remaining} base units left, less than this turn's worst case ${worstCase}`,
+              hint: "close the session and open a new one with a larger budget"
+            })
+          }
+        }
+      }
+
+      interface Launch {
         readonly requestId: string
         readonly createdAt: number
         readonly request: ChatCompletionRequest
         readonly auction: AuctionCleared
-        readonly payer: Address
+        readonly payer: string
+        readonly funding: Funding
+        readonly source: PaymentSource
         readonly authorized: number
         readonly promptEstimate: number
+        readonly cachedEstimate: number
+        readonly sessionToken: string | undefined
+      }
+
+      /** Serves an admitted, paid-for request in its own supervised fiber. */
+      const launch = Effect.fn("Completions.launch")(function* (input: Launch) {
+        const { requestId, createdAt, request, auction, funding } = input
+        yield* Effect.annotateCurrentSpan({
+          request_id: requestId,
+          model_class: auction.winner.model_class,
+          winner: auction.winner.provider_id,
+          price_setter: auction.priceSetter,
+          funding: funding._tag
+        })
+        const started = yield* Deferred.make<void, UpstreamFailed>()
+        const { stream, token } = yield* live.start<ServeEvent>(requestId, (emit) =>
+          serve({ ...input, emit, started })
+        )
+        // Headers go out only once the winner (or its fallback) has produced its first event,
+        // so a provider that fails before the first token is a clean 502 with nothing charged.
+        yield* Deferred.await(started)
+        return {
+          requestId,
+          createdAt,
+          request,
+          auction,
+          funding,
+          stream,
+          streamToken: token,
+          sessionToken: input.sessionToken
+        }
+      })
+
+      interface ServeInput extends Launch {
         readonly emit: (event: ServeEvent) => Effect.Effect<void>
         readonly started: Deferred.Deferred<void, UpstreamFailed>
       }
@@ -319,7 +578,8 @@ export class Completions extends Context.Service<
                         meter.delivered = true
                         meter.firstTokenAt = yield* Clock.currentTimeMillis
                         yield* latency.observe(bid.provider_id, bid.model_class, meter.firstTokenAt - sentAt)
-                        if (meter.heldSources !== undefined) yield* input.emit({ _tag: "Delta", event: meter.heldSources })
+                        if (meter.heldSources !== undefined)
+                          yield* input.emit({ _tag: "Delta", event: meter.heldSources })
                         yield* Deferred.succeed(input.started, undefined)
                       }
                       if (event._tag === "TextDelta") meter.pieces.push(event.text)
@@ -390,7 +650,9 @@ export class Completions extends Context.Service<
             completionTokens:
               reported?.outputTokens ?? countTextTokens(meter.pieces.join("")) + reasoningEstimate,
             reasoningTokens: reported?.reasoningTokens ?? reasoningEstimate,
-            cachedTokens: reported?.cachedInputTokens ?? 0,
+            // A session's provider committed to hold the conversation so far (session_ttl_s):
+            // that prefix bills at the cached rate whatever the provider reports.
+            cachedTokens: Math.max(reported?.cachedInputTokens ?? 0, input.cachedEstimate),
             estimated: {
               prompt: reported?.inputTokens === undefined,
               completion: reported?.outputTokens === undefined,
@@ -425,19 +687,31 @@ export class Completions extends Context.Service<
             price_in_cached: auction.clear.price_in_cached ?? null,
             charged,
             authorized: input.authorized,
-            payment_ref: "",
+            payment_ref:
+              input.funding._tag === "Credit"
+                ? `credit:${input.funding.keyId}`
+                : input.funding._tag === "Session"
+                  ? `session:${input.funding.sessionId}`
+                  : "",
             refund_ref: null,
             ttft_ms: ttftMs,
             status,
-            settlement: released ? "none" : "pending",
+            // A funded key's charge is settled on the balance as it is captured.
+            settlement: released ? "none" : input.funding._tag === "X402" ? "pending" : "landed",
             epoch_id: epochOf(input.createdAt, config.epochSeconds),
             session_id: input.request.routing?.session_id ?? null,
             quotes_competing: auction.eligible,
             created_at: input.createdAt
           }
           const economics = economicsOf(input, meter.servedBy, tokens, charged, ttftMs)
-          if (released) yield* ledger.release({ receipt, economics })
-          else yield* ledger.capture({ receipt, economics })
+          // A session remembers the whole conversation so far: the next turn's cached prefix.
+          const prefixTokens = usage.promptTokens + usage.completionTokens
+          const source: PaymentSource =
+            input.source._tag === "SessionOpening" || input.source._tag === "SessionTurn"
+              ? { ...input.source, prefixTokens }
+              : input.source
+          if (released) yield* ledger.release({ receipt, economics, source })
+          else yield* ledger.capture({ receipt, economics, source })
           const summary: ServeSummary = {
             status,
             finishReason: meter.finish,

@@ -7,6 +7,25 @@ import { ReceiptBody, receiptTypedData } from "./Receipt.ts"
 
 export class NonceReplay extends Schema.TaggedError<NonceReplay>()("NonceReplay", { payer: Schema.String }) {}
 
+/** A funded key could not cover a reservation: its cap, or its owner's balance. */
+export class CreditRefused extends Schema.TaggedError<CreditRefused>()("CreditRefused", {
+  code: Schema.Literals(["key_budget_exhausted", "key_unfunded"])
+}) {}
+
+/** How a captured request was paid: an x402 authorization, or a funded key's reservation. */
+export type PaymentSource =
+  | { readonly _tag: "X402" }
+  | { readonly _tag: "Credit"; readonly keyId: string }
+  /** The call that opened a session: its authorization or key reservation is the session budget. */
+  | {
+      readonly _tag: "SessionOpening"
+      readonly sessionId: string
+      readonly funding: { readonly _tag: "X402" } | { readonly _tag: "Credit"; readonly keyId: string }
+      readonly prefixTokens: number
+    }
+  /** A later turn, drawn on its session's budget. */
+  | { readonly _tag: "SessionTurn"; readonly sessionId: string; readonly prefixTokens: number }
+
 export interface ReservationRecord {
   readonly requestId: string
   readonly dialect: string
@@ -16,6 +35,7 @@ export interface ReservationRecord {
   readonly providerId: string
   readonly authorized: number
   readonly agent: Record<string, string>
+  readonly sessionId?: string | undefined
 }
 
 export interface X402Hold {
@@ -28,7 +48,11 @@ export interface X402Hold {
 export interface CaptureRecord {
   readonly receipt: ReceiptBody
   readonly economics: unknown
+  /** Defaults to an x402 authorization. */
+  readonly source?: PaymentSource | undefined
 }
+
+const X402Source: PaymentSource = { _tag: "X402" }
 
 const decodeReceipt = Schema.decodeUnknownEffect(ReceiptBody)
 
@@ -44,6 +68,15 @@ export class Ledger extends Context.Service<
     /** Reserves an x402 authorization for a request; a nonce seen before fails `NonceReplay`. */
     readonly reserveX402: (record: ReservationRecord, hold: X402Hold) => Effect.Effect<void, NonceReplay>
     readonly nonceUnused: (payer: string, nonce: Hex) => Effect.Effect<boolean>
+    readonly reserveSessionTurn: (record: ReservationRecord) => Effect.Effect<void>
+    /**
+     * Reserves the worst case from a funded key's owner balance within the key's cap, in one
+     * statement. Returns what the key may still spend after this reservation.
+     */
+    readonly reserveCredit: (
+      record: ReservationRecord,
+      keyId: string
+    ) => Effect.Effect<{ readonly keyRemaining: number }, CreditRefused>
     /** Captures the metered charge: receipt (pending settlement), economics, fee split, refund due. */
     readonly capture: (record: CaptureRecord) => Effect.Effect<void>
     /** Nothing was served: the whole reservation is released and no money moves. */
@@ -92,10 +125,10 @@ export class Ledger extends Context.Service<
         yield* sql`
           WITH request AS (
             INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
-                                  provider_id, authorized, status, agent)
+                                  provider_id, authorized, status, agent, session_id)
             VALUES (${record.requestId}, ${record.dialect}, 'x402', ${payer}, ${record.requestedModel},
                     ${record.modelClass}, ${record.providerId}, ${record.authorized}, 'reserved',
-                    ${JSON.stringify(record.agent)}::jsonb)
+                    ${JSON.stringify(record.agent)}::jsonb, ${record.sessionId ?? null})
             RETURNING request_id
           ), hold AS (
             INSERT INTO x402_authorizations (payer, nonce, request_id, value, valid_after, valid_before,
@@ -130,18 +163,56 @@ export class Ledger extends Context.Service<
           sql`INSERT INTO economics (request_id, body) VALUES (${receipt.request_id}, ${JSON.stringify(economics)}::jsonb)`
         ])
 
-      const capture = Effect.fn("Ledger.capture")(function* ({ receipt, economics }: CaptureRecord) {
+      const sign = (receipt: ReceiptBody) => chain.signTypedData(receiptTypedData(receipt, chain.chainId))
+
+      /** A funded key's reservation goes back: the cap and the owner's balance, less what was spent. */
+      const settleCredit = (receipt: ReceiptBody, keyId: string) =>
+        Effect.gen(function* () {
+          yield* sql`
+            UPDATE api_keys SET reserved = reserved - ${receipt.authorized}, spent = spent + ${receipt.charged}
+            WHERE key_id = ${keyId}
+          `
+          yield* sql`
+            UPDATE wallet_balances
+            SET reserved = reserved - ${receipt.authorized},
+                available = available + ${receipt.authorized - receipt.charged}, updated_at = now()
+            WHERE wallet = ${receipt.wallet}
+          `
+          yield* entry(
+            receipt.request_id,
+            receipt.wallet,
+            "credit_released",
+            receipt.authorized - receipt.charged
+          )
+        })
+
+      /** A served turn (or the opening call) is spent from its session and lets the session go. */
+      const spendSession = (receipt: ReceiptBody, sessionId: string, prefixTokens: number) =>
+        sql`
+          UPDATE sessions SET spent = spent + ${receipt.charged}, in_flight = NULL, turns = turns + 1,
+                              prefix_tokens = ${prefixTokens}
+          WHERE session_id = ${sessionId} AND in_flight = ${receipt.request_id}
+        `
+
+      /** Whether the receipt is final as captured (balance- or budget-backed) or waits for a transfer. */
+      const settledOnCapture = (source: PaymentSource) =>
+        source._tag === "Credit" ||
+        source._tag === "SessionTurn" ||
+        (source._tag === "SessionOpening" && source.funding._tag === "Credit")
+
+      const capture = Effect.fn("Ledger.capture")(function* ({
+        receipt,
+        economics,
+        source = X402Source
+      }: CaptureRecord) {
         const { routerFee, providerShare } = feeSplit(receipt.charged)
         const refund = receipt.authorized - receipt.charged
+        const signature = settledOnCapture(source) ? yield* Effect.orDie(sign(receipt)) : null
         yield* sql
           .withTransaction(
             Effect.gen(function* () {
               yield* sql`
                 UPDATE requests SET charged = ${receipt.charged}, status = 'captured', finished_at = now()
-                WHERE request_id = ${receipt.request_id} AND status = 'reserved'
-              `
-              yield* sql`
-                UPDATE x402_authorizations SET status = 'pending', updated_at = now()
                 WHERE request_id = ${receipt.request_id} AND status = 'reserved'
               `
               yield* entry(receipt.request_id, receipt.wallet, "capture", receipt.charged)
@@ -152,22 +223,67 @@ export class Ledger extends Context.Service<
                 "provider_share",
                 providerShare
               )
-              if (refund > 0) {
-                yield* entry(receipt.request_id, receipt.wallet, "refund_due", refund)
-                yield* sql`
-                  INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
-                  VALUES (${receipt.request_id}, ${receipt.wallet}, ${refund}, ${receipt.epoch_id}, 'due')
-                `
+              const submitAuthorization = sql`
+                UPDATE x402_authorizations SET status = 'pending', updated_at = now()
+                WHERE request_id = ${receipt.request_id} AND status = 'reserved'
+              `
+              switch (source._tag) {
+                case "Credit":
+                  yield* settleCredit(receipt, source.keyId)
+                  break
+                case "SessionOpening":
+                  // The remainder stays in the session budget until the session closes.
+                  if (source.funding._tag === "X402") yield* submitAuthorization
+                  yield* spendSession(receipt, source.sessionId, source.prefixTokens)
+                  break
+                case "SessionTurn":
+                  yield* spendSession(receipt, source.sessionId, source.prefixTokens)
+                  break
+                case "X402":
+                  yield* submitAuthorization
+                  if (refund > 0) {
+                    yield* entry(receipt.request_id, receipt.wallet, "refund_due", refund)
+                    yield* sql`
+                      INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
+                      VALUES (${receipt.request_id}, ${receipt.wallet}, ${refund}, ${receipt.epoch_id}, 'due')
+                    `
+                  }
               }
               yield* storeReceipt(receipt, economics)
+              if (signature !== null) {
+                yield* sql`UPDATE receipts SET signature = ${signature}, final = true WHERE request_id = ${receipt.request_id}`
+              }
             })
           )
           .pipe(Effect.orDie)
       })
 
-      const sign = (receipt: ReceiptBody) => chain.signTypedData(receiptTypedData(receipt, chain.chainId))
+      /**
+       * A session turn takes no money of its own: it holds its session (one turn at a time) and
+       * records the request with its worst case drawn on the session's budget.
+       */
+      const reserveSessionTurn = Effect.fn("Ledger.reserveSessionTurn")(function* (
+        record: ReservationRecord
+      ) {
+        yield* sql`
+          WITH request AS (
+            INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
+                                  provider_id, authorized, status, agent, session_id)
+            VALUES (${record.requestId}, ${record.dialect}, 'session', ${record.payer.toLowerCase()},
+                    ${record.requestedModel}, ${record.modelClass}, ${record.providerId}, ${record.authorized},
+                    'reserved', ${JSON.stringify(record.agent)}::jsonb, ${record.sessionId ?? null})
+            RETURNING request_id, payer
+          )
+          INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
+          SELECT request_id, payer, 'session_reserved', ${record.authorized}, ${record.sessionId ?? null} FROM request
+        `.pipe(Effect.orDie)
+      })
 
-      const release = Effect.fn("Ledger.release")(function* ({ receipt, economics }: CaptureRecord) {
+      const release = Effect.fn("Ledger.release")(function* ({
+        receipt,
+        economics,
+        source = X402Source
+      }: CaptureRecord) {
         const signature = yield* Effect.orDie(sign(receipt))
         yield* sql
           .withTransaction(
@@ -176,17 +292,82 @@ export class Ledger extends Context.Service<
                 UPDATE requests SET charged = 0, status = 'released', finished_at = now()
                 WHERE request_id = ${receipt.request_id} AND status = 'reserved'
               `
-              // The authorization is never submitted; its signature is erased.
-              yield* sql`
-                UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
-                WHERE request_id = ${receipt.request_id} AND status = 'reserved'
-              `
-              yield* entry(receipt.request_id, receipt.wallet, "authorization_released", receipt.authorized)
+              const releaseAuthorization = Effect.gen(function* () {
+                // The authorization is never submitted; its signature is erased.
+                yield* sql`
+                  UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
+                  WHERE request_id = ${receipt.request_id} AND status = 'reserved'
+                `
+                yield* entry(receipt.request_id, receipt.wallet, "authorization_released", receipt.authorized)
+              })
+              switch (source._tag) {
+                case "Credit":
+                  yield* settleCredit(receipt, source.keyId)
+                  break
+                case "X402":
+                  yield* releaseAuthorization
+                  break
+                case "SessionOpening":
+                  // Nothing was served: the session never opened and its funding goes back whole.
+                  if (source.funding._tag === "Credit") yield* settleCredit(receipt, source.funding.keyId)
+                  else yield* releaseAuthorization
+                  yield* sql`DELETE FROM sessions WHERE session_id = ${source.sessionId} AND turns = 0`
+                  break
+                case "SessionTurn":
+                  yield* sql`UPDATE sessions SET in_flight = NULL
+                             WHERE session_id = ${source.sessionId} AND in_flight = ${receipt.request_id}`
+                  yield* entry(receipt.request_id, receipt.wallet, "session_released", receipt.authorized)
+              }
               yield* storeReceipt(receipt, economics)
               yield* sql`UPDATE receipts SET signature = ${signature}, final = true WHERE request_id = ${receipt.request_id}`
             })
           )
           .pipe(Effect.orDie)
+      })
+
+      /**
+       * One statement: the key's cap, the owner's balance, the request row and the ledger row.
+       * Over the cap or the balance, a CHECK constraint fails and nothing is written; an owner
+       * with no balance row trips the division guard. Any number of router instances share it.
+       */
+      const reserveCredit = Effect.fn("Ledger.reserveCredit")(function* (
+        record: ReservationRecord,
+        keyId: string
+      ) {
+        const rows = yield* sql<{ remaining: string; guard: number }>`
+          WITH k AS (
+            UPDATE api_keys SET reserved = reserved + ${record.authorized}, requests = requests + 1
+            WHERE key_id = ${keyId} AND revoked_at IS NULL
+            RETURNING wallet, budget - spent - reserved AS remaining
+          ), w AS (
+            UPDATE wallet_balances
+            SET available = available - ${record.authorized}, reserved = reserved + ${record.authorized},
+                updated_at = now()
+            WHERE wallet = (SELECT wallet FROM k)
+            RETURNING wallet
+          ), request AS (
+            INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
+                                  provider_id, authorized, status, agent, key_id, session_id)
+            SELECT ${record.requestId}, ${record.dialect}, 'credit', w.wallet, ${record.requestedModel},
+                   ${record.modelClass}, ${record.providerId}, ${record.authorized}, 'reserved',
+                   ${JSON.stringify(record.agent)}::jsonb, ${keyId}, ${record.sessionId ?? null}
+            FROM w
+            RETURNING request_id, payer
+          ), entry AS (
+            INSERT INTO ledger_entries (request_id, account, kind, amount)
+            SELECT request_id, payer, 'credit_reserved', ${record.authorized} FROM request
+          )
+          SELECT (SELECT remaining FROM k)::text AS remaining, 1 / (SELECT count(*)::int FROM w) AS guard
+        `.pipe(
+          Effect.catchTag("SqlError", (error) =>
+            Effect.fail(
+              new CreditRefused({
+                code: /api_keys/.test(String(error.reason.cause)) ? "key_budget_exhausted" : "key_unfunded"
+              })
+            )
+          )
+        )
+        return { keyRemaining: Number(rows[0]?.remaining ?? 0) }
       })
 
       const readReceipt = (requestId: string) =>
@@ -228,6 +409,8 @@ export class Ledger extends Context.Service<
 
       return Ledger.of({
         reserveX402,
+        reserveCredit,
+        reserveSessionTurn,
         nonceUnused,
         capture,
         release,

@@ -4,7 +4,10 @@ import { Latency } from "./Latency.ts"
 import { ModelCatalog } from "./ModelCatalog.ts"
 import { QuoteBook } from "./QuoteBook.ts"
 
-export type MarketRequest = Omit<AuctionRequest, "nowMs">
+export type MarketRequest = Omit<AuctionRequest, "nowMs"> & {
+  /** Opening a budget session: only quotes that sign a session tariff (cached price and TTL) compete. */
+  readonly requireSessionTariff?: boolean | undefined
+}
 
 /** Runs the RFQ: the live eligible book, measured latency and the catalog into the pure auction. */
 export class Market extends Context.Service<
@@ -19,7 +22,10 @@ export class Market extends Context.Service<
       const catalog = yield* ModelCatalog
       const clear = Effect.fn("Market.clear")(function* (request: MarketRequest) {
         const nowMs = yield* Clock.currentTimeMillis
-        const quotes = yield* book.live
+        const live = yield* book.live
+        const quotes = request.requireSessionTariff
+          ? live.filter((q) => q.quote.price_in_cached !== undefined && q.quote.session_ttl_s !== undefined)
+          : live
         const lookup = yield* latency.lookup
         const outcome = runAuction({ ...request, nowMs }, quotes, catalog.classes, lookup)
         yield* Effect.annotateCurrentSpan(

@@ -3,6 +3,7 @@ import { SqlClient } from "effect/sql"
 import { getAddress, type Hex } from "viem"
 import { Chain } from "../chain/Chain.ts"
 import { Ledger } from "../ledger/Ledger.ts"
+import { creditLandedDeposit } from "./Credits.ts"
 
 const Claimed = Schema.Struct({
   payer: Schema.String,
@@ -56,7 +57,8 @@ export class Settlement extends Context.Service<
               sql`UPDATE x402_authorizations SET status = 'landed', tx_hash = ${hash}, signature = NULL,
                   updated_at = now() WHERE payer = ${row.payer} AND nonce = ${row.nonce}`,
               sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
-                  VALUES (${row.request_id}, 'treasury', 'settled', ${row.value}, ${hash})`
+                  VALUES (${row.request_id}, 'treasury', 'settled', ${row.value}, ${hash})`,
+              creditLandedDeposit(sql, row.request_id, hash)
             ])
           )
           .pipe(Effect.orDie)
@@ -74,7 +76,13 @@ export class Settlement extends Context.Service<
           WHERE payer = ${row.payer} AND nonce = ${row.nonce}
         `.pipe(Effect.orDie)
         yield* Effect.logWarning("settlement attempt failed", { request_id: row.request_id, reason, expired })
-        if (expired) yield* ledger.finalizeReceipt(row.request_id, { settlement: "failed" })
+        if (expired) {
+          yield* ledger.finalizeReceipt(row.request_id, { settlement: "failed" })
+          // A session funded by this authorization can take no further turns (402 session_dead).
+          yield* sql`UPDATE sessions SET status = 'dead' WHERE funding_request_id = ${row.request_id} AND status = 'open'`.pipe(
+            Effect.orDie
+          )
+        }
       })
 
     const settleOne = (row: Claimed) =>

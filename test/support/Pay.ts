@@ -1,5 +1,5 @@
-import { wrapFetchWithPayment, x402Client } from "@x402/fetch"
 import { ExactEvmScheme } from "@x402/evm/exact/client"
+import { wrapFetchWithPayment, x402Client } from "@x402/fetch"
 import { Effect } from "effect"
 import type { Hex } from "viem"
 import { type PrivateKeyAccount, privateKeyToAccount } from "viem/accounts"
@@ -66,7 +66,11 @@ export const providerRequests = Effect.gen(function* () {
   return total
 })
 
-export const waitFor = <A, R>(what: string, probe: Effect.Effect<A | undefined, never, R>, timeoutMs = 20_000) =>
+export const waitFor = <A, R>(
+  what: string,
+  probe: Effect.Effect<A | undefined, never, R>,
+  timeoutMs = 20_000
+) =>
   Effect.gen(function* () {
     const started = Date.now()
     while (Date.now() - started < timeoutMs) {

@@ -54,7 +54,12 @@ export const defaultFleet: ReadonlyArray<ProviderConfig> = [
         priceOut: 10_000_000,
         session: { priceInCached: 1_250_000, sessionTtlS: 300 }
       },
-      { modelClass: "chat-medium", priceIn: 600_000, priceOut: 2_400_000 }
+      {
+        modelClass: "chat-medium",
+        priceIn: 600_000,
+        priceOut: 2_400_000,
+        session: { priceInCached: 150_000, sessionTtlS: 600 }
+      }
     ],
     ttftMs: 350,
     tokensPerSecond: 90,
@@ -128,7 +133,12 @@ export const defaultFleet: ReadonlyArray<ProviderConfig> = [
     providerId: "sim-anthropic-2",
     dialect: "anthropic",
     offers: [
-      { modelClass: "chat-medium", priceIn: 900_000, priceOut: 3_800_000 },
+      {
+        modelClass: "chat-medium",
+        priceIn: 900_000,
+        priceOut: 3_800_000,
+        session: { priceInCached: 225_000, sessionTtlS: 900 }
+      },
       { modelClass: "chat-large", priceIn: 2_200_000, priceOut: 11_000_000 }
     ],
     ttftMs: 300,

@@ -101,6 +101,8 @@ export const ChatHandlers = HttpApiBuilder.group(
         .admit(payload, {
           dialect: "openai",
           paymentHeader: paymentHeaderOf(request),
+          creditKey: request.headers["x-credit-key"],
+          sessionToken: request.headers["x-session-token"],
           resourceUrl: `${config.publicUrl}/v1/chat/completions`,
           agent
         })

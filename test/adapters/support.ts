@@ -1,0 +1,177 @@
+import Anthropic from "@anthropic-ai/sdk"
+import { ExactEvmScheme } from "@x402/evm/exact/client"
+import { wrapFetchWithPayment, x402Client } from "@x402/fetch"
+import { Effect, Layer, Redacted } from "effect"
+import OpenAI from "openai"
+import { privateKeyToAccount } from "viem/accounts"
+import { Chain } from "../../src/chain/Chain.ts"
+import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
+import type { ProviderConfig } from "../../src/devnet/fleet/FleetConfig.ts"
+import { call, OPERATOR_TOKEN, RouterUrl, routerLayer } from "../support/Router.ts"
+
+/**
+ * A fleet where the class pins the dialect: `chat-medium` and `reasoning-large` are served
+ * only by OpenAI-dialect providers, `chat-large` and `grounded-medium` only by
+ * Anthropic-dialect ones. Two providers per class, so every auction has a runner-up.
+ */
+const fast = { ttftMs: 20, tokensPerSecond: 2_000, capacityRps: 64, maxContext: 200_000 }
+export const dialectFleet: ReadonlyArray<ProviderConfig> = [
+  {
+    providerId: "sim-oa-1",
+    dialect: "openai",
+    offers: [
+      { modelClass: "chat-medium", priceIn: 600_000, priceOut: 2_400_000 },
+      { modelClass: "reasoning-large", priceIn: 4_000_000, priceOut: 16_000_000 }
+    ],
+    ...fast
+  },
+  {
+    providerId: "sim-oa-2",
+    dialect: "openai",
+    offers: [
+      { modelClass: "chat-medium", priceIn: 750_000, priceOut: 3_000_000 },
+      { modelClass: "reasoning-large", priceIn: 4_500_000, priceOut: 18_000_000 }
+    ],
+    ...fast
+  },
+  {
+    providerId: "sim-an-1",
+    dialect: "anthropic",
+    offers: [
+      { modelClass: "chat-large", priceIn: 2_200_000, priceOut: 11_000_000 },
+      { modelClass: "grounded-medium", priceIn: 1_200_000, priceOut: 4_500_000 }
+    ],
+    ...fast
+  },
+  {
+    providerId: "sim-an-2",
+    dialect: "anthropic",
+    offers: [
+      { modelClass: "chat-large", priceIn: 2_800_000, priceOut: 14_000_000 },
+      { modelClass: "grounded-medium", priceIn: 1_400_000, priceOut: 4_800_000 }
+    ],
+    ...fast
+  }
+]
+
+export const OPENAI_CLASS = "chat-medium"
+export const ANTHROPIC_CLASS = "chat-large"
+/** Reasoning-capable classes of each dialect. */
+export const OPENAI_REASONING_CLASS = "reasoning-large"
+export const ANTHROPIC_REASONING_CLASS = "chat-large"
+
+export const dialects = [
+  { dialect: "openai", model: OPENAI_CLASS, reasoningModel: OPENAI_REASONING_CLASS, prefix: "sim-oa-" },
+  {
+    dialect: "anthropic",
+    model: ANTHROPIC_CLASS,
+    reasoningModel: ANTHROPIC_REASONING_CLASS,
+    prefix: "sim-an-"
+  }
+] as const
+
+export const adaptersRouter = Layer.unwrap(
+  Effect.gen(function* () {
+    const router = routerLayer()
+    const fleet = Layer.unwrap(
+      Effect.map(RouterUrl, (url) =>
+        Fleet.layer({
+          routerUrl: url,
+          operatorToken: Redacted.make(OPERATOR_TOKEN),
+          refreshMs: 2_000,
+          providers: dialectFleet
+        })
+      )
+    )
+    return fleet.pipe(Layer.provideMerge(router))
+  })
+)
+
+export const waitFor = <A, R>(
+  what: string,
+  probe: Effect.Effect<A | undefined, never, R>,
+  timeoutMs = 20_000
+) =>
+  Effect.gen(function* () {
+    const started = Date.now()
+    while (Date.now() - started < timeoutMs) {
+      const value = yield* probe
+      if (value !== undefined) return value
+      yield* Effect.sleep("50 millis")
+    }
+    return yield* Effect.die(new Error(`timed out waiting for ${what}`))
+  })
+
+const fleetClasses = ["chat-medium", "reasoning-large", "chat-large", "grounded-medium"]
+
+export const waitForBook = waitFor(
+  "the fleet's quotes",
+  Effect.map(call("/v1/market/book"), (r) => {
+    const classes = (r.json as { classes: Array<{ model_class?: string; id?: string; depth: number }> })
+      .classes
+    const ready = fleetClasses.every((id) =>
+      classes.some((c) => (c.model_class ?? c.id) === id && c.depth >= 2)
+    )
+    return ready ? true : undefined
+  })
+)
+
+/** The official SDKs, unmodified, paying with x402 through `@x402/fetch`. */
+export const sdkClients = Effect.gen(function* () {
+  const chain = yield* Chain
+  const base = yield* RouterUrl
+  const account = privateKeyToAccount(chain.demoWallets[0]!.privateKey!)
+  const x402 = new x402Client().register(chain.network, new ExactEvmScheme(account)).setSpendControls({
+    allowedAssets: [{ network: chain.network, asset: chain.token, maxAmountPerPayment: "10000000" }]
+  })
+  const payingFetch = wrapFetchWithPayment(fetch, x402)
+  return {
+    base,
+    openai: new OpenAI({ apiKey: "x402", baseURL: `${base}/v1`, fetch: payingFetch, maxRetries: 0 }),
+    anthropic: new Anthropic({ apiKey: "x402", baseURL: base, fetch: payingFetch, maxRetries: 0 }),
+    /** Without payment: what a caller sees before (or instead of) paying. */
+    anthropicUnpaid: new Anthropic({ apiKey: "none", baseURL: base, maxRetries: 0 })
+  }
+})
+
+/** The provider that served a request, from its receipt. */
+export const servedBy = (requestId: string) =>
+  waitFor(
+    `receipt ${requestId}`,
+    Effect.map(call(`/v1/receipts/${requestId}`), (r) =>
+      r.status === 200
+        ? (r.json as { receipt: { provider_id: string; charged: number; out_tokens: number } }).receipt
+        : undefined
+    )
+  )
+
+/** Every request the simulated providers have seen. */
+export const providerRequests = Effect.gen(function* () {
+  const fleet = yield* Fleet
+  let total = 0
+  for (const provider of fleet.providers) {
+    const counters = yield* provider.counters
+    total += Object.values(counters.requests).reduce((a, b) => a + b, 0)
+  }
+  return total
+})
+
+export interface SseEvent {
+  readonly event: string | undefined
+  readonly data: Record<string, unknown>
+}
+
+/** Parses a whole SSE body into `{event, data}` pairs (tests read the raw wire as well as the SDKs). */
+export const parseSse = (text: string): ReadonlyArray<SseEvent> =>
+  text
+    .split("\n\n")
+    .filter((block) => block.trim().length > 0)
+    .map((block) => {
+      const lines = block.split("\n")
+      const event = lines.find((l) => l.startsWith("event: "))?.slice(7)
+      const data = lines
+        .filter((l) => l.startsWith("data: "))
+        .map((l) => l.slice(6))
+        .join("\n")
+      return { event, data: JSON.parse(data) as Record<string, unknown> }
+    })

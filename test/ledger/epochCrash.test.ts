@@ -1,0 +1,364 @@
+import { assert, describe, layer } from "@effect/vitest"
+import { Deferred, Effect, Fiber, Layer } from "effect"
+import { SqlClient } from "effect/sql"
+import { decodeFunctionData, type Hash, type Hex, zeroHash } from "viem"
+import { epochAnchorAbi } from "../../src/chain/artifacts.ts"
+import { Chain, ChainError, type ChainShape, randomAuthorizationNonce } from "../../src/chain/Chain.ts"
+import { Epochs, epochOf, PayoutConfig } from "../../src/ledger/Epochs.ts"
+import { Ledger } from "../../src/ledger/Ledger.ts"
+import type { ReceiptBody } from "../../src/ledger/Receipt.ts"
+import { RouterConfig } from "../../src/RouterConfig.ts"
+import { TestDatabase } from "../support/Database.ts"
+
+const EPOCH_SECONDS = 2
+const WALLET = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8"
+
+/** The ledger over a real database and chain, no background close: each test drives `Epochs` itself. */
+const TestLayer = Layer.mergeAll(Ledger.layer, PayoutConfig.test(5_000)).pipe(
+  Layer.provideMerge(Layer.mergeAll(TestDatabase, Chain.layer)),
+  Layer.provideMerge(RouterConfig.test({ epochSeconds: EPOCH_SECONDS }))
+)
+
+// Every scenario uses its own epoch, long ended.
+const baseEpoch = epochOf(Date.now(), EPOCH_SECONDS) - 200
+
+const receiptBody = (requestId: string, epochId: number): ReceiptBody => ({
+  request_id: requestId,
+  wallet: WALLET,
+  provider_id: "prov-a",
+  model_class: "chat-medium",
+  in_tokens: 1000,
+  out_tokens: 200,
+  cached_tokens: 0,
+  price_in: 800000,
+  price_out: 3200000,
+  price_in_cached: null,
+  charged: 1440,
+  authorized: 1440,
+  payment_ref: "",
+  refund_ref: null,
+  ttft_ms: 120,
+  status: "ok",
+  settlement: "pending",
+  epoch_id: epochId,
+  session_id: null,
+  quotes_competing: 2,
+  created_at: epochId * EPOCH_SECONDS * 1000 + 500
+})
+
+/** Receipts of one epoch: `landed` ones captured and settled, `released` ones never charged. */
+const seed = (epochId: number, landed: number, released: number) =>
+  Effect.gen(function* () {
+    const ledger = yield* Ledger
+    const ids: Array<string> = []
+    for (let i = 0; i < landed + released; i++) {
+      const requestId = `req_e${epochId}_${String(i).padStart(2, "0")}`
+      ids.push(requestId)
+      yield* ledger.reserveX402(
+        {
+          requestId,
+          dialect: "openai",
+          payer: WALLET,
+          requestedModel: "chat-medium",
+          modelClass: "chat-medium",
+          providerId: "prov-a",
+          authorized: 1440,
+          agent: {}
+        },
+        {
+          nonce: randomAuthorizationNonce(),
+          validAfter: 0n,
+          validBefore: 2n ** 40n,
+          signature: `0x${"11".repeat(65)}`
+        }
+      )
+      const body = receiptBody(requestId, epochId)
+      if (i < landed) {
+        yield* ledger.capture({ receipt: body, economics: {} })
+        yield* ledger.finalizeReceipt(requestId, {
+          payment_ref: `0x${"ab".repeat(32)}`,
+          settlement: "landed"
+        })
+      } else {
+        yield* ledger.release({
+          receipt: { ...body, charged: 0, out_tokens: 0, status: "released", settlement: "none" },
+          economics: {}
+        })
+      }
+    }
+    return ids
+  }).pipe(Effect.orDie)
+
+/** An `Epochs` whose chain is the real one with some operations replaced. */
+const epochsWith = (patch: (chain: ChainShape) => Partial<ChainShape>) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    return yield* Epochs.make.pipe(Effect.provideService(Chain, { ...chain, ...patch(chain) }))
+  })
+
+const epochRow = (epochId: number) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const rows = yield* sql<{
+      status: string
+      root: string | null
+      anchor_tx: string | null
+      receipts: number
+    }>`
+      SELECT status, root, anchor_tx, receipts FROM epochs WHERE epoch_id = ${epochId}
+    `
+    return rows[0]
+  }).pipe(Effect.orDie)
+
+/** Every anchor transaction ever sent, by epoch id (reverted duplicates included). */
+const anchorTransactions = Effect.gen(function* () {
+  const chain = yield* Chain
+  const latest = yield* chain.blockNumber()
+  const byEpoch = new Map<number, Array<Hash>>()
+  for (let n = 0n; n <= latest; n++) {
+    const block = yield* Effect.promise(() =>
+      chain.publicClient.getBlock({ blockNumber: n, includeTransactions: true })
+    )
+    for (const tx of block.transactions) {
+      if (tx.to?.toLowerCase() !== chain.anchor.toLowerCase()) continue
+      const { args } = decodeFunctionData({ abi: epochAnchorAbi, data: tx.input })
+      const epoch = Number(args![0] as bigint)
+      byEpoch.set(epoch, [...(byEpoch.get(epoch) ?? []), tx.hash])
+    }
+  }
+  return byEpoch
+}).pipe(Effect.orDie)
+
+/** A closed epoch: recorded root = anchored root, one anchor transaction, the recorded one. */
+const assertClosedOnce = (epochId: number, ids: ReadonlyArray<string>) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    const epochs = yield* Epochs
+    const row = (yield* epochRow(epochId))!
+    assert.strictEqual(row.status, "closed")
+    assert.strictEqual(row.receipts, ids.length)
+    assert.strictEqual(yield* chain.anchoredRoot(BigInt(epochId)), row.root)
+    const sent = (yield* anchorTransactions).get(epochId) ?? []
+    assert.deepStrictEqual(sent, [row.anchor_tx])
+    for (const id of ids) {
+      const inclusion = (yield* epochs.inclusion(id))!
+      assert.strictEqual(inclusion.root, row.root)
+      assert.strictEqual(inclusion.anchor_tx, row.anchor_tx)
+    }
+    return row
+  }).pipe(Effect.orDie)
+
+/** Runs one close in a fiber until `reached` fires, then kills it as a crash would. */
+const crashAt = (epochs: Epochs["Service"], reached: Deferred.Deferred<void>) =>
+  Effect.gen(function* () {
+    const fiber = yield* Effect.forkChild(epochs.closeEnded)
+    yield* Deferred.await(reached)
+    yield* Fiber.interrupt(fiber)
+  })
+
+describe("epoch close: crashes and restarts complete it exactly once", () => {
+  layer(Layer.effect(Epochs, Epochs.make).pipe(Layer.provideMerge(TestLayer)), {
+    excludeTestServices: true,
+    timeout: 120_000
+  })((it) => {
+    it.effect("chain down at the anchor: the close stays `closing`, the next pass anchors it", () =>
+      Effect.gen(function* () {
+        const chain = yield* Chain
+        const epochId = baseEpoch
+        const ids = yield* seed(epochId, 2, 1)
+        const down = yield* epochsWith(() => ({
+          anchorEpoch: () => Effect.fail(new ChainError({ reason: "Rpc", message: "chain down" }))
+        }))
+        const report = yield* down.closeEnded
+        assert.deepStrictEqual(report.closed, [])
+        const closing = (yield* epochRow(epochId))!
+        assert.strictEqual(closing.status, "closing")
+        assert.match(closing.root!, /^0x[0-9a-f]{64}$/)
+        assert.isNull(closing.anchor_tx)
+        assert.strictEqual(yield* chain.anchoredRoot(BigInt(epochId)), zeroHash)
+        // Nothing to prove before the anchor.
+        assert.isUndefined(yield* (yield* Epochs).inclusion(ids[0]!))
+
+        const healthy = yield* Epochs.make
+        assert.deepStrictEqual((yield* healthy.closeEnded).closed, [epochId])
+        const closed = yield* assertClosedOnce(epochId, ids)
+        assert.strictEqual(closed.root, closing.root)
+        // A later pass has nothing left to do.
+        assert.deepStrictEqual((yield* healthy.closeEnded).closed, [])
+      })
+    )
+
+    it.effect("killed after `closing` is recorded, before the anchor is sent", () =>
+      Effect.gen(function* () {
+        const epochId = baseEpoch + 5
+        const ids = yield* seed(epochId, 1, 1)
+        const reached = yield* Deferred.make<void>()
+        const crashing = yield* epochsWith(() => ({
+          anchorEpoch: () => Effect.andThen(Deferred.succeed(reached, undefined), Effect.never)
+        }))
+        yield* crashAt(crashing, reached)
+        const closing = (yield* epochRow(epochId))!
+        assert.strictEqual(closing.status, "closing")
+        assert.isNull(closing.anchor_tx)
+
+        // The advisory lock died with the crashed close: a fresh instance takes over.
+        const fresh = yield* Epochs.make
+        assert.deepStrictEqual((yield* fresh.closeEnded).closed, [epochId])
+        const closed = yield* assertClosedOnce(epochId, ids)
+        assert.strictEqual(closed.root, closing.root)
+      })
+    )
+
+    it.effect(
+      "killed after the anchor is broadcast, before its hash is recorded: the anchor is adopted",
+      () =>
+        Effect.gen(function* () {
+          const chain = yield* Chain
+          const epochId = baseEpoch + 10
+          const ids = yield* seed(epochId, 3, 0)
+          const reached = yield* Deferred.make<void>()
+          let broadcast: Hex | undefined
+          const crashing = yield* epochsWith((real) => ({
+            anchorEpoch: (epoch, root) =>
+              Effect.gen(function* () {
+                broadcast = yield* real.anchorEpoch(epoch, root)
+                yield* Deferred.succeed(reached, undefined)
+                return yield* Effect.never
+              })
+          }))
+          yield* crashAt(crashing, reached)
+          const closing = (yield* epochRow(epochId))!
+          assert.strictEqual(closing.status, "closing")
+          assert.isNull(closing.anchor_tx)
+          yield* chain.waitForReceipt(broadcast!)
+          assert.strictEqual(yield* chain.anchoredRoot(BigInt(epochId)), closing.root)
+
+          const fresh = yield* Epochs.make
+          assert.deepStrictEqual((yield* fresh.closeEnded).closed, [epochId])
+          const closed = yield* assertClosedOnce(epochId, ids)
+          assert.strictEqual(closed.anchor_tx, broadcast)
+        })
+    )
+
+    it.effect(
+      "killed after the anchor hash is recorded, before it is confirmed: the same tx is awaited",
+      () =>
+        Effect.gen(function* () {
+          const epochId = baseEpoch + 15
+          const ids = yield* seed(epochId, 1, 0)
+          const reached = yield* Deferred.make<void>()
+          const crashing = yield* epochsWith(() => ({
+            waitForReceipt: () => Effect.andThen(Deferred.succeed(reached, undefined), Effect.never)
+          }))
+          yield* crashAt(crashing, reached)
+          const recorded = (yield* epochRow(epochId))!
+          assert.strictEqual(recorded.status, "closing")
+          assert.match(recorded.anchor_tx!, /^0x[0-9a-f]{64}$/)
+
+          const fresh = yield* Epochs.make
+          assert.deepStrictEqual((yield* fresh.closeEnded).closed, [epochId])
+          const closed = yield* assertClosedOnce(epochId, ids)
+          assert.strictEqual(closed.anchor_tx, recorded.anchor_tx)
+        })
+    )
+
+    it.effect(
+      "two instances closing at once: one anchors, the other waits its turn and finds nothing to do",
+      () =>
+        Effect.gen(function* () {
+          const epochId = baseEpoch + 20
+          const ids = yield* seed(epochId, 2, 2)
+          const [a, b] = [yield* Epochs.make, yield* Epochs.make]
+          const reports = yield* Effect.all([a.closeEnded, b.closeEnded, a.closeEnded], {
+            concurrency: "unbounded"
+          })
+          assert.deepStrictEqual(
+            reports.flatMap((r) => r.closed),
+            [epochId]
+          )
+          yield* assertClosedOnce(epochId, ids)
+        })
+    )
+
+    it.effect(
+      "an epoch waits for its last settlement and for requests still in flight; empty epochs are skipped",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const ledger = yield* Ledger
+          const epochs = yield* Epochs.make
+          const epochId = baseEpoch + 25
+          const ids = yield* seed(epochId, 1, 0)
+          // A captured request of the epoch whose payment has not landed yet.
+          const pendingId = `req_e${epochId}_pending`
+          yield* ledger.reserveX402(
+            {
+              requestId: pendingId,
+              dialect: "openai",
+              payer: WALLET,
+              requestedModel: "chat-medium",
+              modelClass: "chat-medium",
+              providerId: "prov-a",
+              authorized: 1440,
+              agent: {}
+            },
+            {
+              nonce: randomAuthorizationNonce(),
+              validAfter: 0n,
+              validBefore: 2n ** 40n,
+              signature: `0x${"11".repeat(65)}`
+            }
+          )
+          yield* ledger.capture({ receipt: receiptBody(pendingId, epochId), economics: {} })
+          // A request reserved during the epoch and still being served.
+          const inFlightId = `req_e${epochId}_inflight`
+          yield* ledger.reserveX402(
+            {
+              requestId: inFlightId,
+              dialect: "openai",
+              payer: WALLET,
+              requestedModel: "chat-medium",
+              modelClass: "chat-medium",
+              providerId: "prov-a",
+              authorized: 1440,
+              agent: {}
+            },
+            {
+              nonce: randomAuthorizationNonce(),
+              validAfter: 0n,
+              validBefore: 2n ** 40n,
+              signature: `0x${"11".repeat(65)}`
+            }
+          )
+          const epochStart = epochId * EPOCH_SECONDS
+          yield* sql`UPDATE requests SET created_at = to_timestamp(${epochStart + 1})
+                     WHERE request_id = ${inFlightId}`
+
+          assert.deepStrictEqual((yield* epochs.closeEnded).closed, [])
+          yield* ledger.finalizeReceipt(pendingId, {
+            payment_ref: `0x${"cd".repeat(32)}`,
+            settlement: "landed"
+          })
+          assert.deepStrictEqual((yield* epochs.closeEnded).closed, [])
+          assert.isUndefined(yield* epochRow(epochId))
+
+          yield* ledger.release({
+            receipt: {
+              ...receiptBody(inFlightId, epochId),
+              charged: 0,
+              status: "released",
+              settlement: "none"
+            },
+            economics: {}
+          })
+          assert.deepStrictEqual((yield* epochs.closeEnded).closed, [epochId])
+          yield* assertClosedOnce(epochId, [...ids, pendingId, inFlightId])
+
+          // Epochs in between had no receipts: no row, nothing anchored.
+          const chain = yield* Chain
+          assert.isUndefined(yield* epochRow(epochId - 1))
+          assert.strictEqual(yield* chain.anchoredRoot(BigInt(epochId - 1)), zeroHash)
+        })
+    )
+  })
+})

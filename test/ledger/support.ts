@@ -1,0 +1,98 @@
+import { ExactEvmScheme } from "@x402/evm/exact/client"
+import { wrapFetchWithPayment, x402Client } from "@x402/fetch"
+import { Effect } from "effect"
+import OpenAI from "openai"
+import type { Address, Hex } from "viem"
+import { privateKeyToAccount } from "viem/accounts"
+import { Chain } from "../../src/chain/Chain.ts"
+import { call, RouterUrl } from "../support/Router.ts"
+
+export interface Inclusion {
+  readonly epoch_id: number
+  readonly leaf: Hex
+  readonly proof: ReadonlyArray<Hex>
+  readonly root: Hex
+  readonly anchor_tx: Hex
+  readonly anchor_contract: Address
+  readonly chain_id: number
+}
+
+export interface ReceiptReply {
+  readonly receipt: {
+    readonly request_id: string
+    readonly wallet: string
+    readonly charged: number
+    readonly authorized: number
+    readonly payment_ref: string
+    readonly refund_ref: string | null
+    readonly settlement: string
+    readonly epoch_id: number
+  }
+  readonly final: boolean
+  readonly signature: Hex | null
+  readonly signer: Address
+  readonly typed_data: unknown
+  readonly inclusion: Inclusion | null
+}
+
+export const waitFor = <A, R>(
+  what: string,
+  probe: Effect.Effect<A | undefined, never, R>,
+  timeoutMs = 30_000
+) =>
+  Effect.gen(function* () {
+    const started = Date.now()
+    while (Date.now() - started < timeoutMs) {
+      const value = yield* probe
+      if (value !== undefined) return value
+      yield* Effect.sleep("100 millis")
+    }
+    return yield* Effect.die(new Error(`timed out waiting for ${what}`))
+  })
+
+export const waitForBook = waitFor(
+  "the fleet's quotes",
+  Effect.map(call("/v1/market/book"), (r) =>
+    (r.json as { classes: Array<{ depth: number }> }).classes.every((c) => c.depth > 0) ? true : undefined
+  )
+)
+
+export const getReceipt = (id: string) =>
+  Effect.map(call(`/v1/receipts/${id}`), (r) => (r.status === 200 ? (r.json as ReceiptReply) : undefined))
+
+export const receiptWhere = (id: string, predicate: (r: ReceiptReply) => boolean, timeoutMs = 30_000) =>
+  waitFor(
+    `receipt ${id}`,
+    Effect.map(getReceipt(id), (r) => (r !== undefined && predicate(r) ? r : undefined)),
+    timeoutMs
+  )
+
+/** The official openai SDK paying with x402 from demo wallet `index`, as any client would. */
+export const paidClient = (index: number) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    const base = yield* RouterUrl
+    const account = privateKeyToAccount(chain.demoWallets[index]!.privateKey!)
+    const x402 = new x402Client().register(chain.network, new ExactEvmScheme(account)).setSpendControls({
+      allowedAssets: [{ network: chain.network, asset: chain.token, maxAmountPerPayment: "10000000" }]
+    })
+    const openai = new OpenAI({
+      apiKey: "x402",
+      baseURL: `${base}/v1`,
+      fetch: wrapFetchWithPayment(fetch, x402),
+      maxRetries: 0
+    })
+    return { account, openai }
+  })
+
+/** One paid, non-streaming completion; returns its request id. */
+export const paidCompletion = (index: number, content: string) =>
+  Effect.gen(function* () {
+    const { openai } = yield* paidClient(index)
+    const { response } = yield* Effect.promise(() =>
+      openai.chat.completions
+        .create({ model: "chat-medium", messages: [{ role: "user", content }], max_tokens: 48 })
+        .withResponse()
+    )
+    return response.headers.get("x-request-id")!
+  })
