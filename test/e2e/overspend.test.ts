@@ -1,0 +1,171 @@
+import { type ChildProcess, spawn } from "node:child_process"
+import { createHash, randomBytes } from "node:crypto"
+import { PgClient } from "@effect/sql-pg"
+import { Effect, Redacted } from "effect"
+import { afterAll, beforeAll, describe, expect, inject, it } from "vitest"
+import { freePort } from "../../src/devnet/EmbeddedPostgres.ts"
+
+/**
+ * Zero overspend: 500 concurrent completions at one funded key whose cap covers far fewer,
+ * through two router processes sharing one database, with clients hanging up at random.
+ * The sum of captures never exceeds the cap and every reservation ends captured or released.
+ */
+const REQUESTS = 500
+const database = `overspend_${randomBytes(4).toString("hex")}`
+
+const adminUrl = () => inject("adminDatabaseUrl")
+const urlFor = (name: string) => {
+  const url = new URL(adminUrl())
+  url.pathname = `/${name}`
+  return url.toString()
+}
+
+const sql = <A extends object>(url: string, statement: string, params: ReadonlyArray<unknown> = []) =>
+  Effect.runPromise(
+    Effect.gen(function* () {
+      const client = yield* PgClient.PgClient
+      return yield* client.unsafe<A>(statement, params as Array<unknown>)
+    }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url) })))
+  )
+
+const startRouter = async (port: number, dbUrl: string) => {
+  const env: Record<string, string | undefined> = {
+    ...process.env,
+    PORT: String(port),
+    DATABASE_URL: dbUrl,
+    OPERATOR_TOKEN: "overspend-test",
+    DATA_DIR: `/tmp/svc-overspend-${port}`
+  }
+  delete env.RPC_URL
+  const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
+    env,
+    stdio: ["ignore", "pipe", "pipe"]
+  })
+  let output = ""
+  child.stdout.on("data", (b) => {
+    output += b
+  })
+  child.stderr.on("data", (b) => {
+    output += b
+  })
+  const started = Date.now()
+  while (Date.now() - started < 60_000) {
+    const depth = await fetch(`http://127.0.0.1:${port}/v1/market/book`)
+      .then((r) => r.json() as Promise<{ classes: Array<{ model_class: string; depth: number }> }>)
+      .then((b) => b.classes.find((c) => c.model_class === "chat-small")?.depth ?? 0)
+      .catch(() => 0)
+    if (depth > 0) return child
+    await new Promise((r) => setTimeout(r, 250))
+  }
+  child.kill("SIGKILL")
+  throw new Error(`router on ${port} did not start:\n${output.slice(-2000)}`)
+}
+
+describe("zero overspend across two router processes", () => {
+  const routers: Array<ChildProcess> = []
+  const ports: Array<number> = []
+
+  beforeAll(async () => {
+    await sql(adminUrl(), `CREATE DATABASE ${database}`)
+    // The first instance migrates the fresh database; the second finds it migrated.
+    for (let i = 0; i < 2; i++) {
+      const port = await Effect.runPromise(freePort)
+      ports.push(port)
+      routers.push(await startRouter(port, urlFor(database)))
+    }
+  }, 180_000)
+
+  afterAll(async () => {
+    for (const router of routers) router.kill("SIGTERM")
+    await Promise.all(routers.map((r) => new Promise((resolve) => r.once("exit", resolve))))
+    await sql(adminUrl(), `DROP DATABASE IF EXISTS ${database} WITH (FORCE)`).catch(() => undefined)
+  }, 60_000)
+
+  it("never captures more than the cap and leaves no reservation behind", async () => {
+    const db = urlFor(database)
+    const body = { model: "chat-small", messages: [{ role: "user", content: "spend" }], max_tokens: 24 }
+    const preview = (await fetch(`http://127.0.0.1:${ports[0]}/v1/routing/preview`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(body)
+    }).then((r) => r.json())) as {
+      profiles: Array<{ profile: string; winner: { worst_case_charge: number } }>
+    }
+    const worstCase = preview.profiles.find((p) => p.profile === "as-sent")!.winner.worst_case_charge
+    const budget = worstCase * 60
+    const balance = budget * 10
+    const wallet = `0x${randomBytes(20).toString("hex")}`
+    const secret = `svc_ck_${randomBytes(24).toString("base64url")}`
+    const keyId = `key_${randomBytes(8).toString("hex")}`
+    await sql(db, "INSERT INTO wallets (wallet, invited) VALUES ($1, true)", [wallet])
+    await sql(db, "INSERT INTO wallet_balances (wallet, available) VALUES ($1, $2)", [wallet, balance])
+    await sql(
+      db,
+      "INSERT INTO api_keys (key_id, wallet, label, kind, key_hash, budget) VALUES ($1, $2, 'load', 'credit', $3, $4)",
+      [keyId, wallet, createHash("sha256").update(secret).digest("hex"), budget]
+    )
+
+    const outcomes = await Promise.all(
+      Array.from({ length: REQUESTS }, async (_, i) => {
+        const controller = new AbortController()
+        const hangUp = Math.random() < 0.3
+        if (hangUp) setTimeout(() => controller.abort(), Math.floor(Math.random() * 400))
+        try {
+          const response = await fetch(`http://127.0.0.1:${ports[i % 2]}/v1/chat/completions`, {
+            method: "POST",
+            headers: { "content-type": "application/json", "x-credit-key": secret },
+            body: JSON.stringify({ ...body, stream: i % 3 === 0 }),
+            signal: controller.signal
+          })
+          await response.text()
+          return response.status
+        } catch {
+          return "hung-up" as const
+        }
+      })
+    )
+    const served = outcomes.filter((o) => o === 200).length
+    const refused = outcomes.filter((o) => o === 402).length
+    expect(served).toBeGreaterThan(0)
+    expect(refused).toBeGreaterThan(0)
+    expect(outcomes.every((o) => o === 200 || o === 402 || o === 503 || o === "hung-up")).toBe(true)
+
+    // Every reservation ends: captured or released (a hung-up request finishes within a second).
+    const started = Date.now()
+    let open = 1
+    while (open > 0 && Date.now() - started < 60_000) {
+      await new Promise((r) => setTimeout(r, 500))
+      const rows = await sql<{ n: number }>(
+        db,
+        "SELECT count(*)::int AS n FROM requests WHERE key_id = $1 AND status = 'reserved'",
+        [keyId]
+      )
+      open = rows[0]!.n
+    }
+    expect(open).toBe(0)
+    const [totals] = await sql<{ captured: string; requests: number }>(
+      db,
+      "SELECT coalesce(sum(charged), 0)::text AS captured, count(*)::int AS requests FROM requests WHERE key_id = $1",
+      [keyId]
+    )
+    const [key] = await sql<{ spent: string; reserved: string }>(
+      db,
+      "SELECT spent::text, reserved::text FROM api_keys WHERE key_id = $1",
+      [keyId]
+    )
+    const [purse] = await sql<{ available: string; reserved: string }>(
+      db,
+      "SELECT available::text, reserved::text FROM wallet_balances WHERE wallet = $1",
+      [wallet]
+    )
+    const captured = Number(totals!.captured)
+    expect(captured).toBeLessThanOrEqual(budget)
+    expect(Number(key!.spent)).toBe(captured)
+    expect(Number(key!.reserved)).toBe(0)
+    expect(Number(purse!.reserved)).toBe(0)
+    expect(Number(purse!.available)).toBe(balance - captured)
+    process.stdout.write(
+      `overspend: ${REQUESTS} requests, ${served} served, ${refused} refused at the cap, ${outcomes.filter((o) => o === "hung-up").length} hung up; captured ${captured} of a ${budget} cap\n`
+    )
+  }, 240_000)
+})
