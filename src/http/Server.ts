@@ -15,6 +15,7 @@ import { ReceiptHandlers } from "./handlers/Receipts.ts"
 import { SessionHandlers } from "./handlers/Sessions.ts"
 import { SystemHandlers } from "./handlers/System.ts"
 import { Cors, RouterMiddleware } from "./Middleware.ts"
+import { PaidCalls } from "./PaidCall.ts"
 
 /** All routes: the HttpApi (with `/openapi.json`), CORS and the dialect-aware middleware. */
 export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json" }).pipe(
@@ -34,7 +35,7 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     KeysHandlers,
     CreditsHandlers
   ]),
-  Layer.provide(OperatorAuthLive),
+  Layer.provide(Layer.mergeAll(OperatorAuthLive, PaidCalls.layer)),
   Layer.provide([RouterMiddleware, Cors])
 )
 

@@ -3,8 +3,6 @@ import { HttpServerResponse } from "effect/http"
 import type { HttpServerRequest } from "effect/http/HttpServerRequest"
 import { HttpApiBuilder } from "effect/http-api"
 import { Chain } from "../../chain/Chain.ts"
-import type { ChatCompletionRequest } from "../../domain/Chat.ts"
-import { Conflict } from "../../domain/Errors.ts"
 import { countMessagesTokens } from "../../inference/adapters/CountTokens.ts"
 import {
   type MessagesEncodeOptions,
@@ -30,20 +28,11 @@ import {
   responsesToChatRequest
 } from "../../inference/adapters/ResponsesRequest.ts"
 import { paidHeaders, svcEnvelope } from "../../inference/ChatEncoding.ts"
-import {
-  type Admitted,
-  type AgentHeaders,
-  Completions,
-  type PaidRequestContext,
-  type ServeEvent,
-  type ServeSummary
-} from "../../inference/Completions.ts"
-import { type LiveStream, LiveStreams } from "../../inference/LiveStreams.ts"
+import type { ServeSummary } from "../../inference/Completions.ts"
+import { LiveStreams } from "../../inference/LiveStreams.ts"
 import { estimatePromptTokens } from "../../inference/Tokens.ts"
-import { bodyHash, Idempotency } from "../../payment/Idempotency.ts"
-import { RouterConfig } from "../../RouterConfig.ts"
 import { Api } from "../Api.ts"
-import { agentHeadersOf, paymentHeaderOf } from "./Chat.ts"
+import { type Original, PaidCalls } from "../PaidCall.ts"
 
 /**
  * `/v1/responses` and `/v1/messages`: decode the harness's dialect, translate it to the chat
@@ -51,66 +40,9 @@ import { agentHeadersOf, paymentHeaderOf } from "./Chat.ts"
  * do — same headers, same idempotency — then encode the served events back into the dialect.
  */
 
-interface Original<P> {
-  readonly admitted: Admitted
-  readonly agent: AgentHeaders
-  readonly payload: P
-}
-
 const servedBy = (summary: ServeSummary) => ({
   providerId: summary.providerId,
   modelClass: summary.modelClass
-})
-
-/** The paid-call plumbing both adapters share: idempotency, the admit, and what a replay needs. */
-const makePaidCall = Effect.gen(function* () {
-  const completions = yield* Completions
-  const live = yield* LiveStreams
-  const idempotency = yield* Idempotency
-  const config = yield* RouterConfig
-
-  return <P>(options: {
-    readonly path: string
-    readonly dialect: PaidRequestContext["dialect"]
-    readonly payload: P
-    readonly chat: ChatCompletionRequest
-    readonly request: HttpServerRequest
-    readonly originals: WeakMap<LiveStream<ServeEvent>, Original<P>>
-  }) =>
-    Effect.gen(function* () {
-      const { request, originals } = options
-      const agent = agentHeadersOf(request)
-      const key = request.headers["idempotency-key"]
-      if (key !== undefined) {
-        const claim = yield* idempotency.claim(key, bodyHash({ path: options.path, body: options.payload }))
-        if (claim._tag === "Replay") {
-          const stream = live.get<ServeEvent>(claim.requestId)
-          const original = stream === undefined ? undefined : originals.get(stream)
-          if (original === undefined) {
-            return yield* new Conflict({
-              code: "idempotency_replay",
-              param: "Idempotency-Key",
-              message: `This Idempotency-Key already produced request ${claim.requestId}; read its result at /v1/receipts/${claim.requestId}`
-            })
-          }
-          return original
-        }
-      }
-      const admitted = yield* completions
-        .admit(options.chat, {
-          dialect: options.dialect,
-          paymentHeader: paymentHeaderOf(request),
-          creditKey: request.headers["x-credit-key"],
-          sessionToken: request.headers["x-session-token"],
-          resourceUrl: `${config.publicUrl}${options.path}`,
-          agent
-        })
-        .pipe(Effect.tapError(() => (key === undefined ? Effect.void : idempotency.abandon(key))))
-      const original = { admitted, agent, payload: options.payload }
-      originals.set(admitted.stream, original)
-      if (key !== undefined) yield* idempotency.complete(key, admitted.requestId)
-      return original
-    })
 })
 
 const sseResponse = (body: Stream.Stream<string>, headers: Record<string, string>) =>
@@ -125,8 +57,7 @@ export const ResponsesHandlers = HttpApiBuilder.group(
   Effect.fn(function* (handlers) {
     const live = yield* LiveStreams
     const chain = yield* Chain
-    const paidCall = yield* makePaidCall
-    const originals = new WeakMap<LiveStream<ServeEvent>, Original<ResponsesRequest>>()
+    const paidCalls = yield* PaidCalls
 
     const encodeOptions = ({ admitted, payload }: Original<ResponsesRequest>): ResponsesEncodeOptions => ({
       requestId: admitted.requestId,
@@ -138,18 +69,24 @@ export const ResponsesHandlers = HttpApiBuilder.group(
       svcFinal: (summary) => svcEnvelope(admitted, servedBy(summary))
     })
 
-    const respond = (original: Original<ResponsesRequest>) =>
+    const respond = (original: Original<ResponsesRequest>, from: number) =>
       Effect.gen(function* () {
         const { admitted, agent, payload } = original
         const headers = paidHeaders(admitted, agent, chain.network)
         const options = encodeOptions(original)
-        if (payload.stream === true) {
+        if (payload.stream === true || from > 0) {
           const body = Stream.suspend(() => {
+            // The dialect's encoder is stateful: a reconnect replays it from the start and
+            // sends only what follows the last event the client saw.
             const encoder = makeResponsesEncoder(options)
+            const opening = encoder.start()
             return Stream.concat(
-              Stream.fromIterable(encoder.start()),
+              Stream.fromIterable(from === 0 ? opening : []),
               live.follow(admitted.stream, 0).pipe(
-                Stream.map(({ event }) => encoder.push(event)),
+                Stream.map(({ event, index }) => {
+                  const frames = encoder.push(event)
+                  return index >= from ? frames : []
+                }),
                 Stream.flattenIterable
               )
             )
@@ -171,15 +108,14 @@ export const ResponsesHandlers = HttpApiBuilder.group(
       request: HttpServerRequest
     ) {
       const chat = yield* Effect.fromResult(responsesToChatRequest(payload))
-      const original = yield* paidCall({
+      return yield* paidCalls.serve({
         path: "/v1/responses",
         dialect: "responses",
         payload,
         chat,
         request,
-        originals
+        respond
       })
-      return yield* respond(original)
     })
 
     return handlers.handle("createResponse", ({ payload, request }) => createResponse(payload, request))
@@ -192,8 +128,7 @@ export const MessagesHandlers = HttpApiBuilder.group(
   Effect.fn(function* (handlers) {
     const live = yield* LiveStreams
     const chain = yield* Chain
-    const paidCall = yield* makePaidCall
-    const originals = new WeakMap<LiveStream<ServeEvent>, Original<MessagesRequest>>()
+    const paidCalls = yield* PaidCalls
 
     const encodeOptions = ({ admitted, payload }: Original<MessagesRequest>): MessagesEncodeOptions => ({
       requestId: admitted.requestId,
@@ -215,19 +150,25 @@ export const MessagesHandlers = HttpApiBuilder.group(
       })
     })
 
-    const respond = (original: Original<MessagesRequest>) =>
+    const respond = (original: Original<MessagesRequest>, from: number) =>
       Effect.gen(function* () {
         const { admitted, agent, payload } = original
         // The Anthropic SDK reads `request-id` as the message's request id.
         const headers = { ...paidHeaders(admitted, agent, chain.network), "request-id": admitted.requestId }
         const options = encodeOptions(original)
-        if (payload.stream === true) {
+        if (payload.stream === true || from > 0) {
           const body = Stream.suspend(() => {
+            // The dialect's encoder is stateful: a reconnect replays it from the start and
+            // sends only what follows the last event the client saw.
             const encoder = makeMessagesEncoder(options)
+            const opening = encoder.start()
             return Stream.concat(
-              Stream.fromIterable(encoder.start()),
+              Stream.fromIterable(from === 0 ? opening : []),
               live.follow(admitted.stream, 0).pipe(
-                Stream.map(({ event }) => encoder.push(event)),
+                Stream.map(({ event, index }) => {
+                  const frames = encoder.push(event)
+                  return index >= from ? frames : []
+                }),
                 Stream.flattenIterable
               )
             )
@@ -249,15 +190,14 @@ export const MessagesHandlers = HttpApiBuilder.group(
       request: HttpServerRequest
     ) {
       const chat = yield* Effect.fromResult(messagesToChatRequest(payload))
-      const original = yield* paidCall({
+      return yield* paidCalls.serve({
         path: "/v1/messages",
         dialect: "anthropic",
         payload,
         chat,
         request,
-        originals
+        respond
       })
-      return yield* respond(original)
     })
 
     return handlers

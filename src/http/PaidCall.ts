@@ -1,0 +1,156 @@
+import { Context, Effect, Layer } from "effect"
+import type { HttpServerResponse } from "effect/http"
+import type { HttpServerRequest } from "effect/http/HttpServerRequest"
+import type { ChatCompletionRequest } from "../domain/Chat.ts"
+import { Conflict, NotFound, Unauthorized } from "../domain/Errors.ts"
+import {
+  type Admitted,
+  type AgentHeaders,
+  type CompletionError,
+  Completions,
+  type PaidRequestContext,
+  type ServeEvent
+} from "../inference/Completions.ts"
+import { type LiveStream, LiveStreams } from "../inference/LiveStreams.ts"
+import { bodyHash, Idempotency } from "../payment/Idempotency.ts"
+import { RouterConfig } from "../RouterConfig.ts"
+
+export interface Original<P> {
+  readonly admitted: Admitted
+  readonly agent: AgentHeaders
+  readonly payload: P
+}
+
+/** Encodes a served request in its caller's dialect, from event index `from` on (0: from the start). */
+export type Respond<P> = (
+  original: Original<P>,
+  from: number
+) => Effect.Effect<HttpServerResponse.HttpServerResponse>
+
+export const agentHeadersOf = (request: HttpServerRequest): AgentHeaders => ({
+  role: request.headers["x-routing-agent-role"],
+  parentTask: request.headers["x-routing-parent-task"],
+  agentId: request.headers["x-routing-agent-id"]
+})
+
+/** Every credential a paid call may carry, read in one place for all three dialects. */
+export const paidContextOf = (
+  request: HttpServerRequest,
+  dialect: PaidRequestContext["dialect"],
+  resourceUrl: string
+): PaidRequestContext => ({
+  dialect,
+  paymentHeader: request.headers["payment-signature"] ?? request.headers["x-payment"],
+  creditKey: request.headers["x-credit-key"],
+  sessionToken: request.headers["x-session-token"],
+  resourceUrl,
+  agent: agentHeadersOf(request)
+})
+
+/**
+ * The plumbing every paid surface shares: `Idempotency-Key`, the one lifecycle
+ * (`Completions.admit`), and a registry of what was served on this instance so that an
+ * idempotent replay, `GET /v1/streams/:id` and `POST /v1/streams/:id/stop` work the same for
+ * chat completions, responses and messages.
+ */
+export class PaidCalls extends Context.Service<
+  PaidCalls,
+  {
+    readonly serve: <P>(options: {
+      readonly path: string
+      readonly dialect: PaidRequestContext["dialect"]
+      readonly payload: P
+      readonly chat: ChatCompletionRequest
+      readonly request: HttpServerRequest
+      readonly respond: Respond<P>
+    }) => Effect.Effect<HttpServerResponse.HttpServerResponse, CompletionError | Conflict>
+    /** Reconnects to a stream from the event after `lastEventId` (x-stream-token). */
+    readonly resume: (
+      id: string,
+      token: string | undefined,
+      lastEventId: number | undefined
+    ) => Effect.Effect<HttpServerResponse.HttpServerResponse, NotFound | Unauthorized>
+    readonly stop: (id: string, token: string | undefined) => Effect.Effect<void, NotFound | Unauthorized>
+  }
+>()("router/http/PaidCalls") {
+  static readonly layer = Layer.effect(
+    PaidCalls,
+    Effect.gen(function* () {
+      const completions = yield* Completions
+      const live = yield* LiveStreams
+      const idempotency = yield* Idempotency
+      const config = yield* RouterConfig
+      const served = new WeakMap<
+        LiveStream<ServeEvent>,
+        (from: number) => Effect.Effect<HttpServerResponse.HttpServerResponse>
+      >()
+
+      const serve = <P>(options: {
+        readonly path: string
+        readonly dialect: PaidRequestContext["dialect"]
+        readonly payload: P
+        readonly chat: ChatCompletionRequest
+        readonly request: HttpServerRequest
+        readonly respond: Respond<P>
+      }) =>
+        Effect.gen(function* () {
+          const { request } = options
+          const key = request.headers["idempotency-key"]
+          if (key !== undefined) {
+            const claim = yield* idempotency.claim(
+              key,
+              bodyHash({ path: options.path, body: options.payload })
+            )
+            if (claim._tag === "Replay") {
+              const stream = live.get<ServeEvent>(claim.requestId)
+              const replay = stream === undefined ? undefined : served.get(stream)
+              if (replay === undefined) {
+                return yield* new Conflict({
+                  code: "idempotency_replay",
+                  param: "Idempotency-Key",
+                  message: `This Idempotency-Key already produced request ${claim.requestId}; read its result at /v1/receipts/${claim.requestId}`
+                })
+              }
+              return yield* replay(0)
+            }
+          }
+          const context = paidContextOf(request, options.dialect, `${config.publicUrl}${options.path}`)
+          const admitted = yield* completions
+            .admit(options.chat, context)
+            .pipe(Effect.tapError(() => (key === undefined ? Effect.void : idempotency.abandon(key))))
+          const original: Original<P> = { admitted, agent: context.agent, payload: options.payload }
+          served.set(admitted.stream, (from) => options.respond(original, from))
+          if (key !== undefined) yield* idempotency.complete(key, admitted.requestId)
+          return yield* options.respond(original, 0)
+        }).pipe(Effect.withSpan("PaidCalls.serve", { attributes: { path: options.path } }))
+
+      const find = (id: string, token: string | undefined) =>
+        Effect.gen(function* () {
+          const stream = live.get<ServeEvent>(id)
+          const respond = stream === undefined ? undefined : served.get(stream)
+          if (stream === undefined || respond === undefined) {
+            return yield* new NotFound({
+              code: "stream_not_found",
+              message: `No live or recent stream ${id}`
+            })
+          }
+          if (!live.verify(stream, token)) {
+            return yield* new Unauthorized({
+              code: "invalid_stream_token",
+              message: "Missing or invalid x-stream-token"
+            })
+          }
+          return { stream, respond }
+        })
+
+      return PaidCalls.of({
+        serve,
+        resume: (id, token, lastEventId) =>
+          Effect.flatMap(find(id, token), ({ respond }) =>
+            respond(lastEventId === undefined ? 0 : lastEventId + 1)
+          ),
+        stop: (id, token) => Effect.flatMap(find(id, token), ({ stream }) => live.stop(stream))
+      })
+    })
+  )
+}
