@@ -2,6 +2,8 @@ import { HttpApi, OpenApi } from "effect/http-api"
 import { MessagesApi, ResponsesApi } from "./AdaptersApi.ts"
 import { ChatApi, ReceiptsApi } from "./ChatApi.ts"
 import { GatedApi } from "./GatedApi.ts"
+import { ImagesApi } from "./ImagesApi.ts"
+import { KeyAnalyticsApi } from "./KeyAnalyticsApi.ts"
 import { CreditsApi, KeysApi, WalletsAdminApi } from "./KeysApi.ts"
 import { AdminApi, MarketApi, ProviderApi, RoutingApi } from "./MarketApi.ts"
 import { SessionsApi } from "./SessionsApi.ts"
@@ -17,8 +19,10 @@ export class Api extends HttpApi.make("svc")
   .add(ChatApi)
   .add(ReceiptsApi)
   .add(SessionsApi)
+  .add(KeyAnalyticsApi)
   .add(ResponsesApi)
   .add(MessagesApi)
+  .add(ImagesApi)
   .add(WalletsAdminApi)
   .add(KeysApi)
   .add(CreditsApi)

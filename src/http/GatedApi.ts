@@ -26,5 +26,15 @@ export class GatedApi extends HttpApiGroup.make("gated").add(
     success: Schema.Void,
     error: Gated
   }),
-  HttpApiEndpoint.post("createOrder", "/v1/orders", { payload: anyBody, success: Schema.Void, error: Gated })
+  HttpApiEndpoint.post("createOrder", "/v1/orders", { payload: anyBody, success: Schema.Void, error: Gated }),
+  // Listed as off at launch (spec 1, 4.5): the stake quote and the signed filing.
+  HttpApiEndpoint.get("challengeQuote", "/v1/model-integrity/challenges/quote", {
+    success: Schema.Void,
+    error: Gated
+  }),
+  HttpApiEndpoint.post("fileChallenge", "/v1/model-integrity/challenges", {
+    payload: anyBody,
+    success: Schema.Void,
+    error: Gated
+  })
 ) {}

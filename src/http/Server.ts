@@ -3,12 +3,15 @@ import { NodeHttpServer } from "@effect/platform-node"
 import { Layer } from "effect"
 import { HttpRouter } from "effect/http"
 import { HttpApiBuilder } from "effect/http-api"
+import { Images } from "../inference/Images.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { OperatorAuthLive } from "./AdminAuth.ts"
 import { Api } from "./Api.ts"
 import { MessagesHandlers, ResponsesHandlers } from "./handlers/Adapters.ts"
 import { ChatHandlers } from "./handlers/Chat.ts"
 import { GatedHandlers } from "./handlers/Gated.ts"
+import { ImagesHandlers } from "./handlers/Images.ts"
+import { KeyAnalyticsHandlers } from "./handlers/KeyAnalytics.ts"
 import { CreditsHandlers, KeysHandlers, WalletsAdminHandlers } from "./handlers/Keys.ts"
 import { AdminHandlers, MarketHandlers, ProviderHandlers, RoutingHandlers } from "./handlers/Market.ts"
 import { ReceiptHandlers } from "./handlers/Receipts.ts"
@@ -29,13 +32,15 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     ChatHandlers,
     ReceiptHandlers,
     SessionHandlers,
+    KeyAnalyticsHandlers,
     ResponsesHandlers,
     MessagesHandlers,
+    ImagesHandlers,
     WalletsAdminHandlers,
     KeysHandlers,
     CreditsHandlers
   ]),
-  Layer.provide(Layer.mergeAll(OperatorAuthLive, PaidCalls.layer)),
+  Layer.provide(Layer.mergeAll(OperatorAuthLive, PaidCalls.layer, Images.layer)),
   Layer.provide([RouterMiddleware, Cors])
 )
 

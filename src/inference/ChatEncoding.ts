@@ -3,18 +3,28 @@ import { paymentResponseHeader } from "../payment/X402.ts"
 import type { Admitted, AgentHeaders, MeteredUsage, ServeEvent, ServeSummary } from "./Completions.ts"
 import type { UpstreamSource } from "./Events.ts"
 import type { Indexed } from "./LiveStreams.ts"
+import { type RichEnvelope, richEnvelope } from "./Rich.ts"
 
 /** The chat-completions wire: the `svc` envelope, usage, the non-streaming body and SSE chunks. */
 export const PRICE_UNIT = "base units (6 decimals) per 1,000,000 tokens"
 const STEPS = ["route", "rfq", "award", "clear", "serve"] as const
 
-export const svcEnvelope = (admitted: Admitted, servedBy?: { providerId: string; modelClass: string }) => {
-  const { auction, requestId } = admitted
+export const svcEnvelope = (admitted: Admitted, servedBy?: { providerId: string; modelClass: string }) =>
+  auctionSvc(admitted.auction, admitted.requestId, admitted.request.model, servedBy)
+
+/** The `svc` object of any paid call (spec 2.3): routing, the auction as cleared, process, links. */
+export const auctionSvc = (
+  auction: Admitted["auction"],
+  requestId: string,
+  requestedModel: string,
+  servedBy?: { providerId: string; modelClass: string },
+  unit: string = PRICE_UNIT
+) => {
   const anonymized = anonymizeBids(auction)
   return {
     request_id: requestId,
     routing: {
-      requested_model: admitted.request.model,
+      requested_model: requestedModel,
       selected_model: servedBy?.modelClass ?? auction.winner.model_class
     },
     auction: {
@@ -34,7 +44,7 @@ export const svcEnvelope = (admitted: Admitted, servedBy?: { providerId: string;
         price_out: b.price_out,
         outcome: b.outcome
       })),
-      clear: { price_in: auction.clear.price_in, price_out: auction.clear.price_out, unit: PRICE_UNIT }
+      clear: { price_in: auction.clear.price_in, price_out: auction.clear.price_out, unit }
     },
     process: STEPS.map((step) => ({ step, status: "completed" as const })),
     links: { receipt: `/v1/receipts/${requestId}`, auction: `/v1/analytics/requests/${requestId}` }
@@ -113,6 +123,7 @@ export const chatCompletionBody = (admitted: Admitted, assembled: Assembled, inc
   }
   if (includeReasoning && assembled.reasoning !== "") message.reasoning_content = assembled.reasoning
   if (assembled.toolCalls.length > 0) message.tool_calls = assembled.toolCalls
+  const rich = richEnvelope(assembled.text, { sources: assembled.sources })
   return {
     id: `chatcmpl-${admitted.requestId.slice(4)}`,
     object: "chat.completion" as const,
@@ -120,9 +131,46 @@ export const chatCompletionBody = (admitted: Admitted, assembled: Assembled, inc
     model: summary.modelClass,
     choices: [{ index: 0, message, finish_reason: summary.finishReason ?? "stop" }],
     usage: usageBody(summary.usage, summary.charged),
+    // The provider-native grounding field, preserved as sent beside the validated `svc.rich`.
     ...(assembled.sources.length > 0 ? { svc_sources: assembled.sources } : {}),
-    svc: svcEnvelope(admitted, { providerId: summary.providerId, modelClass: summary.modelClass })
+    svc: {
+      ...svcEnvelope(admitted, { providerId: summary.providerId, modelClass: summary.modelClass }),
+      ...(rich === undefined ? {} : { rich })
+    }
   }
+}
+
+/**
+ * What a stream has carried so far, by event index, for the `svc.rich` frames. Keyed by the
+ * index, so any number of readers of one stream (the first connection, a reconnect from
+ * `Last-Event-ID`, an idempotent replay) record the same facts and none double-counts.
+ */
+interface RichRecord {
+  readonly seen: Set<number>
+  readonly text: Map<number, string>
+  readonly sources: Map<number, ReadonlyArray<UpstreamSource>>
+}
+const richRecords = new WeakMap<Admitted["stream"], RichRecord>()
+
+const recordOf = (admitted: Admitted): RichRecord => {
+  let record = richRecords.get(admitted.stream)
+  if (record === undefined) {
+    record = { seen: new Set(), text: new Map(), sources: new Map() }
+    richRecords.set(admitted.stream, record)
+  }
+  return record
+}
+
+/** The envelope over events before `upTo`, or undefined without grounding or with a gap in the record. */
+const richBefore = (record: RichRecord, upTo: number): RichEnvelope | undefined => {
+  const sources: Array<UpstreamSource> = []
+  let text = ""
+  for (let i = 0; i < upTo; i++) {
+    if (!record.seen.has(i)) return undefined
+    text += record.text.get(i) ?? ""
+    sources.push(...(record.sources.get(i) ?? []))
+  }
+  return richEnvelope(text, { sources })
 }
 
 const frame = (data: unknown, id?: number) =>
@@ -141,9 +189,24 @@ export const chatChunkFrames = (
     model: admitted.auction.winner.model_class
   }
   const { event, index } = indexed
+  const record = recordOf(admitted)
+  record.seen.add(index)
+  const richFrame = (rich: RichEnvelope, id?: number, native?: ReadonlyArray<UpstreamSource>) =>
+    frame(
+      {
+        ...base,
+        choices: [],
+        ...(native === undefined ? {} : { svc_sources: native }),
+        svc: { type: "rich", request_id: admitted.requestId, rich }
+      },
+      id
+    )
   if (event._tag === "End") {
     const summary = event.summary
     const frames: Array<string> = []
+    // The complete envelope, over the whole text, before the stream says it is finished.
+    const rich = richBefore(record, index)
+    if (rich !== undefined) frames.push(richFrame(rich))
     if (summary.status === "partial" && summary.error !== null) {
       frames.push(
         frame({
@@ -182,6 +245,7 @@ export const chatChunkFrames = (
   }
   const e = event.event
   if (e._tag === "TextDelta") {
+    record.text.set(index, e.text)
     return frame({ ...base, choices: [{ index: 0, delta: { content: e.text }, finish_reason: null }] }, index)
   }
   if (e._tag === "ReasoningDelta") {
@@ -192,7 +256,11 @@ export const chatChunkFrames = (
       index
     )
   }
-  if (e._tag === "Sources") return frame({ ...base, choices: [], svc_sources: e.sources }, index)
+  if (e._tag === "Sources") {
+    record.sources.set(index, e.sources)
+    const rich = richBefore(record, index + 1) ?? richEnvelope("", { sources: e.sources })
+    return rich === undefined ? "" : richFrame(rich, index, e.sources)
+  }
   const toolCall: Record<string, unknown> = { index: e.index, function: { arguments: e.argumentsDelta } }
   if (e.id !== undefined) toolCall.id = e.id
   if (e.id !== undefined) toolCall.type = "function"
@@ -214,9 +282,18 @@ export const auctionClearedFrame = (admitted: Admitted) =>
     svc: { type: "auction_cleared", ...svcEnvelope(admitted) }
   })
 
-/** Response headers of a paid completion (spec 4.1). */
+/** What the paid-call headers are made of (a completion's `Admitted`, or a generated image). */
+export interface PaidHeadersInput {
+  readonly requestId: string
+  readonly auction: Admitted["auction"]
+  readonly funding: Admitted["funding"]
+  readonly streamToken?: string | undefined
+  readonly sessionToken?: string | undefined
+}
+
+/** Response headers of a paid call (spec 4.1). */
 export const paidHeaders = (
-  admitted: Admitted,
+  admitted: PaidHeadersInput,
   agent: AgentHeaders,
   network: string
 ): Record<string, string> => {
@@ -229,9 +306,9 @@ export const paidHeaders = (
     "x-svc-auction-version": auction.version,
     "x-svc-quotes-competing": String(auction.eligible),
     "x-svc-price-setter": auction.priceSetter,
-    "x-svc-service-premium-cap-bps": String(auction.premiumCapBps),
-    "x-stream-token": admitted.streamToken
+    "x-svc-service-premium-cap-bps": String(auction.premiumCapBps)
   }
+  if (admitted.streamToken !== undefined) headers["x-stream-token"] = admitted.streamToken
   const funding = admitted.funding
   if (admitted.sessionToken !== undefined) headers["x-session-token"] = admitted.sessionToken
   if (funding._tag === "Credit") {

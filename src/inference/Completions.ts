@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto"
-import { Cause, Clock, Context, Deferred, Effect, Exit, Layer, Option, Stream } from "effect"
+import { Cause, Clock, Context, Deferred, Effect, Exit, Layer, Option, Schedule, Stream } from "effect"
 import { charge, feeSplit } from "../domain/Billing.ts"
 import { type ChatCompletionRequest, maxTokensOf } from "../domain/Chat.ts"
 import {
@@ -335,7 +335,8 @@ export class Completions extends Context.Service<
           authorized,
           promptEstimate,
           cachedEstimate: 0,
-          sessionToken
+          sessionToken,
+          agent: agentRecord(context.agent)
         })
       })
 
@@ -402,7 +403,8 @@ export class Completions extends Context.Service<
           authorized: worstCase,
           promptEstimate,
           cachedEstimate,
-          sessionToken: undefined
+          sessionToken: undefined,
+          agent: agentRecord(context.agent)
         })
       })
 
@@ -473,6 +475,7 @@ export class Completions extends Context.Service<
         readonly promptEstimate: number
         readonly cachedEstimate: number
         readonly sessionToken: string | undefined
+        readonly agent: Record<string, string>
       }
 
       /** Serves an admitted, paid-for request in its own supervised fiber. */
@@ -491,7 +494,11 @@ export class Completions extends Context.Service<
         )
         // Headers go out only once the winner (or its fallback) has produced its first event,
         // so a provider that fails before the first token is a clean 502 with nothing charged.
-        yield* Deferred.await(started)
+        // A caller that hangs up while waiting stops the work: it releases what it reserved.
+        yield* Deferred.await(started).pipe(
+          Effect.interruptible,
+          Effect.onInterrupt(() => live.stop(stream))
+        )
         return {
           requestId,
           createdAt,
@@ -618,7 +625,8 @@ export class Completions extends Context.Service<
           }
         })
 
-        return run.pipe(
+        // Only serving is interruptible (a stop, a hang-up, shutdown); settling is not.
+        return Effect.interruptible(run).pipe(
           Effect.onExit((exit) => finish(input, meter, exit)),
           Effect.catchCause(() => Effect.void),
           Effect.withSpan("Completions.serve", { attributes: { request_id: input.requestId } })
@@ -710,8 +718,17 @@ export class Completions extends Context.Service<
             input.source._tag === "SessionOpening" || input.source._tag === "SessionTurn"
               ? { ...input.source, prefixTokens }
               : input.source
-          if (released) yield* ledger.release({ receipt, economics, source })
-          else yield* ledger.capture({ receipt, economics, source })
+          // Settling must not be lost to a passing database fault: it is retried, and it is
+          // idempotent (a capture whose first commit went through does nothing the second time).
+          yield* (
+            released
+              ? ledger.release({ receipt, economics, source })
+              : ledger.capture({ receipt, economics, source })
+          ).pipe(
+            Effect.catchDefect((defect) => Effect.fail(defect)),
+            Effect.retry({ schedule: Schedule.exponential("100 millis"), times: 8 }),
+            Effect.orDie
+          )
           const summary: ServeSummary = {
             status,
             finishReason: meter.finish,
@@ -766,6 +783,8 @@ export class Completions extends Context.Service<
           second_score_premium: Math.max(0, charged - ownAsk),
           competitors: rivalCounterfactuals(auction.bids, tokens),
           quotes_competing: auction.eligible,
+          session_id: input.request.routing?.session_id ?? null,
+          agent: input.agent,
           latency: {
             ttft_ms: ttftMs,
             winner_expected_ttft_ms: Math.round(servedBy.score_breakdown.latency_ms),
@@ -780,7 +799,12 @@ export class Completions extends Context.Service<
         }
       }
 
-      return Completions.of({ admit })
+      return Completions.of({
+        // From the reservation on, the request must reach the fiber that settles it: admission
+        // is not interrupted half-way (only the wait for the first token is), so no reservation
+        // can outlive its request.
+        admit: (request, context) => Effect.uninterruptible(admit(request, context))
+      })
     })
   )
 }

@@ -35,8 +35,9 @@ export class LiveStreams extends Context.Service<
   LiveStreams,
   {
     /**
-     * Starts `work` detached; it receives `emit`. Returns the stream and its capability token
-     * (returned to the caller once, stored only as a hash).
+     * Starts `work` detached; it receives `emit`. `work` runs uninterruptibly except where it
+     * says otherwise (`Effect.interruptible`), so its finalization always runs. Returns the
+     * stream and its capability token (returned to the caller once, stored only as a hash).
      */
     readonly start: <E>(
       id: string,
@@ -84,7 +85,9 @@ export class LiveStreams extends Context.Service<
                 yield* Deferred.succeed(stream.done, undefined)
               })
             ),
-            Effect.forkIn(scope)
+            // Started at once and uninterruptible until `work` opens its own interruptible
+            // region: a stop that arrives first must still let `work` settle what it holds.
+            Effect.forkIn(scope, { startImmediately: true, uninterruptible: true })
           )
           return { stream, token }
         })

@@ -211,10 +211,13 @@ export class Ledger extends Context.Service<
         yield* sql
           .withTransaction(
             Effect.gen(function* () {
-              yield* sql`
+              const claimed = yield* sql`
                 UPDATE requests SET charged = ${receipt.charged}, status = 'captured', finished_at = now()
                 WHERE request_id = ${receipt.request_id} AND status = 'reserved'
+                RETURNING request_id
               `
+              // Settled already (a retried capture whose first commit went through): nothing to do.
+              if (claimed.length === 0) return
               yield* entry(receipt.request_id, receipt.wallet, "capture", receipt.charged)
               yield* entry(receipt.request_id, "router", "router_fee", routerFee)
               yield* entry(
@@ -288,10 +291,12 @@ export class Ledger extends Context.Service<
         yield* sql
           .withTransaction(
             Effect.gen(function* () {
-              yield* sql`
+              const claimed = yield* sql`
                 UPDATE requests SET charged = 0, status = 'released', finished_at = now()
                 WHERE request_id = ${receipt.request_id} AND status = 'reserved'
+                RETURNING request_id
               `
+              if (claimed.length === 0) return
               const releaseAuthorization = Effect.gen(function* () {
                 // The authorization is never submitted; its signature is erased.
                 yield* sql`

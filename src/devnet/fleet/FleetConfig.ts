@@ -4,7 +4,13 @@ import type { DialectName } from "./Dialect.ts"
 import type { SimFaults } from "./ProviderServer.ts"
 
 /** The model class ids the catalog uses. */
-export type ModelClassId = "chat-large" | "chat-medium" | "chat-small" | "reasoning-large" | "grounded-medium"
+export type ModelClassId =
+  | "chat-large"
+  | "chat-medium"
+  | "chat-small"
+  | "reasoning-large"
+  | "grounded-medium"
+  | "image-standard"
 
 export interface Tariff {
   /** Base units per 1,000,000 input tokens. */
@@ -19,7 +25,10 @@ export const classReserves: Readonly<Record<ModelClassId, Tariff>> = {
   "chat-medium": { priceIn: 1_000_000, priceOut: 4_000_000 },
   "chat-small": { priceIn: 200_000, priceOut: 800_000 },
   "reasoning-large": { priceIn: 5_000_000, priceOut: 20_000_000 },
-  "grounded-medium": { priceIn: 1_500_000, priceOut: 5_000_000 }
+  "grounded-medium": { priceIn: 1_500_000, priceOut: 5_000_000 },
+  // An image class prices one image as one output unit, per 1,000,000 (docs/decisions.md):
+  // 50,000,000,000 per million images is 50,000 base units (0.05) an image; prompts are free.
+  "image-standard": { priceIn: 0, priceOut: 50_000_000_000 }
 }
 
 export interface ClassOffer extends Tariff {
@@ -145,6 +154,24 @@ export const defaultFleet: ReadonlyArray<ProviderConfig> = [
     tokensPerSecond: 100,
     capacityRps: 16,
     maxContext: 200_000
+  },
+  {
+    providerId: "sim-image-1",
+    dialect: "openai",
+    offers: [{ modelClass: "image-standard", priceIn: 0, priceOut: 40_000_000_000 }],
+    ttftMs: 400,
+    tokensPerSecond: 100,
+    capacityRps: 8,
+    maxContext: 4_096
+  },
+  {
+    providerId: "sim-image-2",
+    dialect: "openai",
+    offers: [{ modelClass: "image-standard", priceIn: 0, priceOut: 44_000_000_000 }],
+    ttftMs: 250,
+    tokensPerSecond: 100,
+    capacityRps: 8,
+    maxContext: 4_096
   },
   {
     providerId: "sim-anthropic-3",

@@ -1,13 +1,14 @@
 import { createServer } from "node:http"
 import { NodeHttpServer, NodeHttpServerRequest } from "@effect/platform-node"
-import { Clock, Context, Effect, Exit, Layer, Random, Ref, Stream } from "effect"
+import { Clock, Context, Effect, Exit, Layer, Random, Ref, Schema, Stream } from "effect"
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "effect/http"
 import type { ServeError } from "effect/http/HttpServerError"
 import type { Scope } from "effect/Scope"
 import { AnthropicDialect } from "./AnthropicDialect.ts"
 import type { Dialect, DialectErrorKind, DialectName, ReplyMeta, SseFrame } from "./Dialect.ts"
 import { OpenAiDialect } from "./OpenAiDialect.ts"
-import { markersFor, type SimReply, simulate } from "./Simulator.ts"
+import { isImageSize, renderPrompt } from "./Png.ts"
+import { markersFor, type SimReply, simulate, wantsRich } from "./Simulator.ts"
 
 /**
  * One simulated upstream provider: an HTTP server on 127.0.0.1 (ephemeral port) speaking one
@@ -21,8 +22,13 @@ import { markersFor, type SimReply, simulate } from "./Simulator.ts"
  *   at the top level of the completion / message object (streaming: on the first chunk, or on
  *   `message_start.message`); `[n]` in the text cites the source whose id is `"n"`.
  *
- * Faults come from markers in the last user message (`[[sim:slow]]`, `[[sim:error]]`,
- * `[[sim:drop]]`, each optionally `@<provider_id>`) or from the provider's default faults.
+ * - Image classes (`image-*`): `POST /v1/images/generations` in OpenAI's images shape, whatever
+ *   the provider's chat dialect; one real PNG per request as `b64_json` (sizes 256x256 (default),
+ *   512x512, 1024x1024), after `ttftMs`.
+ *
+ * Faults come from markers in the last user message or the image prompt (`[[sim:slow]]`,
+ * `[[sim:error]]`, `[[sim:drop]]`, each optionally `@<provider_id>`) or from the provider's
+ * default faults.
  */
 
 export interface SimFaults {
@@ -50,6 +56,7 @@ export interface ProviderCounters {
   readonly streamsCompleted: number
   /** Streams that ended because the client went away. */
   readonly streamsAborted: number
+  readonly imagesRendered: number
   readonly faults: { readonly slow: number; readonly error: number; readonly drop: number }
 }
 
@@ -74,8 +81,18 @@ const emptyCounters: ProviderCounters = {
   streamsStarted: 0,
   streamsCompleted: 0,
   streamsAborted: 0,
+  imagesRendered: 0,
   faults: { slow: 0, error: 0, drop: 0 }
 }
+
+const ImageRequest = Schema.Struct({
+  model: Schema.String,
+  prompt: Schema.String.check(Schema.isMinLength(1)),
+  n: Schema.optionalKey(Schema.Int),
+  size: Schema.optionalKey(Schema.String),
+  response_format: Schema.optionalKey(Schema.String)
+})
+const decodeImageRequest = Schema.decodeUnknownEffect(ImageRequest)
 
 /** How many tokens a dropped stream delivers before the connection is cut. */
 export const dropAfterTokens = 3
@@ -222,7 +239,11 @@ export const make = Effect.fn("ProviderServer.make")(function* (
     }
     const reply = simulate(
       { ...simRequest, modelClass: model },
-      { multiTool: markers.multiTool, long: markers.long }
+      {
+        multiTool: markers.multiTool,
+        long: markers.long,
+        rich: wantsRich(simRequest.lastUserText, options.providerId)
+      }
     )
     if (reply.promptTokens > options.maxContext) {
       return errorResponse(
@@ -250,8 +271,49 @@ export const make = Effect.fn("ProviderServer.make")(function* (
     return HttpServerResponse.jsonUnsafe(dialect.completion(reply, meta))
   })
 
+  const imageError = (kind: DialectErrorKind, message: string) =>
+    HttpServerResponse.jsonUnsafe(OpenAiDialect.errorBody(kind, message), {
+      status: OpenAiDialect.errorStatus(kind)
+    })
+
+  const generateImage = Effect.fn("ProviderServer.generateImage")(function* (
+    request: HttpServerRequest.HttpServerRequest
+  ) {
+    const json = yield* request.json.pipe(Effect.option)
+    if (json._tag === "None") return imageError("invalid_request", "request body is not valid JSON")
+    const decoded = yield* decodeImageRequest(json.value).pipe(Effect.result)
+    if (decoded._tag === "Failure") return imageError("invalid_request", decoded.failure.message)
+    const { model, prompt } = decoded.success
+    if (!options.modelClasses.includes(model) || !model.startsWith("image-")) {
+      return imageError("not_found", `image model '${model}' is not served by ${options.providerId}`)
+    }
+    const size = decoded.success.size ?? "256x256"
+    if ((decoded.success.n ?? 1) !== 1 || !isImageSize(size)) {
+      return imageError("invalid_request", "one image per request, of size 256x256, 512x512 or 1024x1024")
+    }
+    if ((decoded.success.response_format ?? "b64_json") !== "b64_json") {
+      return imageError("invalid_request", "only response_format b64_json is served")
+    }
+    const markers = markersFor(prompt, options.providerId)
+    const faults = yield* Ref.get(defaultFaults)
+    if (markers.error || faults.alwaysError === true) {
+      yield* countFault("error")
+      return imageError("server_error", `simulated upstream failure at ${options.providerId}`)
+    }
+    const slow = markers.slow || faults.alwaysSlow === true
+    if (slow) yield* countFault("slow")
+    yield* Effect.sleep(options.ttftMs * (slow ? slowFactor : 1))
+    const png = renderPrompt(prompt, size)
+    yield* update((c) => ({ ...c, imagesRendered: c.imagesRendered + 1 }))
+    return HttpServerResponse.jsonUnsafe({
+      created: Math.floor((yield* Clock.currentTimeMillis) / 1000),
+      data: [{ b64_json: png.toString("base64"), revised_prompt: prompt }]
+    })
+  })
+
   const router = yield* HttpRouter.make
   yield* router.add("POST", dialect.path, complete)
+  yield* router.add("POST", "/v1/images/generations", generateImage)
   const routed = router.asHttpEffect()
   const app = Effect.gen(function* () {
     const request = yield* HttpServerRequest.HttpServerRequest

@@ -94,12 +94,17 @@ export interface SimMarkers {
 
 const markerPattern = /\[\[sim:([a-z-]+)(?:@([A-Za-z0-9._:-]+))?\]\]/g
 
-export const markersFor = (text: string, providerId: string): SimMarkers => {
+const markerNames = (text: string, providerId: string): ReadonlySet<string> => {
   const found = new Set<string>()
   for (const match of text.matchAll(markerPattern)) {
     const scope = match[2]
     if (scope === undefined || scope === providerId) found.add(match[1]!)
   }
+  return found
+}
+
+export const markersFor = (text: string, providerId: string): SimMarkers => {
+  const found = markerNames(text, providerId)
   return {
     slow: found.has("slow"),
     error: found.has("error"),
@@ -108,6 +113,13 @@ export const markersFor = (text: string, providerId: string): SimMarkers => {
     long: found.has("long")
   }
 }
+
+/**
+ * `[[sim:rich]]`: a grounded reply adds two sources with unsafe URLs, cites them and an
+ * unknown id, and places `[[rich:sources]]` and `[[rich:missing]]` (svc.rich tests).
+ */
+export const wantsRich = (text: string, providerId: string): boolean =>
+  markerNames(text, providerId).has("rich")
 
 // ---------------------------------------------------------------------------------------------
 // Deterministic words
@@ -308,6 +320,20 @@ const sourcesFor = (rng: Rng): ReadonlyArray<SimSource> =>
     }
   })
 
+/** Sources no caller may be shown: a cloud metadata address and a URL carrying credentials. */
+const unsafeSources: ReadonlyArray<SimSource> = [
+  {
+    id: "4",
+    title: "Instance metadata",
+    url: "http://169.254.169.254/latest/meta-data",
+    snippet: "internal"
+  },
+  { id: "5", title: "Private report", url: "https://reader:secret@example.org/private", snippet: "private" }
+]
+
+/** The tail of a `[[sim:rich]]` reply: an unknown citation and one known, one unknown block marker. */
+const richTail = [" Unverified", " [9].", " [[rich:sources]]", " [[rich:missing]]"]
+
 // ---------------------------------------------------------------------------------------------
 
 export const promptTokens = (messages: ReadonlyArray<SimMessage>): number =>
@@ -334,13 +360,14 @@ const toolsToCall = (request: SimRequest, multiTool: boolean): ReadonlyArray<Sim
  */
 export const simulate = (
   request: SimRequest,
-  options: { readonly multiTool: boolean; readonly long?: boolean }
+  options: { readonly multiTool: boolean; readonly long?: boolean; readonly rich?: boolean }
 ): SimReply => {
   const digest = promptDigest(request.messages)
   const rng = makeRng(digest.readUInt32BE(0))
   const idBase = digest.subarray(4, 16).toString("hex")
   const grounded = request.modelClass === groundedClass
-  const sources = grounded ? sourcesFor(rng) : []
+  const rich = grounded && options.rich === true
+  const sources = grounded ? [...sourcesFor(rng), ...(rich ? unsafeSources : [])] : []
 
   const reasoning: Array<SimPiece> =
     request.reasoning === undefined
@@ -370,6 +397,7 @@ export const simulate = (
     const citations = sources.map((s) => s.id)
     const length = options.long === true ? 4_000 : intBetween(rng, 12, 63)
     for (const text of sentencePieces(rng, length, citations)) answer.push({ _tag: "Text", text })
+    if (rich) for (const text of richTail) answer.push({ _tag: "Text", text })
   }
 
   const limit = Math.max(0, request.maxTokens)

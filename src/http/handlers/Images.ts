@@ -1,0 +1,54 @@
+import { Effect } from "effect"
+import { HttpServerResponse } from "effect/http"
+import { HttpApiBuilder } from "effect/http-api"
+import { Chain } from "../../chain/Chain.ts"
+import { auctionSvc, paidHeaders } from "../../inference/ChatEncoding.ts"
+import { IMAGE_PRICE_UNIT, Images } from "../../inference/Images.ts"
+import { RouterConfig } from "../../RouterConfig.ts"
+import { Api } from "../Api.ts"
+
+export const ImagesHandlers = HttpApiBuilder.group(
+  Api,
+  "images",
+  Effect.fn(function* (handlers) {
+    const images = yield* Images
+    const chain = yield* Chain
+    const config = yield* RouterConfig
+    return handlers.handle("generateImage", ({ payload, request }) =>
+      Effect.gen(function* () {
+        const agent = {
+          role: request.headers["x-routing-agent-role"],
+          parentTask: request.headers["x-routing-parent-task"],
+          agentId: request.headers["x-routing-agent-id"]
+        }
+        const generated = yield* images.generate(payload, {
+          paymentHeader: request.headers["payment-signature"] ?? request.headers["x-payment"],
+          creditKey: request.headers["x-credit-key"],
+          sessionToken: request.headers["x-session-token"],
+          idempotencyKey: request.headers["idempotency-key"],
+          resourceUrl: `${config.publicUrl}/v1/images/generations`,
+          agent
+        })
+        return HttpServerResponse.jsonUnsafe(
+          {
+            created: Math.floor(generated.createdAt / 1000),
+            data: [generated.image],
+            svc: {
+              ...auctionSvc(
+                generated.auction,
+                generated.requestId,
+                generated.requestedModel,
+                undefined,
+                IMAGE_PRICE_UNIT
+              ),
+              images: 1,
+              charged: generated.price,
+              authorized: generated.authorized
+            }
+          },
+          { headers: paidHeaders(generated, agent, chain.network) }
+        )
+      })
+    )
+  })
+)
