@@ -9,6 +9,7 @@ import { LiveStreams } from "./inference/LiveStreams.ts"
 import { Upstream } from "./inference/upstream/Upstream.ts"
 import { Epochs, PayoutConfig } from "./ledger/Epochs.ts"
 import { Ledger } from "./ledger/Ledger.ts"
+import { Reaper } from "./ledger/Reaper.ts"
 import { Reconciliation } from "./ledger/Reconciliation.ts"
 import { Latency } from "./market/Latency.ts"
 import { Market } from "./market/Market.ts"
@@ -49,7 +50,7 @@ export const PaymentsLive = Layer.mergeAll(
 )
 
 /** Serving: the lifecycle over the market and payments, upstream clients and live streams. */
-export const InferenceLive = Completions.layer.pipe(
+export const InferenceLive = Layer.mergeAll(Completions.layer, Reaper.layer).pipe(
   Layer.provideMerge(
     Layer.mergeAll(LiveStreams.layer, Upstream.layerFetch, CreditKeys.layer, Sessions.layer)
   ),

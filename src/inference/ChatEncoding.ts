@@ -140,36 +140,9 @@ export const chatCompletionBody = (admitted: Admitted, assembled: Assembled, inc
   }
 }
 
-/**
- * What a stream has carried so far, by event index, for the `svc.rich` frames. Keyed by the
- * index, so any number of readers of one stream (the first connection, a reconnect from
- * `Last-Event-ID`, an idempotent replay) record the same facts and none double-counts.
- */
-interface RichRecord {
-  readonly seen: Set<number>
-  readonly text: Map<number, string>
-  readonly sources: Map<number, ReadonlyArray<UpstreamSource>>
-}
-const richRecords = new WeakMap<Admitted["stream"], RichRecord>()
-
-const recordOf = (admitted: Admitted): RichRecord => {
-  let record = richRecords.get(admitted.stream)
-  if (record === undefined) {
-    record = { seen: new Set(), text: new Map(), sources: new Map() }
-    richRecords.set(admitted.stream, record)
-  }
-  return record
-}
-
-/** The envelope over events before `upTo`, or undefined without grounding or with a gap in the record. */
-const richBefore = (record: RichRecord, upTo: number): RichEnvelope | undefined => {
-  const sources: Array<UpstreamSource> = []
-  let text = ""
-  for (let i = 0; i < upTo; i++) {
-    if (!record.seen.has(i)) return undefined
-    text += record.text.get(i) ?? ""
-    sources.push(...(record.sources.get(i) ?? []))
-  }
+/** `svc.rich` over the events before `upTo`: the live stream's buffer holds every event by its index. */
+const richBefore = (admitted: Admitted, upTo: number): RichEnvelope | undefined => {
+  const { text, sources } = assemble(admitted.stream.events.slice(0, upTo))
   return richEnvelope(text, { sources })
 }
 
@@ -189,8 +162,6 @@ export const chatChunkFrames = (
     model: admitted.auction.winner.model_class
   }
   const { event, index } = indexed
-  const record = recordOf(admitted)
-  record.seen.add(index)
   const richFrame = (rich: RichEnvelope, id?: number, native?: ReadonlyArray<UpstreamSource>) =>
     frame(
       {
@@ -205,7 +176,7 @@ export const chatChunkFrames = (
     const summary = event.summary
     const frames: Array<string> = []
     // The complete envelope, over the whole text, before the stream says it is finished.
-    const rich = richBefore(record, index)
+    const rich = richBefore(admitted, index)
     if (rich !== undefined) frames.push(richFrame(rich))
     if (summary.status === "partial" && summary.error !== null) {
       frames.push(
@@ -245,7 +216,6 @@ export const chatChunkFrames = (
   }
   const e = event.event
   if (e._tag === "TextDelta") {
-    record.text.set(index, e.text)
     return frame({ ...base, choices: [{ index: 0, delta: { content: e.text }, finish_reason: null }] }, index)
   }
   if (e._tag === "ReasoningDelta") {
@@ -257,8 +227,7 @@ export const chatChunkFrames = (
     )
   }
   if (e._tag === "Sources") {
-    record.sources.set(index, e.sources)
-    const rich = richBefore(record, index + 1) ?? richEnvelope("", { sources: e.sources })
+    const rich = richBefore(admitted, index + 1)
     return rich === undefined ? "" : richFrame(rich, index, e.sources)
   }
   const toolCall: Record<string, unknown> = { index: e.index, function: { arguments: e.argumentsDelta } }

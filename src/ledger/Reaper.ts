@@ -1,0 +1,119 @@
+import { Config, Context, Effect, Layer, Schedule, Schema } from "effect"
+import { SqlClient } from "effect/sql"
+import { LiveStreams } from "../inference/LiveStreams.ts"
+import { RouterConfig } from "../RouterConfig.ts"
+import { epochOf } from "./Epochs.ts"
+import { Ledger, type PaymentSource } from "./Ledger.ts"
+import type { ReceiptBody } from "./Receipt.ts"
+
+const Stale = Schema.Struct({
+  request_id: Schema.String,
+  payment_kind: Schema.Literals(["x402", "credit", "session"]),
+  payer: Schema.String,
+  authorized: Schema.NumberFromString,
+  key_id: Schema.NullOr(Schema.String),
+  session_id: Schema.NullOr(Schema.String),
+  opens_session: Schema.Boolean,
+  model_class: Schema.String,
+  provider_id: Schema.String,
+  created_at: Schema.Number
+})
+type Stale = typeof Stale.Type
+const decodeStale = Schema.decodeUnknownEffect(Schema.Array(Stale))
+
+const sourceOf = (row: Stale): PaymentSource => {
+  const funding: { readonly _tag: "X402" } | { readonly _tag: "Credit"; readonly keyId: string } =
+    row.payment_kind === "credit" && row.key_id !== null
+      ? { _tag: "Credit", keyId: row.key_id }
+      : { _tag: "X402" }
+  if (row.payment_kind === "session" && row.session_id !== null) {
+    return { _tag: "SessionTurn", sessionId: row.session_id, prefixTokens: 0 }
+  }
+  if (row.opens_session && row.session_id !== null) {
+    return { _tag: "SessionOpening", sessionId: row.session_id, funding, prefixTokens: 0 }
+  }
+  return funding
+}
+
+/**
+ * The last line of "no reservation outlives its request": a reservation still open long
+ * after any request could have been served belongs to an instance that died mid-request.
+ * It is released in full (the caller is never charged for work nobody can prove) with a
+ * signed `released` receipt. A request this instance is still serving is never touched.
+ */
+export class Reaper extends Context.Service<Reaper, { readonly runOnce: Effect.Effect<number> }>()(
+  "router/ledger/Reaper"
+) {
+  static readonly make = Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const ledger = yield* Ledger
+    const live = yield* LiveStreams
+    const { epochSeconds } = yield* RouterConfig
+    const afterSeconds = yield* Config.Int("REAP_AFTER_SECONDS").pipe(Config.withDefault(3600))
+
+    const release = (row: Stale) => {
+      const receipt: ReceiptBody = {
+        request_id: row.request_id,
+        wallet: row.payer,
+        provider_id: row.provider_id,
+        model_class: row.model_class,
+        in_tokens: 0,
+        out_tokens: 0,
+        cached_tokens: 0,
+        price_in: 0,
+        price_out: 0,
+        price_in_cached: null,
+        charged: 0,
+        authorized: row.authorized,
+        payment_ref: "",
+        refund_ref: null,
+        ttft_ms: 0,
+        status: "released",
+        settlement: "none",
+        epoch_id: epochOf(row.created_at, epochSeconds),
+        session_id: row.session_id,
+        quotes_competing: 0,
+        created_at: Math.floor(row.created_at)
+      }
+      return ledger.release({
+        receipt,
+        economics: { request_id: row.request_id, reaped: true },
+        source: sourceOf(row)
+      })
+    }
+
+    const runOnce = Effect.gen(function* () {
+      const rows = yield* sql`
+        SELECT r.request_id, r.payment_kind, r.payer, r.authorized::text, r.key_id, r.session_id,
+               EXISTS (SELECT 1 FROM sessions s WHERE s.funding_request_id = r.request_id) AS opens_session,
+               r.model_class, r.provider_id, (extract(epoch from r.created_at) * 1000)::float8 AS created_at
+        FROM requests r
+        WHERE r.status = 'reserved' AND r.created_at < now() - make_interval(secs => ${afterSeconds})
+        ORDER BY r.created_at LIMIT 100
+      `.pipe(Effect.flatMap(decodeStale), Effect.orDie)
+      const stale = rows.filter((row) => {
+        const stream = live.get(row.request_id)
+        return stream === undefined || stream.finishedAt !== undefined
+      })
+      yield* Effect.forEach(stale, release, { discard: true })
+      if (stale.length > 0)
+        yield* Effect.logWarning("released reservations left by a dead request", { count: stale.length })
+      return stale.length
+    }).pipe(Effect.withSpan("Reaper.runOnce"))
+
+    return Reaper.of({ runOnce })
+  })
+
+  static readonly layer = Layer.effect(
+    Reaper,
+    Effect.gen(function* () {
+      const reaper = yield* Reaper.make
+      yield* reaper.runOnce.pipe(
+        Effect.catchCause((cause) => Effect.logError("reaper pass failed", cause)),
+        Effect.repeat(Schedule.spaced("1 minute")),
+        Effect.forkScoped
+      )
+      return reaper
+    })
+  )
+}
