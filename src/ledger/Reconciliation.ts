@@ -178,7 +178,7 @@ export class Reconciliation extends Context.Service<
           coalesce((SELECT sum(l.amount) FROM ledger_entries l
                     WHERE l.request_id = a.request_id AND l.kind = 'settled' AND l.ref = a.tx_hash), 0)::text AS settled,
           coalesce((SELECT sum(l.amount) FROM ledger_entries l
-                    WHERE l.request_id = a.request_id AND l.kind = 'capture'), 0)::text AS captured,
+                    WHERE l.request_id = a.request_id AND l.kind IN ('capture', 'deposit_pending')), 0)::text AS captured,
           coalesce((SELECT sum(l.amount) FROM ledger_entries l
                     WHERE l.request_id = a.request_id AND l.kind = 'refund_due'), 0)::text AS refund_due,
           s.session_id, s.status AS session_status, s.budget::text AS budget, s.spent::text AS spent,
@@ -322,7 +322,7 @@ export class Reconciliation extends Context.Service<
         coalesce(sum(l.amount) FILTER (WHERE l.kind = 'router_fee'), 0)::text AS fee,
         coalesce(sum(l.amount) FILTER (WHERE l.kind = 'provider_share'), 0)::text AS share
       FROM requests q JOIN ledger_entries l ON l.request_id = q.request_id
-      WHERE q.status = 'captured'
+      WHERE q.status = 'captured' AND q.dialect <> 'deposit'
       GROUP BY q.request_id, q.charged
       HAVING coalesce(sum(l.amount) FILTER (WHERE l.kind = 'capture'), 0) <> q.charged
         OR coalesce(sum(l.amount) FILTER (WHERE l.kind IN ('router_fee', 'provider_share')), 0) <> q.charged

@@ -1,5 +1,6 @@
 import { randomBytes } from "node:crypto"
 import { assert, describe, layer } from "@effect/vitest"
+import { Reconciliation } from "../../src/ledger/Reconciliation.ts"
 import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
 import { type Hex, toHex } from "viem"
@@ -240,6 +241,15 @@ describe("prepaid credits", () => {
           const notFound = yield* call("/v1/credits/withdrawals/wd_nope")
           assert.strictEqual(notFound.status, 404)
         })
+    )
+
+    it.effect("after deposits and withdrawals the ledger still reconciles with the chain", () =>
+      Effect.gen(function* () {
+        const reconciliation = yield* Reconciliation
+        const result = yield* reconciliation.runOnce
+        assert.deepStrictEqual(result.discrepancies, [])
+        assert.strictEqual(result.status, "ok")
+      })
     )
   })
 })
