@@ -20,7 +20,7 @@ import { epochOf } from "../ledger/Epochs.ts"
 import { Ledger } from "../ledger/Ledger.ts"
 import type { ReceiptBody } from "../ledger/Receipt.ts"
 import { type AuctionCleared, isRoutingProfile, rivalCounterfactuals, runAuction } from "../market/Auction.ts"
-import type { ModelClass } from "../market/Catalog.ts"
+import { imageStandardClass } from "../market/Catalog.ts"
 import { Latency } from "../market/Latency.ts"
 import { ModelCatalog } from "../market/ModelCatalog.ts"
 import { Providers } from "../market/Providers.ts"
@@ -51,15 +51,7 @@ export const IMAGE_CLASS_PREFIX = "image-"
 export const isImageClass = (id: string) => id.startsWith(IMAGE_CLASS_PREFIX)
 
 /** The default image class, as the catalog lists it. */
-export const imageStandardClass: ModelClass = {
-  id: "image-standard",
-  quality: 0.7,
-  capabilities: { tools: false, reasoning: false, vision: false, json: false },
-  max_context: 2,
-  reserve: { price_in: 0, price_out: 50_000_000_000 },
-  description:
-    "Text-to-image, one image per request; price_in per 1,000,000 prompts, price_out per 1,000,000 images."
-}
+export { imageStandardClass }
 
 export const IMAGE_PRICE_UNIT =
   "base units (6 decimals) per 1,000,000 prompts (price_in) and per 1,000,000 images (price_out)"

@@ -50,6 +50,22 @@ const all: Capabilities = { tools: true, reasoning: true, vision: true, json: tr
  * The default classes. Reserves sit above the simulated fleet's typical asks (about 60-90% of the reserve)
  * so the reserve only binds when competition is thin.
  */
+/**
+ * Text-to-image, one image per request. Image classes price per unit, not per token: `price_in`
+ * per 1,000,000 prompts and `price_out` per 1,000,000 images, so the one billing function
+ * charges a request as one prompt in and one image out. A `max_context` of 2 keeps image quotes
+ * out of every chat auction (a chat request is never under 8 tokens).
+ */
+export const imageStandardClass: ModelClass = {
+  id: "image-standard",
+  quality: 0.7,
+  capabilities: { tools: false, reasoning: false, vision: false, json: false },
+  max_context: 2,
+  reserve: { price_in: 0, price_out: 50_000_000_000 },
+  description:
+    "Text-to-image, one image per request; price_in per 1,000,000 prompts, price_out per 1,000,000 images."
+}
+
 export const defaultCatalog: Catalog = [
   {
     id: "chat-large",
@@ -90,7 +106,8 @@ export const defaultCatalog: Catalog = [
     max_context: 128_000,
     reserve: { price_in: 1_500_000, price_out: 6_000_000 },
     description: "Mid-size model whose providers ground answers in web search and return sources."
-  }
+  },
+  imageStandardClass
 ]
 
 /**

@@ -28,6 +28,7 @@ describe("the market with the simulated fleet", () => {
           "chat-medium",
           "chat-small",
           "grounded-medium",
+          "image-standard",
           "reasoning-large"
         ])
         for (const c of book.classes) assert.isAbove(c.depth, 0, c.model_class)
