@@ -15,6 +15,7 @@ import { InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-tr
 import { ExactEvmScheme } from "@x402/evm/exact/client"
 import { wrapFetchWithPayment, x402Client, x402HTTPClient } from "@x402/fetch"
 import { Effect, Layer, ManagedRuntime, Redacted } from "effect"
+import { SqlClient } from "effect/sql"
 import { privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../src/chain/Chain.ts"
 import { DatabaseLive } from "../src/db/Database.ts"
@@ -23,6 +24,7 @@ import { type ProviderConfig, simulationAccount } from "../src/devnet/fleet/Flee
 import * as ProviderServer from "../src/devnet/fleet/ProviderServer.ts"
 import { freshQuote } from "../src/devnet/fleet/Quotes.ts"
 import { HttpServerLive } from "../src/http/Server.ts"
+import { hashSecret } from "../src/payment/Keys.ts"
 import { ServicesLive } from "../src/Router.ts"
 import { RouterConfig } from "../src/RouterConfig.ts"
 import { tracingWith } from "../src/Telemetry.ts"
@@ -176,8 +178,28 @@ const main = async () => {
       })
       await firstContentMs(payingFetch, `${router}/v1/chat/completions`, body(i))
     }
+    // A funded key: the same paid path without x402 verification (no signature, no chain reads).
+    const creditKey = `svc_ck_bench_${Date.now()}`
+    await runtime.runPromise(
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        const wallet = "0x00000000000000000000000000000000000be4c4"
+        yield* sql`INSERT INTO wallets (wallet, invited) VALUES (${wallet}, true) ON CONFLICT DO NOTHING`
+        yield* sql`INSERT INTO wallet_balances (wallet, available) VALUES (${wallet}, 1000000000000)
+                   ON CONFLICT (wallet) DO UPDATE SET available = 1000000000000`
+        yield* sql`INSERT INTO api_keys (key_id, wallet, label, kind, key_hash, budget)
+                   VALUES ('key_bench', ${wallet}, 'bench', 'credit', ${hashSecret(creditKey)}, 1000000000000)`
+      })
+    )
+    for (let i = 0; i < 5; i++) {
+      await firstContentMs(fetch, `${router}/v1/chat/completions`, body(4000 + i), {
+        "x-credit-key": creditKey
+      })
+    }
+
     spans.reset()
     const direct: Array<number> = []
+    const keyed: Array<number> = []
     const routed: Array<number> = []
     const withQuote: Array<number> = []
     for (let i = 0; i < ROUNDS; i++) {
@@ -185,6 +207,11 @@ const main = async () => {
       const headers = await signedFor(body(2000 + i))
       routed.push(await firstContentMs(fetch, `${router}/v1/chat/completions`, body(2000 + i), headers))
       withQuote.push(await firstContentMs(payingFetch, `${router}/v1/chat/completions`, body(3000 + i)))
+      keyed.push(
+        await firstContentMs(fetch, `${router}/v1/chat/completions`, body(5000 + i), {
+          "x-credit-key": creditKey
+        })
+      )
     }
     clearInterval(refresher)
     const overhead = routed.map((r, i) => r - direct[i]!)
@@ -197,6 +224,9 @@ const main = async () => {
         "    (auction, EIP-712 verification, nonce and balance reads, reservation, capacity lease, relay)",
         `  incl. the 402 round trip     ${summary(withQuote)}`,
         "    (what @x402/fetch sees: an unpaid call answered 402, signing, then the paid call)",
+        `  through the router, funded key ${summary(keyed)}`,
+        `  router overhead, funded key  ${summary(keyed.map((k, i) => k - direct[i]!))}`,
+        "    (the same path without x402 verification: auction, one-statement reservation, lease, relay)",
         `  rss ${(process.memoryUsage().rss / 1024 / 1024).toFixed(0)} MiB`,
         "  where a paid call's time goes (mean span duration, ms):",
         ...spanTable(spans)

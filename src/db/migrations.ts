@@ -296,5 +296,30 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
         CHECK (spent <= budget)
       )
     `
+  }),
+  "0007_capacity_function": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // One round trip on the first-byte path. A VOLATILE plpgsql function takes a fresh snapshot
+    // per statement (READ COMMITTED), so the count below sees every lease committed before the
+    // advisory lock was granted: the signed ceiling holds across any number of instances.
+    yield* sql`
+      CREATE FUNCTION acquire_capacity(p_provider TEXT, p_class TEXT, p_capacity INTEGER, p_lease TEXT,
+                                       p_ttl INTERVAL) RETURNS BOOLEAN
+      LANGUAGE plpgsql VOLATILE AS $$
+      DECLARE
+        in_use INTEGER;
+      BEGIN
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_provider || '|' || p_class, 7402));
+        SELECT count(*) INTO in_use FROM capacity_leases
+        WHERE provider_id = p_provider AND model_class = p_class AND expires_at > now();
+        IF in_use >= p_capacity THEN
+          RETURN false;
+        END IF;
+        INSERT INTO capacity_leases (lease_id, provider_id, model_class, expires_at)
+        VALUES (p_lease, p_provider, p_class, now() + p_ttl);
+        RETURN true;
+      END
+      $$
+    `
   })
 }

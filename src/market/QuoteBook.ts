@@ -170,30 +170,11 @@ export class QuoteBook extends Context.Service<
       const acquireSlot = Effect.fn("QuoteBook.acquireSlot")(function* (quote: SignedQuote) {
         const key = slotKey(quote.provider_id, quote.model_class)
         const leaseId = crypto.randomUUID()
-        const granted = yield* sql
-          .withTransaction(
-            Effect.gen(function* () {
-              yield* sql`
-                INSERT INTO capacity_gates (provider_id, model_class) VALUES (${quote.provider_id}, ${quote.model_class})
-                ON CONFLICT DO NOTHING
-              `
-              yield* sql`
-                SELECT 1 FROM capacity_gates
-                WHERE provider_id = ${quote.provider_id} AND model_class = ${quote.model_class} FOR UPDATE
-              `
-              const rows = yield* sql<{ n: number }>`
-                SELECT count(*)::int AS n FROM capacity_leases
-                WHERE provider_id = ${quote.provider_id} AND model_class = ${quote.model_class} AND expires_at > now()
-              `
-              if ((rows[0]?.n ?? 0) >= quote.capacity_rps) return false
-              yield* sql`
-                INSERT INTO capacity_leases (lease_id, provider_id, model_class, expires_at)
-                VALUES (${leaseId}, ${quote.provider_id}, ${quote.model_class}, now() + ${LEASE_TTL}::interval)
-              `
-              return true
-            })
-          )
-          .pipe(Effect.orDie)
+        const rows = yield* sql<{ granted: boolean }>`
+          SELECT acquire_capacity(${quote.provider_id}, ${quote.model_class}, ${quote.capacity_rps}, ${leaseId},
+                                  ${LEASE_TTL}::interval) AS granted
+        `.pipe(Effect.orDie)
+        const granted = rows[0]?.granted === true
         if (!granted) {
           return yield* new ServiceUnavailable({
             code: "capacity_exhausted",

@@ -171,7 +171,7 @@ export class PaymentVerifier extends Context.Service<
             chain.balanceOf(from).pipe(Effect.catch(unavailable))
           ],
           { concurrency: "unbounded" }
-        ).pipe(Effect.forkChild)
+        ).pipe(Effect.forkChild({ startImmediately: true }))
         const recovered =
           isCanonicalSignature(signature) &&
           (yield* Effect.tryPromise(() =>
