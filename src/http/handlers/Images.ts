@@ -6,6 +6,7 @@ import { auctionSvc, paidHeaders } from "../../inference/ChatEncoding.ts"
 import { IMAGE_PRICE_UNIT, Images } from "../../inference/Images.ts"
 import { RouterConfig } from "../../RouterConfig.ts"
 import { Api } from "../Api.ts"
+import { paidContextOf } from "../PaidCall.ts"
 
 export const ImagesHandlers = HttpApiBuilder.group(
   Api,
@@ -16,17 +17,14 @@ export const ImagesHandlers = HttpApiBuilder.group(
     const config = yield* RouterConfig
     return handlers.handle("generateImage", ({ payload, request }) =>
       Effect.gen(function* () {
-        const agent = {
-          role: request.headers["x-routing-agent-role"],
-          parentTask: request.headers["x-routing-parent-task"],
-          agentId: request.headers["x-routing-agent-id"]
-        }
+        const context = paidContextOf(request, "openai", `${config.publicUrl}/v1/images/generations`)
+        const agent = context.agent
         const generated = yield* images.generate(payload, {
-          paymentHeader: request.headers["payment-signature"] ?? request.headers["x-payment"],
-          creditKey: request.headers["x-credit-key"],
-          sessionToken: request.headers["x-session-token"],
+          paymentHeader: context.paymentHeader,
+          creditKey: context.creditKey,
+          sessionToken: context.sessionToken,
           idempotencyKey: request.headers["idempotency-key"],
-          resourceUrl: `${config.publicUrl}/v1/images/generations`,
+          resourceUrl: context.resourceUrl,
           agent
         })
         return HttpServerResponse.jsonUnsafe(
