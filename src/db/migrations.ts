@@ -321,5 +321,32 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
       END
       $$
     `
+  }),
+  "0008_provider_payouts": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // One transfer per provider at an epoch close: the sum of the shares it pays, to the registered signer.
+    yield* sql`
+      CREATE TABLE provider_payouts (
+        payout_id TEXT PRIMARY KEY,
+        provider_id TEXT NOT NULL,
+        to_address TEXT NOT NULL,
+        amount BIGINT NOT NULL CHECK (amount > 0),
+        status TEXT NOT NULL CHECK (status IN ('paying', 'paid', 'failed')),
+        tx_hash TEXT,
+        epoch_id BIGINT NOT NULL,
+        from_block BIGINT NOT NULL,
+        last_error TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        paid_at TIMESTAMPTZ
+      )
+    `
+    yield* sql`CREATE INDEX provider_payouts_paying ON provider_payouts (provider_id) WHERE status = 'paying'`
+    // The payout that pays a request's provider share; a share is claimed once (NULL: still accruing).
+    yield* sql`ALTER TABLE requests ADD COLUMN payout_id TEXT REFERENCES provider_payouts (payout_id)`
+    yield* sql`CREATE INDEX requests_payout ON requests (payout_id) WHERE payout_id IS NOT NULL`
+    yield* sql`
+      CREATE INDEX requests_share_unpaid ON requests (provider_id)
+      WHERE status = 'captured' AND payout_id IS NULL AND dialect <> 'deposit'
+    `
   })
 }

@@ -114,6 +114,9 @@ export type CompletionError =
 /** Vendor-native hosted tools the router will not run (computer use, hosted browsing, ...). */
 const isHostedTool = (tool: { readonly type: string }) => tool.type !== "function"
 
+/** The longest any request is served (then it ends as `partial`, delivered tokens charged). */
+export const SERVE_DEADLINE = "15 minutes"
+
 /** A fallback provider serves only if its own ask fits inside what the caller already authorized. */
 const MAX_ATTEMPTS = 2
 
@@ -625,8 +628,19 @@ export class Completions extends Context.Service<
           }
         })
 
-        // Only serving is interruptible (a stop, a hang-up, shutdown); settling is not.
-        return Effect.interruptible(run).pipe(
+        // Only serving is interruptible (a stop, a hang-up, shutdown); settling is not. No request
+        // serves longer than the deadline, which is what lets the reaper and the epoch close reason
+        // about requests of other instances (docs/decisions.md D42).
+        const bounded = run.pipe(
+          Effect.timeoutOrElse({
+            duration: SERVE_DEADLINE,
+            orElse: () => {
+              meter.error = { code: "serve_deadline", message: "the request reached the serving deadline" }
+              return Effect.fail(new UpstreamFailed(meter.error))
+            }
+          })
+        )
+        return Effect.interruptible(bounded).pipe(
           Effect.onExit((exit) => finish(input, meter, exit)),
           Effect.catchCause(() => Effect.void),
           Effect.withSpan("Completions.serve", { attributes: { request_id: input.requestId } })
@@ -650,7 +664,20 @@ export class Completions extends Context.Service<
       ) =>
         Effect.gen(function* () {
           const { auction } = input
-          const reported = meter.usage
+          // Provider-reported counts are trusted only when they are sane: non-negative safe
+          // integers, and never more output than the caller allowed.
+          const sane = (n: number | undefined, max = Number.MAX_SAFE_INTEGER) =>
+            n !== undefined && Number.isSafeInteger(n) && n >= 0 ? Math.min(n, max) : undefined
+          const raw = meter.usage
+          const reported =
+            raw === undefined
+              ? undefined
+              : {
+                  inputTokens: sane(raw.inputTokens),
+                  outputTokens: sane(raw.outputTokens, maxTokensOf(input.request)),
+                  reasoningTokens: sane(raw.reasoningTokens, maxTokensOf(input.request)),
+                  cachedInputTokens: sane(raw.cachedInputTokens)
+                }
           const reasoningText = meter.reasoning.join("")
           const reasoningEstimate = reasoningText.length > 0 ? countTextTokens(reasoningText) : 0
           const usage: MeteredUsage = {

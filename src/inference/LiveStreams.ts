@@ -11,7 +11,8 @@ import { type Cause, Clock, Context, Deferred, Effect, Fiber, Layer, Queue, Sche
  */
 const GRACE = "500 millis"
 const RETENTION_MS = 10 * 60 * 1000
-const MAX_EVENTS = 100_000
+/** Above the largest reply (`max_tokens` ≤ 131,072, about one event per token) with room to spare. */
+const MAX_EVENTS = 300_000
 
 export interface Indexed<E> {
   readonly index: number
@@ -72,9 +73,10 @@ export class LiveStreams extends Context.Service<
           streams.set(id, stream as LiveStream<unknown>)
           const emit = (event: E) =>
             Effect.sync(() => {
-              if (stream.events.length >= MAX_EVENTS) return
+              // Past the buffer's bound the event still reaches every live reader (what is metered
+              // is delivered); only a later reconnect would miss it.
               const indexed = { index: stream.events.length, event }
-              stream.events.push(event)
+              if (stream.events.length < MAX_EVENTS) stream.events.push(event)
               for (const reader of stream.readers) Queue.offerUnsafe(reader, indexed)
             })
           stream.fiber = yield* work(emit).pipe(

@@ -7,9 +7,13 @@ import { fromViemError } from "../chain/ChainError.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { Ledger } from "./Ledger.ts"
 import { buildTree, compareRequestIds, type MerkleTree, proofOf, receiptLeaf } from "./Merkle.ts"
+import { makeProviderPayouts } from "./Payouts.ts"
 import { ReceiptBody } from "./Receipt.ts"
 
-/** Refunds below this (base units) are credited to the payer's balance instead of broadcast. */
+/**
+ * Refunds below this (base units) are credited to the payer's balance instead of broadcast; provider
+ * shares below it accrue to a later close.
+ */
 export class PayoutConfig extends Context.Service<PayoutConfig, { readonly payoutFloor: number }>()(
   "router/ledger/PayoutConfig"
 ) {
@@ -92,6 +96,8 @@ export interface Inclusion {
 export interface CloseReport {
   /** Refund rows settled (paid or credited) in this pass. */
   readonly refunds: number
+  /** Provider payouts that became `paid` in this pass. */
+  readonly payouts: number
   /** Epochs whose root was anchored and recorded in this pass. */
   readonly closed: ReadonlyArray<number>
 }
@@ -101,8 +107,10 @@ export interface CloseReport {
  * 1. refunds: the overage of every captured request whose payment landed is refunded once its epoch
  *    has ended, batched per payer in one transfer from the treasury, or credited to the payer's balance
  *    below the payout floor; a broadcast recorded before a crash is confirmed, never re-sent;
- * 2. receipts left behind by a crash between a settlement and its receipt update are re-finalized;
- * 3. an epoch that has ended, has no request still in flight and whose receipts are all final (payment
+ * 2. provider payouts: each provider's final, unpaid shares of ended epochs in one transfer from the
+ *    treasury to its registered signer once they reach the payout floor (src/ledger/Payouts.ts);
+ * 3. receipts left behind by a crash between a settlement and its receipt update are re-finalized;
+ * 4. an epoch that has ended, has no request still in flight and whose receipts are all final (payment
  *    landed, none or failed; refunds settled) gets its Merkle root recorded (`closing`), then anchored
  *    on chain and recorded `closed` with the anchor transaction. A `closing` epoch is resumed: an anchor
  *    already on chain is adopted (never sent twice), a recorded transaction is awaited.
@@ -112,7 +120,7 @@ export class Epochs extends Context.Service<
   Epochs,
   {
     readonly currentEpoch: Effect.Effect<number>
-    /** One pass: refunds, then the close of every ready epoch. Empty when another instance holds the lock. */
+    /** One pass: refunds, payouts, then the close of every ready epoch. Empty when another instance holds the lock. */
     readonly closeEnded: Effect.Effect<CloseReport>
     /** The inclusion proof of a receipt once its epoch is anchored. */
     readonly inclusion: (requestId: string) => Effect.Effect<Inclusion | undefined>
@@ -124,6 +132,7 @@ export class Epochs extends Context.Service<
     const ledger = yield* Ledger
     const { epochSeconds } = yield* RouterConfig
     const { payoutFloor } = yield* PayoutConfig
+    const payouts = yield* makeProviderPayouts({ payoutFloor })
     const epochMs = epochSeconds * 1000
     // Room for a request whose clock was read just before the boundary to insert its reservation.
     const graceMs = Math.min(30_000, epochMs / 2)
@@ -243,7 +252,7 @@ export class Epochs extends Context.Service<
       Effect.withSpan("Epochs.settleRefunds")
     )
 
-    // ---- 2. receipts a crash left behind ----
+    // ---- 3. receipts a crash left behind (2. provider payouts: Payouts.ts) ----
 
     const repairReceipts = (epoch: string) =>
       Effect.gen(function* () {
@@ -279,7 +288,7 @@ export class Epochs extends Context.Service<
         }
       })
 
-    // ---- 3. roots and anchors ----
+    // ---- 4. roots and anchors ----
 
     const isReady = (epoch: string, boundarySeconds: number) =>
       sql<{ open: number }>`
@@ -475,11 +484,12 @@ export class Epochs extends Context.Service<
 
     const closeEnded = Effect.gen(function* () {
       const refunds = yield* settleRefunds
+      const paid = yield* payouts.settle
       const closed = yield* closeEpochs
-      return { refunds, closed } satisfies CloseReport
+      return { refunds, payouts: paid, closed } satisfies CloseReport
     }).pipe(
       withAdvisoryLock(EPOCH_CLOSE_LOCK),
-      Effect.map(Option.getOrElse((): CloseReport => ({ refunds: 0, closed: [] }))),
+      Effect.map(Option.getOrElse((): CloseReport => ({ refunds: 0, payouts: 0, closed: [] }))),
       Effect.provideService(SqlClient.SqlClient, sql),
       Effect.withSpan("Epochs.closeEnded")
     )

@@ -49,7 +49,9 @@ export class Reaper extends Context.Service<Reaper, { readonly runOnce: Effect.E
     const ledger = yield* Ledger
     const live = yield* LiveStreams
     const { epochSeconds } = yield* RouterConfig
-    const afterSeconds = yield* Config.Int("REAP_AFTER_SECONDS").pipe(Config.withDefault(3600))
+    // Past the serving deadline (15 min) no instance can still be serving it; before the epoch
+    // close's 30-minute dead-request rule, so a released receipt lands before its epoch closes.
+    const afterSeconds = yield* Config.Int("REAP_AFTER_SECONDS").pipe(Config.withDefault(1200))
 
     const release = (row: Stale) => {
       const receipt: ReceiptBody = {

@@ -22,6 +22,9 @@ export type DiscrepancyKind =
   | "refund_tx_missing"
   | "refund_transfer_mismatch"
   | "refund_ledger_mismatch"
+  | "payout_tx_missing"
+  | "payout_transfer_mismatch"
+  | "payout_ledger_mismatch"
   | "fee_split_mismatch"
   | "treasury_mismatch"
   | "epoch_root_mismatch"
@@ -35,6 +38,7 @@ export interface Discrepancy {
   readonly request_id?: string | undefined
   readonly request_ids?: ReadonlyArray<string> | undefined
   readonly tx?: string | undefined
+  readonly payout_id?: string | undefined
   readonly epoch_id?: number | undefined
   /** What the book of record says (base units or hash). */
   readonly expected?: string | undefined
@@ -114,7 +118,11 @@ const splitDiscrepancies = (row: Split, base: { request_id: string; tx: string |
  *   exactly its value, a `settled` ledger row of that value, and capture + refund due equal to it;
  * - every `paid` refund batch has, in its transaction, a Transfer treasury (or the router signer, D16)
  *   → payer of the batch total, and `refund_paid` rows summing to it;
- * - the treasury's net movement in those transactions equals settled minus refunds paid in the ledger;
+ * - every `paid` provider payout has, in its transaction, a Transfer treasury (or the router signer)
+ *   → the provider's signer of exactly its amount, one `provider_paid` row of that amount, and the
+ *   provider shares of the requests it pays summing to it;
+ * - the treasury's net movement in those transactions equals settled minus refunds and payouts paid in
+ *   the ledger;
  * - for every captured request, router fee + provider share = capture = the charge, fee = 7%;
  * - every closed epoch's root is the one on chain, and every receipt of a closed epoch is in it.
  * Each run is a `reconciliation_runs` row: `running`, then `ok` or `failed` with the first discrepancies.
@@ -156,7 +164,7 @@ export class Reconciliation extends Context.Service<
       })
 
     const sum = (values: ReadonlyArray<bigint>) => values.reduce((a, b) => a + b, 0n)
-    const refundSenders = [chain.treasury, chain.routerSigner]
+    const treasurySenders = [chain.treasury, chain.routerSigner]
 
     const checkSettlements = Effect.gen(function* () {
       const out: Array<Discrepancy> = []
@@ -271,7 +279,7 @@ export class Reconciliation extends Context.Service<
           out.push({ ...base, kind: "refund_tx_missing", detail: `the transaction is ${tx.status} on chain` })
           continue
         }
-        const outflow = tx.transfers.filter((t) => refundSenders.some((s) => isAddressEqual(t.from, s)))
+        const outflow = tx.transfers.filter((t) => treasurySenders.some((s) => isAddressEqual(t.from, s)))
         chainOut += sum(outflow.map((t) => t.value))
         const sent = sum(outflow.filter((t) => isAddressEqual(t.to, row.payer)).map((t) => t.value))
         if (sent.toString() !== row.total) {
@@ -287,14 +295,89 @@ export class Reconciliation extends Context.Service<
       return { discrepancies: out, chainOut }
     })
 
+    const checkPayouts = Effect.gen(function* () {
+      const out: Array<Discrepancy> = []
+      const rows = yield* sql<{
+        payout_id: string
+        provider_id: string
+        to_address: Address
+        amount: string
+        tx_hash: string | null
+        booked: string
+        shares: string
+      }>`
+        SELECT p.payout_id, p.provider_id, p.to_address, p.amount::text AS amount, p.tx_hash,
+          coalesce((SELECT sum(l.amount) FROM ledger_entries l
+                    WHERE l.kind = 'provider_paid' AND l.ref = p.tx_hash
+                      AND l.account = 'provider:' || p.provider_id), 0)::text AS booked,
+          coalesce((SELECT sum(l.amount) FROM requests q
+                    JOIN ledger_entries l ON l.request_id = q.request_id AND l.kind = 'provider_share'
+                    WHERE q.payout_id = p.payout_id), 0)::text AS shares
+        FROM provider_payouts p WHERE p.status = 'paid' ORDER BY p.paid_at, p.payout_id
+      `.pipe(Effect.orDie)
+      let chainOut = 0n
+      for (const row of rows) {
+        const base = { payout_id: row.payout_id, tx: row.tx_hash ?? undefined }
+        const provider = `provider ${row.provider_id}`
+        if (row.booked !== row.amount) {
+          out.push({
+            ...base,
+            kind: "payout_ledger_mismatch",
+            expected: row.amount,
+            actual: row.booked,
+            detail: `${provider}: the provider_paid ledger row does not match the payout`
+          })
+        }
+        if (row.shares !== row.amount) {
+          out.push({
+            ...base,
+            kind: "payout_ledger_mismatch",
+            expected: row.amount,
+            actual: row.shares,
+            detail: `${provider}: the shares of the requests the payout pays do not add up to it`
+          })
+        }
+        if (!isTxHash(row.tx_hash)) {
+          out.push({
+            ...base,
+            kind: "payout_tx_missing",
+            detail: `${provider}: a paid payout without a transaction`
+          })
+          continue
+        }
+        const tx = yield* transfersOf(row.tx_hash)
+        if (tx.status !== "success") {
+          out.push({
+            ...base,
+            kind: "payout_tx_missing",
+            detail: `${provider}: the transaction is ${tx.status} on chain`
+          })
+          continue
+        }
+        const outflow = tx.transfers.filter((t) => treasurySenders.some((s) => isAddressEqual(t.from, s)))
+        chainOut += sum(outflow.map((t) => t.value))
+        const sent = sum(outflow.filter((t) => isAddressEqual(t.to, row.to_address)).map((t) => t.value))
+        if (sent.toString() !== row.amount) {
+          out.push({
+            ...base,
+            kind: "payout_transfer_mismatch",
+            expected: row.amount,
+            actual: sent.toString(),
+            detail: `${provider}: the on-chain transfer to its signer differs from the payout`
+          })
+        }
+      }
+      return { discrepancies: out, chainOut }
+    })
+
     const checkTreasury = (chainIn: bigint, chainOut: bigint) =>
       Effect.gen(function* () {
-        const rows = yield* sql<{ settled: string; refunded: string }>`
+        const rows = yield* sql<{ settled: string; paid_out: string }>`
           SELECT coalesce(sum(amount) FILTER (WHERE kind = 'settled'), 0)::text AS settled,
-                 coalesce(sum(amount) FILTER (WHERE kind = 'refund_paid'), 0)::text AS refunded
-          FROM ledger_entries WHERE kind IN ('settled', 'refund_paid')
+                 coalesce(sum(amount) FILTER (WHERE kind IN ('refund_paid', 'provider_paid')), 0)::text AS paid_out
+          FROM ledger_entries WHERE kind IN ('settled', 'refund_paid', 'provider_paid')
         `.pipe(Effect.orDie)
-        const ledgerNet = BigInt(rows[0]!.settled) - BigInt(rows[0]!.refunded)
+        const ledgerNet = BigInt(rows[0]!.settled) - BigInt(rows[0]!.paid_out)
         const chainNet = chainIn - chainOut
         return ledgerNet === chainNet
           ? []
@@ -304,7 +387,7 @@ export class Reconciliation extends Context.Service<
                 expected: ledgerNet.toString(),
                 actual: chainNet.toString(),
                 detail:
-                  "settled minus refunds paid in the ledger differs from the treasury's net movement on chain"
+                  "settled minus refunds and payouts paid in the ledger differs from the treasury's net movement on chain"
               } satisfies Discrepancy
             ]
       })
@@ -387,10 +470,18 @@ export class Reconciliation extends Context.Service<
       yield* sql`SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY`
       const settlements = yield* checkSettlements
       const refunds = yield* checkRefunds
-      const treasury = yield* checkTreasury(settlements.chainIn, refunds.chainOut)
+      const payouts = yield* checkPayouts
+      const treasury = yield* checkTreasury(settlements.chainIn, refunds.chainOut + payouts.chainOut)
       const fees = yield* checkFees
       const epochs = yield* checkEpochs
-      return [...settlements.discrepancies, ...refunds.discrepancies, ...treasury, ...fees, ...epochs]
+      return [
+        ...settlements.discrepancies,
+        ...refunds.discrepancies,
+        ...payouts.discrepancies,
+        ...treasury,
+        ...fees,
+        ...epochs
+      ]
     }).pipe(
       Effect.catchTag("ChainError", (e) =>
         Effect.succeed<Array<Discrepancy>>([

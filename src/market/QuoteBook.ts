@@ -10,8 +10,11 @@ import { Providers } from "./Providers.ts"
 /** Spec 8: a quote's TTL is at most 30 s; payment and quote checks allow 5 s of clock skew. */
 export const MAX_QUOTE_TTL_S = 30
 export const CLOCK_SKEW_S = 5
-/** A capacity lease outlives its request only if an instance dies mid-request. */
-const LEASE_TTL = "10 minutes"
+/**
+ * A capacity lease outlives its request only if an instance dies mid-request; it is longer than
+ * the serving deadline (15 minutes) so a live request never loses its slot.
+ */
+const LEASE_TTL = "20 minutes"
 
 export type QuoteRejection = InvalidRequest | Unauthorized | Forbidden | Conflict
 

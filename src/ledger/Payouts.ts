@@ -1,0 +1,248 @@
+import { randomBytes } from "node:crypto"
+import { Clock, Effect, Schema } from "effect"
+import { SqlClient } from "effect/sql"
+import { getAddress, type Hash, type Hex, isAddressEqual } from "viem"
+import { Chain, type ChainError } from "../chain/Chain.ts"
+import { RouterConfig } from "../RouterConfig.ts"
+
+const LOG_PAGE = 10_000n
+
+const Accrued = Schema.Struct({
+  provider_id: Schema.String,
+  signer: Schema.NullOr(Schema.String),
+  total: Schema.String,
+  request_ids: Schema.Array(Schema.String)
+})
+const decodeAccrued = Schema.decodeUnknownEffect(Schema.Array(Accrued))
+
+interface Payout {
+  readonly payout_id: string
+  readonly provider_id: string
+  readonly to_address: string
+  readonly amount: string
+  readonly tx_hash: string | null
+  readonly from_block: string
+  /** Claimed long enough ago that a broadcast whose hash was never recorded would have been mined. */
+  readonly stale: boolean
+}
+
+export interface ProviderPayouts {
+  /**
+   * One pass, under the epoch-close lock: resumes payouts left `paying`, then pays every provider whose
+   * final, unpaid shares reach the payout floor. Returns the number of payouts that became `paid`.
+   */
+  readonly settle: Effect.Effect<number>
+}
+
+/**
+ * Provider payouts at epoch close (docs/decisions.md D56, docs/protocol.md 3). A provider's share of a
+ * request is payable once the request's epoch has ended and its payment is final: the x402 authorization
+ * `landed`, a funded key's capture, or a session turn whose session funding is a key or a landed
+ * authorization. Payable shares at or above the floor are claimed (`requests.payout_id`, so none is paid
+ * twice) into one `provider_payouts` row per provider, sent in one transfer from the treasury to the
+ * provider's registered signer; below the floor they accrue. The claim is recorded before the broadcast
+ * and the hash before the receipt is awaited; a resumed payout awaits its hash, or adopts its transfer
+ * from the token's logs when a crash lost the hash, or goes back to accruing when no transfer appeared.
+ */
+export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const chain = yield* Chain
+    const { epochSeconds } = yield* RouterConfig
+    const senders = [chain.treasury, chain.routerSigner]
+
+    const markPaid = (payout: Payout, hash: Hash) =>
+      sql
+        .withTransaction(
+          Effect.gen(function* () {
+            const paid = yield* sql`
+              UPDATE provider_payouts SET status = 'paid', tx_hash = ${hash}, paid_at = now()
+              WHERE payout_id = ${payout.payout_id} AND status = 'paying' RETURNING payout_id`
+            if (paid.length === 0) return false
+            yield* sql`INSERT INTO ledger_entries (account, kind, amount, ref)
+                       VALUES (${`provider:${payout.provider_id}`}, 'provider_paid', ${payout.amount}, ${hash})`
+            return true
+          })
+        )
+        .pipe(
+          Effect.orDie,
+          Effect.tap((paid) =>
+            paid
+              ? Effect.annotateCurrentSpan({ provider_id: payout.provider_id, amount: payout.amount })
+              : Effect.void
+          )
+        )
+
+    /** Nothing was paid: the payout is `failed` and its shares accrue again. */
+    const release = (payout: Payout, reason: string) =>
+      sql
+        .withTransaction(
+          Effect.gen(function* () {
+            const failed = yield* sql`
+              UPDATE provider_payouts SET status = 'failed', last_error = ${reason}
+              WHERE payout_id = ${payout.payout_id} AND status = 'paying' RETURNING payout_id`
+            if (failed.length > 0) {
+              yield* sql`UPDATE requests SET payout_id = NULL WHERE payout_id = ${payout.payout_id}`
+            }
+          })
+        )
+        .pipe(
+          Effect.orDie,
+          Effect.andThen(
+            Effect.logWarning("provider payout not paid; its shares accrue again", {
+              payout_id: payout.payout_id,
+              provider_id: payout.provider_id,
+              reason
+            })
+          )
+        )
+
+    /** The transfer of a payout whose hash a crash lost, found in the blocks mined after its claim. */
+    const findTransfer = (payout: Payout) =>
+      Effect.gen(function* () {
+        const latest = yield* chain.blockNumber()
+        const to = getAddress(payout.to_address)
+        for (let start = BigInt(payout.from_block); start <= latest; start += LOG_PAGE) {
+          const end = start + LOG_PAGE - 1n < latest ? start + LOG_PAGE - 1n : latest
+          const logs = yield* chain.readTransferLogs({ fromBlock: start, toBlock: end, to })
+          const hit = logs.find(
+            (log) =>
+              log.value === BigInt(payout.amount) &&
+              senders.some((sender) => isAddressEqual(sender, log.from))
+          )
+          if (hit !== undefined) return hit.txHash
+        }
+        return undefined
+      })
+
+    const resumeOne = (payout: Payout): Effect.Effect<boolean, ChainError> =>
+      Effect.gen(function* () {
+        if (payout.tx_hash !== null) {
+          yield* release(payout, "mutant")
+          return false
+          const outcome = yield* chain.waitForReceipt(payout.tx_hash as Hex)
+          if (outcome.status === "success") return yield* markPaid(payout, payout.tx_hash as Hash)
+          yield* release(payout, "the payout transaction reverted")
+          return false
+        }
+        const found = yield* findTransfer(payout)
+        if (found !== undefined) return yield* markPaid(payout, found)
+        if (payout.stale) yield* release(payout, "no transfer on chain 10 minutes after the claim")
+        return false
+      }).pipe(Effect.withSpan("Payouts.resume", { attributes: { payout_id: payout.payout_id } }))
+
+    const claim = (provider: typeof Accrued.Type, signer: string, epochId: number) =>
+      Effect.gen(function* () {
+        // The payout's transfer cannot be in a block mined before the claim: where to look after a crash.
+        const fromBlock = (yield* chain.blockNumber()) + 1n
+        const payout: Payout = {
+          payout_id: `po_${randomBytes(12).toString("hex")}`,
+          provider_id: provider.provider_id,
+          to_address: getAddress(signer),
+          amount: provider.total,
+          tx_hash: null,
+          from_block: fromBlock.toString(),
+          stale: false
+        }
+        yield* sql
+          .withTransaction(
+            Effect.gen(function* () {
+              yield* sql`
+                INSERT INTO provider_payouts (payout_id, provider_id, to_address, amount, status, epoch_id, from_block)
+                VALUES (${payout.payout_id}, ${payout.provider_id}, ${payout.to_address}, ${payout.amount},
+                        'paying', ${epochId}, ${payout.from_block})`
+              const linked = yield* sql`
+                UPDATE requests SET payout_id = ${payout.payout_id}
+                WHERE request_id IN ${sql.in(provider.request_ids)} AND payout_id IS NULL RETURNING request_id`
+              if (linked.length !== provider.request_ids.length) {
+                return yield* Effect.die(
+                  new Error(`shares of ${payout.provider_id} were claimed concurrently`)
+                )
+              }
+            })
+          )
+          .pipe(Effect.orDie)
+        return payout
+      })
+
+    const pay = (provider: typeof Accrued.Type, signer: string, epochId: number) =>
+      Effect.gen(function* () {
+        const payout = yield* claim(provider, signer, epochId)
+        const hash = yield* chain
+          .transferFromTreasury(getAddress(payout.to_address), BigInt(payout.amount))
+          .pipe(
+            // A refused estimate never broadcast; any other error might have, and is resolved on resume.
+            Effect.catchTag("ChainError", (e) =>
+              e.reason === "Reverted" ? Effect.as(release(payout, e.message), undefined) : Effect.fail(e)
+            )
+          )
+        if (hash === undefined) return false
+        yield* sql`UPDATE provider_payouts SET tx_hash = ${hash} WHERE payout_id = ${payout.payout_id}`.pipe(
+          Effect.orDie
+        )
+        const outcome = yield* chain.waitForReceipt(hash)
+        if (outcome.status === "success") return yield* markPaid(payout, hash)
+        yield* release(payout, "the payout transaction reverted")
+        return false
+      }).pipe(Effect.withSpan("Payouts.pay", { attributes: { provider_id: provider.provider_id } }))
+
+    const attempt = (work: Effect.Effect<boolean, ChainError>, providerId: string) =>
+      work.pipe(
+        Effect.catchTag("ChainError", (e) =>
+          Effect.as(
+            Effect.logWarning("provider payout failed; will resume", {
+              provider_id: providerId,
+              error: e.message
+            }),
+            false
+          )
+        )
+      )
+
+    const settle = Effect.gen(function* () {
+      const epoch = Math.floor((yield* Clock.currentTimeMillis) / (epochSeconds * 1000))
+      let paid = 0
+      const open = yield* sql<Payout>`
+        SELECT payout_id, provider_id, to_address, amount::text AS amount, tx_hash,
+               from_block::text AS from_block, created_at < now() - interval '10 minutes' AS stale
+        FROM provider_payouts WHERE status = 'paying' ORDER BY created_at
+      `.pipe(Effect.orDie)
+      for (const payout of open) if (yield* attempt(resumeOne(payout), payout.provider_id)) paid++
+
+      // One payout in flight per provider, so a transfer found in the logs can only be that payout's.
+      const accrued = yield* sql`
+        SELECT q.provider_id, p.signer, sum(l.amount)::text AS total,
+               array_agg(q.request_id ORDER BY q.request_id) AS request_ids
+        FROM requests q
+        JOIN receipts r ON r.request_id = q.request_id
+        JOIN ledger_entries l ON l.request_id = q.request_id AND l.kind = 'provider_share'
+        LEFT JOIN providers p ON p.provider_id = q.provider_id
+        LEFT JOIN x402_authorizations a ON a.request_id = q.request_id
+        LEFT JOIN sessions s ON q.payment_kind = 'session' AND s.session_id = q.session_id
+        LEFT JOIN x402_authorizations f ON s.funding_kind = 'x402' AND f.request_id = s.funding_request_id
+        WHERE q.status = 'captured' AND q.payout_id IS NULL AND q.dialect <> 'deposit'
+          AND r.epoch_id < ${epoch}
+          AND (
+            (q.payment_kind = 'x402' AND a.status = 'landed')
+            OR q.payment_kind = 'credit'
+            OR (q.payment_kind = 'session' AND (s.funding_kind = 'credit' OR f.status = 'landed'))
+          )
+          AND NOT EXISTS (SELECT 1 FROM provider_payouts o WHERE o.provider_id = q.provider_id AND o.status = 'paying')
+        GROUP BY q.provider_id, p.signer
+        HAVING sum(l.amount) >= 1
+        ORDER BY q.provider_id
+      `.pipe(Effect.flatMap(decodeAccrued), Effect.orDie)
+      for (const provider of accrued) {
+        if (provider.signer === null) {
+          yield* Effect.logWarning("provider shares accrue: no registered signer to pay", {
+            provider_id: provider.provider_id
+          })
+          continue
+        }
+        if (yield* attempt(pay(provider, provider.signer, epoch - 1), provider.provider_id)) paid++
+      }
+      return paid
+    }).pipe(Effect.withSpan("Payouts.settle"))
+
+    return { settle } satisfies ProviderPayouts
+  })

@@ -1,0 +1,505 @@
+import { assert, describe, layer } from "@effect/vitest"
+import { ConfigProvider, Deferred, Effect, Fiber, Layer } from "effect"
+import { SqlClient } from "effect/sql"
+import { type Address, createWalletClient, type Hash, http, isAddressEqual } from "viem"
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
+import { testUsdcAbi } from "../../src/chain/artifacts.ts"
+import { Chain, type ChainShape, randomAuthorizationNonce } from "../../src/chain/Chain.ts"
+import { feeSplit } from "../../src/domain/Billing.ts"
+import { Epochs, epochOf, PayoutConfig } from "../../src/ledger/Epochs.ts"
+import { Ledger, type PaymentSource } from "../../src/ledger/Ledger.ts"
+import type { ReceiptBody } from "../../src/ledger/Receipt.ts"
+import { type Discrepancy, Reconciliation } from "../../src/ledger/Reconciliation.ts"
+import { RouterConfig } from "../../src/RouterConfig.ts"
+import { TestDatabase } from "../support/Database.ts"
+import { routerWithFleet } from "../support/Router.ts"
+import { paidCompletion, receiptWhere, waitFor, waitForBook } from "./support.ts"
+
+interface PayoutRow {
+  readonly payout_id: string
+  readonly provider_id: string
+  readonly to_address: string
+  readonly amount: string
+  readonly status: string
+  readonly tx_hash: string | null
+}
+
+const payoutsOf = (providerId: string) =>
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) => sql<PayoutRow>`
+      SELECT payout_id, provider_id, to_address, amount::text AS amount, status, tx_hash
+      FROM provider_payouts WHERE provider_id = ${providerId} ORDER BY created_at`
+  ).pipe(Effect.orDie)
+
+/** Every token transfer ever received by `to`. */
+const transfersTo = (to: Address) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    return yield* chain.readTransferLogs({ fromBlock: 0n, toBlock: yield* chain.blockNumber(), to })
+  }).pipe(Effect.orDie)
+
+const kinds = (discrepancies: ReadonlyArray<Discrepancy>) => discrepancies.map((d) => d.kind)
+
+describe("provider payouts through the router: paid requests, close, the signers paid on chain", () => {
+  const floorOne = ConfigProvider.layerAdd(ConfigProvider.fromUnknown({ PAYOUT_FLOOR: "1" }), {
+    asPrimary: true
+  })
+  layer(routerWithFleet({ epochSeconds: 2 }).pipe(Layer.provide(floorOne)), {
+    excludeTestServices: true,
+    timeout: 240_000
+  })((it) => {
+    it.effect(
+      "each provider's signer receives exactly the sum of its shares; reconciliation agrees and finds a corrupted payout",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const chain = yield* Chain
+          const reconciliation = yield* Reconciliation
+          yield* waitForBook
+          const providers = yield* sql<{ provider_id: string; signer: Address }>`
+            SELECT provider_id, signer FROM providers ORDER BY provider_id`
+          const before = new Map<string, bigint>()
+          for (const p of providers) before.set(p.provider_id, yield* chain.balanceOf(p.signer))
+
+          const ids = yield* Effect.all(
+            [0, 1, 0, 1, 0, 1].map((wallet, i) => paidCompletion(wallet, `Pay my provider ${i}.`)),
+            { concurrency: "unbounded" }
+          )
+          for (const id of ids) yield* receiptWhere(id, (r) => r.inclusion !== null, 60_000)
+          yield* waitFor(
+            "every share paid out",
+            Effect.map(
+              sql<{ n: number }>`
+                SELECT count(*)::int AS n FROM requests q JOIN provider_payouts p ON p.payout_id = q.payout_id
+                WHERE q.request_id IN ${sql.in(ids)} AND p.status = 'paid'`.pipe(Effect.orDie),
+              (rows) => (rows[0]!.n === ids.length ? true : undefined)
+            ),
+            60_000
+          )
+
+          const shares = yield* sql<{ provider_id: string; share: string }>`
+            SELECT q.provider_id, sum(l.amount)::text AS share FROM requests q
+            JOIN ledger_entries l ON l.request_id = q.request_id AND l.kind = 'provider_share'
+            WHERE q.request_id IN ${sql.in(ids)} GROUP BY q.provider_id`
+          assert.isAbove(shares.length, 0)
+          for (const { provider_id, share } of shares) {
+            const signer = providers.find((p) => p.provider_id === provider_id)!.signer
+            const received = (yield* chain.balanceOf(signer)) - before.get(provider_id)!
+            assert.strictEqual(received, BigInt(share), `${provider_id} receives exactly its shares`)
+            const payouts = yield* payoutsOf(provider_id)
+            assert.isTrue(
+              payouts.every((p) => p.status === "paid" && isAddressEqual(p.to_address as Address, signer))
+            )
+            assert.strictEqual(
+              payouts.reduce((a, p) => a + BigInt(p.amount), 0n),
+              BigInt(share)
+            )
+            for (const payout of payouts) {
+              const [booked] = yield* sql<{ amount: string }>`
+                SELECT amount::text AS amount FROM ledger_entries
+                WHERE kind = 'provider_paid' AND account = ${`provider:${provider_id}`} AND ref = ${payout.tx_hash}`
+              assert.strictEqual(booked!.amount, payout.amount)
+            }
+          }
+          // Providers that served nothing were sent nothing.
+          for (const p of providers.filter((p) => !shares.some((s) => s.provider_id === p.provider_id))) {
+            assert.strictEqual(yield* chain.balanceOf(p.signer), before.get(p.provider_id))
+          }
+
+          const clean = yield* reconciliation.runOnce
+          assert.strictEqual(clean.status, "ok", JSON.stringify(clean.discrepancies))
+
+          // A payout recorded for more than the transfer that paid it.
+          const [payout] = yield* sql<PayoutRow>`
+            SELECT payout_id, provider_id, to_address, amount::text AS amount, status, tx_hash
+            FROM provider_payouts WHERE status = 'paid' ORDER BY payout_id LIMIT 1`
+          yield* sql`UPDATE provider_payouts SET amount = amount + 3 WHERE payout_id = ${payout!.payout_id}`
+          const corrupted = yield* reconciliation.runOnce
+          assert.strictEqual(corrupted.status, "failed")
+          const transfer = corrupted.discrepancies.find((d) => d.kind === "payout_transfer_mismatch")!
+          assert.strictEqual(transfer.payout_id, payout!.payout_id)
+          assert.strictEqual(transfer.tx, payout!.tx_hash)
+          assert.strictEqual(transfer.expected, String(BigInt(payout!.amount) + 3n))
+          assert.strictEqual(transfer.actual, payout!.amount)
+          assert.isTrue(
+            corrupted.discrepancies
+              .filter((d) => d.kind === "payout_ledger_mismatch")
+              .every((d) => d.payout_id === payout!.payout_id)
+          )
+          assert.notInclude(kinds(corrupted.discrepancies), "treasury_mismatch")
+          yield* sql`UPDATE provider_payouts SET amount = amount - 3 WHERE payout_id = ${payout!.payout_id}`
+
+          // A provider_paid row edited: the payout's booking and the treasury's movement disagree.
+          yield* sql`UPDATE ledger_entries SET amount = amount + 5 WHERE kind = 'provider_paid' AND ref = ${payout!.tx_hash}`
+          const booked = yield* reconciliation.runOnce
+          assert.includeMembers(kinds(booked.discrepancies), ["payout_ledger_mismatch", "treasury_mismatch"])
+          assert.strictEqual(
+            booked.discrepancies.find((d) => d.kind === "payout_ledger_mismatch")!.payout_id,
+            payout!.payout_id
+          )
+          yield* sql`UPDATE ledger_entries SET amount = amount - 5 WHERE kind = 'provider_paid' AND ref = ${payout!.tx_hash}`
+
+          const repaired = yield* reconciliation.runOnce
+          assert.strictEqual(repaired.status, "ok", JSON.stringify(repaired.discrepancies))
+        }),
+      { timeout: 180_000 }
+    )
+  })
+})
+
+// ---- the close driven by hand over a seeded ledger, a real database and a real chain ----
+
+const EPOCH_SECONDS = 2
+const FLOOR = 5_000
+const CHARGE = 2_000
+const SHARE = BigInt(feeSplit(CHARGE).providerShare)
+
+const TestLayer = Layer.mergeAll(Ledger.layer, PayoutConfig.test(FLOOR)).pipe(
+  Layer.provideMerge(Layer.mergeAll(TestDatabase, Chain.layer)),
+  Layer.provideMerge(RouterConfig.test({ epochSeconds: EPOCH_SECONDS }))
+)
+
+const baseEpoch = epochOf(Date.now(), EPOCH_SECONDS) - 500
+
+/** A provider registered with a fresh signer, whose balance starts at zero. */
+const registerProvider = (providerId: string) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const signer = privateKeyToAccount(generatePrivateKey()).address
+    yield* sql`INSERT INTO providers (provider_id, signer, base_url, dialect)
+               VALUES (${providerId}, ${signer}, 'http://127.0.0.1:1', 'openai')`
+    return signer
+  }).pipe(Effect.orDie)
+
+/** A demo wallet sends the treasury what the payouts will need (the seeded settlements are not real). */
+const fundTreasury = (amount: bigint) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    const wallet = createWalletClient({
+      account: privateKeyToAccount(chain.demoWallets[7]!.privateKey!),
+      chain: chain.publicClient.chain,
+      transport: http(chain.rpcUrl)
+    })
+    const hash = yield* Effect.promise(() =>
+      wallet.writeContract({
+        address: chain.token,
+        abi: testUsdcAbi,
+        functionName: "transfer",
+        args: [chain.treasury, amount]
+      })
+    )
+    yield* chain.waitForReceipt(hash)
+  }).pipe(Effect.orDie)
+
+let seq = 0
+
+/** One captured request of `providerId` in `epochId`, paid by x402 (landed or not) or by a funded key. */
+const seedRequest = (
+  providerId: string,
+  epochId: number,
+  payment: "landed" | "pending" | "credit",
+  charge = CHARGE
+) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const ledger = yield* Ledger
+    const chain = yield* Chain
+    const payer = chain.demoWallets[6]!.address.toLowerCase()
+    const requestId = `req_${providerId}_${String(seq++).padStart(3, "0")}`
+    const record = {
+      requestId,
+      dialect: "openai",
+      payer,
+      requestedModel: "chat-medium",
+      modelClass: "chat-medium",
+      providerId,
+      authorized: charge,
+      agent: {}
+    }
+    const receipt: ReceiptBody = {
+      request_id: requestId,
+      wallet: payer,
+      provider_id: providerId,
+      model_class: "chat-medium",
+      in_tokens: 1000,
+      out_tokens: 200,
+      cached_tokens: 0,
+      price_in: 800000,
+      price_out: 3200000,
+      price_in_cached: null,
+      charged: charge,
+      authorized: charge,
+      payment_ref: "",
+      refund_ref: null,
+      ttft_ms: 120,
+      status: "ok",
+      settlement: payment === "credit" ? "landed" : "pending",
+      epoch_id: epochId,
+      session_id: null,
+      quotes_competing: 2,
+      created_at: epochId * EPOCH_SECONDS * 1000 + 500
+    }
+    let source: PaymentSource = { _tag: "X402" }
+    if (payment === "credit") {
+      const keyId = `key_${requestId}`
+      yield* sql`INSERT INTO wallet_balances (wallet, available) VALUES (${payer}, ${charge})
+                 ON CONFLICT (wallet) DO UPDATE SET available = wallet_balances.available + EXCLUDED.available`
+      yield* sql`INSERT INTO api_keys (key_id, wallet, label, kind, key_hash, budget)
+                 VALUES (${keyId}, ${payer}, 'test', 'credit', ${keyId}, ${charge})`
+      yield* ledger.reserveCredit(record, keyId)
+      source = { _tag: "Credit", keyId }
+    } else {
+      yield* ledger.reserveX402(record, {
+        nonce: randomAuthorizationNonce(),
+        validAfter: 0n,
+        validBefore: 2n ** 40n,
+        signature: `0x${"11".repeat(65)}`
+      })
+    }
+    yield* ledger.capture({ receipt, economics: {}, source })
+    if (payment === "landed") yield* landed(requestId)
+    return requestId
+  }).pipe(Effect.orDie)
+
+const landed = (requestId: string) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const ledger = yield* Ledger
+    const tx = `0x${"ab".repeat(32)}`
+    yield* sql`UPDATE x402_authorizations SET status = 'landed', tx_hash = ${tx} WHERE request_id = ${requestId}`
+    yield* ledger.finalizeReceipt(requestId, { payment_ref: tx, settlement: "landed" })
+  }).pipe(Effect.orDie)
+
+const linkedTo = (requestIds: ReadonlyArray<string>) =>
+  Effect.flatMap(
+    SqlClient.SqlClient,
+    (sql) => sql<{ request_id: string; payout_id: string | null }>`
+      SELECT request_id, payout_id FROM requests WHERE request_id IN ${sql.in(requestIds)} ORDER BY request_id`
+  ).pipe(Effect.orDie)
+
+const epochsWith = (patch: (chain: ChainShape) => Partial<ChainShape>) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    return yield* Epochs.make.pipe(Effect.provideService(Chain, { ...chain, ...patch(chain) }))
+  })
+
+const crashAt = (epochs: Epochs["Service"], reached: Deferred.Deferred<void>) =>
+  Effect.gen(function* () {
+    const fiber = yield* Effect.forkChild(epochs.closeEnded)
+    yield* Deferred.await(reached)
+    yield* Fiber.interrupt(fiber)
+  })
+
+/** The provider was paid `amount` exactly once: one paid payout, one transfer from the treasury. */
+const assertPaidOnce = (providerId: string, signer: Address, amount: bigint) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    assert.strictEqual(yield* chain.balanceOf(signer), amount)
+    const transfers = yield* transfersTo(signer)
+    assert.strictEqual(transfers.length, 1)
+    assert.isTrue(isAddressEqual(transfers[0]!.from, chain.treasury))
+    assert.strictEqual(transfers[0]!.value, amount)
+    const paid = (yield* payoutsOf(providerId)).filter((p) => p.status === "paid")
+    assert.strictEqual(paid.length, 1)
+    assert.strictEqual(paid[0]!.amount, amount.toString())
+    assert.strictEqual(paid[0]!.tx_hash, transfers[0]!.txHash)
+    return paid[0]!
+  })
+
+describe("provider payouts at epoch close: the floor, and crashes that never pay twice", () => {
+  layer(Layer.effect(Epochs, Epochs.make).pipe(Layer.provideMerge(TestLayer)), {
+    excludeTestServices: true,
+    timeout: 120_000
+  })((it) => {
+    it.effect(
+      "below the floor nothing is sent and shares accrue; at the floor one transfer pays their sum",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const epochs = yield* Epochs
+          yield* fundTreasury(1_000_000n)
+          const signer = yield* registerProvider("prov-floor")
+          const first = [
+            yield* seedRequest("prov-floor", baseEpoch, "landed"),
+            yield* seedRequest("prov-floor", baseEpoch, "landed")
+          ]
+          // Not payable: a payment still pending, and an epoch that has not ended.
+          const pending = yield* seedRequest("prov-floor", baseEpoch, "pending")
+          const current = yield* seedRequest(
+            "prov-floor",
+            epochOf(Date.now(), EPOCH_SECONDS) + 1_000,
+            "landed"
+          )
+          assert.isBelow(Number(2n * SHARE), FLOOR)
+
+          const below = yield* epochs.closeEnded
+          assert.strictEqual(below.payouts, 0)
+          assert.strictEqual(yield* (yield* Chain).balanceOf(signer), 0n)
+          assert.deepStrictEqual(yield* payoutsOf("prov-floor"), [])
+          assert.isTrue((yield* linkedTo([...first, pending, current])).every((r) => r.payout_id === null))
+          const credited = yield* sql`SELECT 1 FROM wallet_balances WHERE wallet = ${signer.toLowerCase()}`
+          assert.strictEqual(credited.length, 0, "an accrued share is never credited to a balance")
+
+          // A key-paid request (final on capture) in a later ended epoch takes the total over the floor.
+          const credit = yield* seedRequest("prov-floor", baseEpoch + 1, "credit")
+          const paid = yield* epochs.closeEnded
+          assert.strictEqual(paid.payouts, 1)
+          const payout = yield* assertPaidOnce("prov-floor", signer, 3n * SHARE)
+          assert.isTrue(isAddressEqual(payout.to_address as Address, signer))
+          const links = yield* linkedTo([...first, credit, pending, current])
+          assert.deepStrictEqual(
+            links.filter((r) => r.payout_id !== null).map((r) => r.request_id),
+            [...first, credit].sort()
+          )
+          assert.isTrue(
+            links.filter((r) => r.payout_id !== null).every((r) => r.payout_id === payout.payout_id)
+          )
+          const ledgerRows = yield* sql<{ account: string; amount: string; ref: string }>`
+          SELECT account, amount::text AS amount, ref FROM ledger_entries WHERE kind = 'provider_paid'
+          AND account = 'provider:prov-floor'`
+          assert.deepStrictEqual(ledgerRows, [
+            { account: "provider:prov-floor", amount: (3n * SHARE).toString(), ref: payout.tx_hash! }
+          ])
+
+          // The pending payment lands: one share, below the floor again, accrues; nothing is paid twice.
+          yield* landed(pending)
+          assert.strictEqual((yield* epochs.closeEnded).payouts, 0)
+          assert.strictEqual((yield* epochs.closeEnded).payouts, 0)
+          yield* assertPaidOnce("prov-floor", signer, 3n * SHARE)
+          assert.isNull((yield* linkedTo([pending]))[0]!.payout_id)
+        })
+    )
+
+    it.effect(
+      "killed after the payout is broadcast and its hash recorded: the same transfer is confirmed",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          yield* fundTreasury(1_000_000n)
+          const signer = yield* registerProvider("prov-hash")
+          const ids = yield* Effect.forEach([0, 1, 2], () =>
+            seedRequest("prov-hash", baseEpoch + 10, "landed")
+          )
+          const reached = yield* Deferred.make<void>()
+          let sent: Hash | undefined
+          const crashing = yield* epochsWith((real) => ({
+            transferFromTreasury: (to, amount) =>
+              Effect.tap(real.transferFromTreasury(to, amount), (hash) =>
+                Effect.sync(() => {
+                  if (isAddressEqual(to, signer)) sent = hash
+                })
+              ),
+            waitForReceipt: (hash) =>
+              hash === sent
+                ? Effect.andThen(Deferred.succeed(reached, undefined), Effect.never)
+                : real.waitForReceipt(hash)
+          }))
+          yield* crashAt(crashing, reached)
+          const [paying] = yield* payoutsOf("prov-hash")
+          assert.strictEqual(paying!.status, "paying")
+          assert.strictEqual(paying!.tx_hash, sent)
+          assert.isTrue((yield* linkedTo(ids)).every((r) => r.payout_id === paying!.payout_id))
+
+          const fresh = yield* Epochs.make
+          assert.strictEqual((yield* fresh.closeEnded).payouts, 1)
+          const payout = yield* assertPaidOnce("prov-hash", signer, 3n * SHARE)
+          assert.strictEqual(payout.payout_id, paying!.payout_id)
+          assert.strictEqual(payout.tx_hash, sent)
+          assert.strictEqual((yield* fresh.closeEnded).payouts, 0)
+          const [count] = yield* sql<{ n: number }>`
+          SELECT count(*)::int AS n FROM ledger_entries WHERE kind = 'provider_paid' AND account = 'provider:prov-hash'`
+          assert.strictEqual(count!.n, 1)
+        })
+    )
+
+    it.effect(
+      "killed between the broadcast and recording its hash: the transfer is adopted from the logs",
+      () =>
+        Effect.gen(function* () {
+          yield* fundTreasury(1_000_000n)
+          const signer = yield* registerProvider("prov-lost")
+          yield* Effect.forEach([0, 1, 2], () => seedRequest("prov-lost", baseEpoch + 20, "landed"))
+          const reached = yield* Deferred.make<void>()
+          let sent: Hash | undefined
+          const crashing = yield* epochsWith((real) => ({
+            transferFromTreasury: (to, amount) =>
+              isAddressEqual(to, signer)
+                ? Effect.gen(function* () {
+                    sent = yield* real.transferFromTreasury(to, amount)
+                    yield* real.waitForReceipt(sent)
+                    yield* Deferred.succeed(reached, undefined)
+                    return yield* Effect.never
+                  })
+                : real.transferFromTreasury(to, amount)
+          }))
+          yield* crashAt(crashing, reached)
+          const [paying] = yield* payoutsOf("prov-lost")
+          assert.strictEqual(paying!.status, "paying")
+          assert.isNull(paying!.tx_hash)
+
+          const fresh = yield* Epochs.make
+          assert.strictEqual((yield* fresh.closeEnded).payouts, 1)
+          const payout = yield* assertPaidOnce("prov-lost", signer, 3n * SHARE)
+          assert.strictEqual(payout.payout_id, paying!.payout_id)
+          assert.strictEqual(payout.tx_hash, sent)
+        })
+    )
+
+    it.effect("killed after the claim, before any broadcast: released after 10 minutes, then paid once", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        yield* fundTreasury(1_000_000n)
+        const signer = yield* registerProvider("prov-unsent")
+        const ids = yield* Effect.forEach([0, 1, 2], () =>
+          seedRequest("prov-unsent", baseEpoch + 30, "landed")
+        )
+        const reached = yield* Deferred.make<void>()
+        const crashing = yield* epochsWith((real) => ({
+          transferFromTreasury: (to, amount) =>
+            isAddressEqual(to, signer)
+              ? Effect.andThen(Deferred.succeed(reached, undefined), Effect.never)
+              : real.transferFromTreasury(to, amount)
+        }))
+        yield* crashAt(crashing, reached)
+        const fresh = yield* Epochs.make
+        // The broadcast might still be on its way: nothing is sent again while the claim is young.
+        assert.strictEqual((yield* fresh.closeEnded).payouts, 0)
+        const [claimed] = yield* payoutsOf("prov-unsent")
+        assert.strictEqual(claimed!.status, "paying")
+        assert.strictEqual(yield* (yield* Chain).balanceOf(signer), 0n)
+
+        yield* sql`UPDATE provider_payouts SET created_at = now() - interval '11 minutes'
+                   WHERE payout_id = ${claimed!.payout_id}`
+        assert.strictEqual((yield* fresh.closeEnded).payouts, 1)
+        const payout = yield* assertPaidOnce("prov-unsent", signer, 3n * SHARE)
+        assert.notStrictEqual(payout.payout_id, claimed!.payout_id)
+        assert.strictEqual((yield* payoutsOf("prov-unsent"))[0]!.status, "failed")
+        assert.isTrue((yield* linkedTo(ids)).every((r) => r.payout_id === payout.payout_id))
+      })
+    )
+
+    it.effect(
+      "a transfer the treasury cannot cover is refused before broadcast: released, paid once funded",
+      () =>
+        Effect.gen(function* () {
+          const chain = yield* Chain
+          const epochs = yield* Epochs
+          const signer = yield* registerProvider("prov-large")
+          const charge = 2_000_000_000
+          const share = BigInt(feeSplit(charge).providerShare)
+          yield* seedRequest("prov-large", baseEpoch + 40, "landed", charge)
+          assert.isTrue((yield* chain.balanceOf(chain.treasury)) < share)
+
+          assert.strictEqual((yield* epochs.closeEnded).payouts, 0)
+          const [refused] = yield* payoutsOf("prov-large")
+          assert.strictEqual(refused!.status, "failed")
+          assert.strictEqual(yield* chain.balanceOf(signer), 0n)
+
+          yield* fundTreasury(share)
+          assert.strictEqual((yield* epochs.closeEnded).payouts, 1)
+          yield* assertPaidOnce("prov-large", signer, share)
+        })
+    )
+  })
+})
