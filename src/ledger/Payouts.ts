@@ -118,8 +118,6 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
     const resumeOne = (payout: Payout): Effect.Effect<boolean, ChainError> =>
       Effect.gen(function* () {
         if (payout.tx_hash !== null) {
-          yield* release(payout, "mutant")
-          return false
           const outcome = yield* chain.waitForReceipt(payout.tx_hash as Hex)
           if (outcome.status === "success") return yield* markPaid(payout, payout.tx_hash as Hash)
           yield* release(payout, "the payout transaction reverted")
@@ -229,7 +227,7 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
           )
           AND NOT EXISTS (SELECT 1 FROM provider_payouts o WHERE o.provider_id = q.provider_id AND o.status = 'paying')
         GROUP BY q.provider_id, p.signer
-        HAVING sum(l.amount) >= 1
+        HAVING sum(l.amount) >= ${options.payoutFloor}
         ORDER BY q.provider_id
       `.pipe(Effect.flatMap(decodeAccrued), Effect.orDie)
       for (const provider of accrued) {

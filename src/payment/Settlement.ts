@@ -13,6 +13,7 @@ const Claimed = Schema.Struct({
   valid_after: Schema.String,
   valid_before: Schema.String,
   signature: Schema.NullOr(Schema.String),
+  tx_hash: Schema.NullOr(Schema.String),
   attempts: Schema.Number
 })
 type Claimed = typeof Claimed.Type
@@ -46,23 +47,31 @@ export class Settlement extends Context.Service<
         WHERE status = 'pending' AND next_attempt_at <= now()
         ORDER BY created_at LIMIT 16 FOR UPDATE SKIP LOCKED
       )
-      RETURNING payer, nonce, request_id, value::text, valid_after::text, valid_before::text, signature, attempts
+      RETURNING payer, nonce, request_id, value::text, valid_after::text, valid_before::text, signature, tx_hash,
+                attempts
     `.pipe(Effect.flatMap(decodeClaimed), Effect.orDie)
 
     const landed = (row: Claimed, hash: Hex) =>
       Effect.gen(function* () {
-        yield* sql
+        const recorded = yield* sql
           .withTransaction(
-            Effect.all([
-              sql`UPDATE x402_authorizations SET status = 'landed', tx_hash = ${hash}, signature = NULL,
-                  updated_at = now() WHERE payer = ${row.payer} AND nonce = ${row.nonce}`,
-              sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
-                  VALUES (${row.request_id}, 'treasury', 'settled', ${row.value}, ${hash})`,
-              creditLandedDeposit(sql, row.request_id, hash)
-            ])
+            Effect.gen(function* () {
+              // Only the claim that still holds the row records the landing (never twice).
+              const rows = yield* sql`
+                UPDATE x402_authorizations SET status = 'landed', tx_hash = ${hash}, signature = NULL, updated_at = now()
+                WHERE payer = ${row.payer} AND nonce = ${row.nonce} AND status = 'submitted'
+                RETURNING nonce
+              `
+              if (rows.length === 0) return false
+              yield* sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
+                         VALUES (${row.request_id}, 'treasury', 'settled', ${row.value}, ${hash})`
+              yield* creditLandedDeposit(sql, row.request_id, hash)
+              return true
+            })
           )
           .pipe(Effect.orDie)
-        yield* ledger.finalizeReceipt(row.request_id, { payment_ref: hash, settlement: "landed" })
+        if (recorded)
+          yield* ledger.finalizeReceipt(row.request_id, { payment_ref: hash, settlement: "landed" })
       })
 
     const failed = (row: Claimed, reason: string) =>
@@ -73,7 +82,7 @@ export class Settlement extends Context.Service<
           UPDATE x402_authorizations
           SET status = ${expired ? "failed" : "pending"}, last_error = ${reason.slice(0, 300)},
               next_attempt_at = now() + make_interval(secs => ${backoffSeconds(row.attempts)}), updated_at = now()
-          WHERE payer = ${row.payer} AND nonce = ${row.nonce}
+          WHERE payer = ${row.payer} AND nonce = ${row.nonce} AND status = 'submitted'
         `.pipe(Effect.orDie)
         yield* Effect.logWarning("settlement attempt failed", { request_id: row.request_id, reason, expired })
         if (expired) {
@@ -85,8 +94,17 @@ export class Settlement extends Context.Service<
         }
       })
 
+    /**
+     * Whether an earlier attempt already moved the money: the token's own record of the nonce is
+     * the truth, whatever happened to our wait for a receipt.
+     */
+    const alreadyUsed = (row: Claimed) => chain.authorizationState(getAddress(row.payer), row.nonce as Hex)
+
     const settleOne = (row: Claimed) =>
       Effect.gen(function* () {
+        if (row.attempts > 1 && (yield* alreadyUsed(row))) {
+          return yield* landed(row, (row.tx_hash ?? "unknown") as Hex)
+        }
         if (row.signature === null) return yield* failed(row, "no signature on record")
         const authorization = {
           from: getAddress(row.payer),
@@ -104,11 +122,19 @@ export class Settlement extends Context.Service<
         const outcome = yield* chain.waitForReceipt(hash)
         if (outcome.status === "success") return yield* landed(row, hash)
         // A revert after an earlier attempt may mean that attempt landed: the token says which.
-        if (yield* chain.authorizationState(authorization.from, authorization.nonce))
-          return yield* landed(row, hash)
+        if (yield* alreadyUsed(row)) return yield* landed(row, (row.tx_hash ?? hash) as Hex)
         return yield* failed(row, "transfer reverted")
       }).pipe(
-        Effect.catchTag("ChainError", (e) => failed(row, `${e.reason}: ${e.message}`)),
+        Effect.catchTag("ChainError", (e) =>
+          // A failed send or wait can hide a transfer that did land (a resend then fails at gas
+          // estimation): ask the token before recording a failure.
+          alreadyUsed(row).pipe(
+            Effect.orElseSucceed(() => false),
+            Effect.flatMap((used) =>
+              used ? landed(row, (row.tx_hash ?? "unknown") as Hex) : failed(row, `${e.reason}: ${e.message}`)
+            )
+          )
+        ),
         Effect.withSpan("Settlement.settle", { attributes: { request_id: row.request_id } })
       )
 

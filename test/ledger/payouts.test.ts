@@ -194,11 +194,14 @@ const fundTreasury = (amount: bigint) =>
 
 let seq = 0
 
-/** One captured request of `providerId` in `epochId`, paid by x402 (landed or not) or by a funded key. */
+/**
+ * One captured request of `providerId` in `epochId`, paid by x402 (landed or not), by a funded key, or
+ * drawn as a turn on a budget session.
+ */
 const seedRequest = (
   providerId: string,
   epochId: number,
-  payment: "landed" | "pending" | "credit",
+  payment: "landed" | "pending" | "credit" | { readonly turnOf: string },
   charge = CHARGE
 ) =>
   Effect.gen(function* () {
@@ -207,8 +210,10 @@ const seedRequest = (
     const chain = yield* Chain
     const payer = chain.demoWallets[6]!.address.toLowerCase()
     const requestId = `req_${providerId}_${String(seq++).padStart(3, "0")}`
+    const sessionId = typeof payment === "object" ? payment.turnOf : undefined
     const record = {
       requestId,
+      sessionId,
       dialect: "openai",
       payer,
       requestedModel: "chat-medium",
@@ -234,9 +239,9 @@ const seedRequest = (
       refund_ref: null,
       ttft_ms: 120,
       status: "ok",
-      settlement: payment === "credit" ? "landed" : "pending",
+      settlement: payment === "credit" || sessionId !== undefined ? "landed" : "pending",
       epoch_id: epochId,
-      session_id: null,
+      session_id: sessionId ?? null,
       quotes_competing: 2,
       created_at: epochId * EPOCH_SECONDS * 1000 + 500
     }
@@ -249,6 +254,10 @@ const seedRequest = (
                  VALUES (${keyId}, ${payer}, 'test', 'credit', ${keyId}, ${charge})`
       yield* ledger.reserveCredit(record, keyId)
       source = { _tag: "Credit", keyId }
+    } else if (sessionId !== undefined) {
+      yield* ledger.reserveSessionTurn(record)
+      yield* sql`UPDATE sessions SET in_flight = ${requestId} WHERE session_id = ${sessionId}`
+      source = { _tag: "SessionTurn", sessionId, prefixTokens: 0 }
     } else {
       yield* ledger.reserveX402(record, {
         nonce: randomAuthorizationNonce(),
@@ -500,6 +509,33 @@ describe("provider payouts at epoch close: the floor, and crashes that never pay
           assert.strictEqual((yield* epochs.closeEnded).payouts, 1)
           yield* assertPaidOnce("prov-large", signer, share)
         })
+    )
+
+    it.effect("a session turn is paid out once the authorization funding its session has landed", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        const epochs = yield* Epochs
+        yield* fundTreasury(1_000_000n)
+        const signer = yield* registerProvider("prov-session")
+        const charge = 6_000
+        const share = BigInt(feeSplit(charge).providerShare)
+        assert.isAtLeast(Number(share), FLOOR)
+        const opening = yield* seedRequest("prov-session", baseEpoch + 50, "pending", charge)
+        yield* sql`
+          INSERT INTO sessions (session_id, token_hash, payer, funding_kind, funding_request_id, budget, spent,
+                                provider_id, model_class, price_in, price_out, expires_at, status)
+          VALUES ('ses_payout', 'h', 'payer', 'x402', ${opening}, 100000, ${charge}, 'prov-session', 'chat-medium',
+                  800000, 3200000, now() + interval '1 hour', 'open')`
+        const turn = yield* seedRequest("prov-session", baseEpoch + 50, { turnOf: "ses_payout" }, charge)
+
+        assert.strictEqual((yield* epochs.closeEnded).payouts, 0)
+        assert.isTrue((yield* linkedTo([opening, turn])).every((r) => r.payout_id === null))
+
+        yield* landed(opening)
+        assert.strictEqual((yield* epochs.closeEnded).payouts, 1)
+        const payout = yield* assertPaidOnce("prov-session", signer, 2n * share)
+        assert.isTrue((yield* linkedTo([opening, turn])).every((r) => r.payout_id === payout.payout_id))
+      })
     )
   })
 })
