@@ -1,6 +1,9 @@
-import { Context, Effect, Layer } from "effect"
+import { createHash } from "node:crypto"
+import { Context, Effect, Layer, Result } from "effect"
 import type { HttpServerResponse } from "effect/http"
 import type { HttpServerRequest } from "effect/http/HttpServerRequest"
+import { Chain } from "../chain/Chain.ts"
+import { verifyTransferAuthorization } from "../chain/Eip3009.ts"
 import type { ChatCompletionRequest } from "../domain/Chat.ts"
 import { Conflict, NotFound, Unauthorized } from "../domain/Errors.ts"
 import {
@@ -13,6 +16,7 @@ import {
 } from "../inference/Completions.ts"
 import { type LiveStream, LiveStreams } from "../inference/LiveStreams.ts"
 import { bodyHash, Idempotency } from "../payment/Idempotency.ts"
+import { decodePaymentSignature } from "../payment/X402.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 
 export interface Original<P> {
@@ -80,6 +84,30 @@ export class PaidCalls extends Context.Service<
       const live = yield* LiveStreams
       const idempotency = yield* Idempotency
       const config = yield* RouterConfig
+      const chain = yield* Chain
+      const sha256 = (value: string) => createHash("sha256").update(value).digest("hex")
+
+      /** Who is paying: a funded key, a session, or the wallet that signed the x402 header (checked). */
+      const callerScope = (context: PaidRequestContext) =>
+        Effect.gen(function* () {
+          if (context.creditKey !== undefined) return `key:${sha256(context.creditKey)}`
+          if (context.sessionToken !== undefined) return `session:${sha256(context.sessionToken)}`
+          if (context.paymentHeader === undefined) return undefined
+          const decoded = decodePaymentSignature(context.paymentHeader)
+          if (Result.isFailure(decoded)) return undefined
+          const { authorization, signature } = decoded.success
+          const signed = yield* Effect.tryPromise(() =>
+            verifyTransferAuthorization({
+              token: chain.token,
+              chainId: chain.chainId,
+              domain: chain.tokenDomain,
+              ...authorization,
+              signature
+            })
+          ).pipe(Effect.orElseSucceed(() => false))
+          return signed ? `payer:${authorization.from.toLowerCase()}` : undefined
+        })
+
       const served = new WeakMap<
         LiveStream<ServeEvent>,
         (from: number) => Effect.Effect<HttpServerResponse.HttpServerResponse>
@@ -95,7 +123,15 @@ export class PaidCalls extends Context.Service<
       }) =>
         Effect.gen(function* () {
           const { request } = options
-          const key = request.headers["idempotency-key"]
+          const context = paidContextOf(request, options.dialect, `${config.publicUrl}${options.path}`)
+          const scope =
+            request.headers["idempotency-key"] === undefined ? undefined : yield* callerScope(context)
+          // A key is the caller's own: scoped to the credential that pays, so nobody else can
+          // replay someone's reply (or the tokens that came with it). An unpaid call has no scope.
+          const key =
+            scope === undefined
+              ? undefined
+              : createHash("sha256").update(`${scope}\n${request.headers["idempotency-key"]}`).digest("hex")
           if (key !== undefined) {
             const claim = yield* idempotency.claim(
               key,
@@ -114,7 +150,6 @@ export class PaidCalls extends Context.Service<
               return yield* replay(0)
             }
           }
-          const context = paidContextOf(request, options.dialect, `${config.publicUrl}${options.path}`)
           const admitted = yield* completions
             .admit(options.chat, context)
             .pipe(Effect.tapError(() => (key === undefined ? Effect.void : idempotency.abandon(key))))

@@ -128,6 +128,11 @@ describe("paid completions: rejections, idempotency, faults, cancellation, resum
           assert.strictEqual(rows[0]!.n, 1)
           const other = yield* paidPost(chat("a different body"), { "idempotency-key": key })
           assert.strictEqual(other.status, 409)
+          // The key is the caller's own: another wallet with the same key and body is served afresh
+          // and never sees the first caller's reply.
+          const stranger = yield* paidPost(body, { "idempotency-key": key }, 4)
+          assert.strictEqual(stranger.status, 200)
+          assert.notStrictEqual(stranger.headers.get("x-request-id"), first.headers.get("x-request-id"))
 
           // Two at once under a fresh key: one is served, the other is told to wait for it.
           const raceKey = `race-${Math.random().toString(36).slice(2)}`
