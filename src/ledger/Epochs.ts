@@ -199,6 +199,10 @@ export class Epochs extends Context.Service<
     const settleRefunds = Effect.gen(function* () {
       const epoch = yield* currentEpoch
       yield* resumePaying
+      // Claimed by a pass that died before its send was recorded: back to due (docs/decisions.md D21).
+      yield* sql`UPDATE refunds SET status = 'due' WHERE status = 'paying' AND tx_hash IS NULL`.pipe(
+        Effect.orDie
+      )
       // Claim due refunds of ended epochs whose payment landed; credit small ones in the same step.
       const groups = yield* sql
         .withTransaction(
@@ -236,12 +240,24 @@ export class Epochs extends Context.Service<
           yield* stampRefund(group.request_ids, `balance:${group.payer}`)
           continue
         }
-        const hash = yield* chain.transferFromTreasury(getAddress(group.payer), BigInt(group.total))
+        // Each batch stands alone: a send that fails puts only its own refunds back to `due`
+        // (the next pass retries them) and the other payers' batches still go out.
+        const sent = yield* chain.transferFromTreasury(getAddress(group.payer), BigInt(group.total)).pipe(
+          Effect.tapError((e) => Effect.logWarning("refund batch not sent; back to due", e.message)),
+          Effect.option
+        )
+        if (Option.isNone(sent)) {
+          yield* backToDue(group.request_ids)
+          continue
+        }
+        const hash = sent.value
         yield* sql`UPDATE refunds SET tx_hash = ${hash} WHERE request_id IN ${sql.in(group.request_ids)}`.pipe(
           Effect.orDie
         )
-        const outcome = yield* chain.waitForReceipt(hash)
-        if (outcome.status === "success") yield* markPaid(group.payer, hash, group.request_ids)
+        // A failed wait leaves the batch `paying` with its hash: the next pass confirms it.
+        const outcome = yield* chain.waitForReceipt(hash).pipe(Effect.option)
+        if (Option.isNone(outcome)) continue
+        if (outcome.value.status === "success") yield* markPaid(group.payer, hash, group.request_ids)
         else yield* backToDue(group.request_ids)
       }
       return settled
