@@ -48,7 +48,8 @@ export const HttpServerLive = HttpRouter.serve(ApiRoutes, {
   disableListenLog: true,
   disableLogger: true
 }).pipe(
-  Layer.provide(
+  // The HttpServer stays visible (its `address`): with `PORT=0` the kernel picks the port.
+  Layer.provideMerge(
     Layer.unwrap(
       RouterConfig.useSync((config) =>
         NodeHttpServer.layer(createServer, { port: config.port, host: config.host })

@@ -302,14 +302,15 @@ export class Completions extends Context.Service<
                 nonce: payment.authorization.nonce,
                 validAfter: payment.authorization.validAfter,
                 validBefore: payment.authorization.validBefore,
-                signature: payment.signature
+                signature: payment.signature,
+                balance: payment.balance
               }
             )
             .pipe(
-              Effect.catchTag("NonceReplay", () =>
+              Effect.catchTag("NonceReplay", (refused) =>
                 Effect.andThen(
                   sessionId === undefined ? Effect.void : sessions.discard(sessionId),
-                  Effect.fail(quote("payment_invalid", "authorization already used"))
+                  Effect.fail(quote("payment_invalid", refused.refusal))
                 )
               )
             )

@@ -474,12 +474,13 @@ export class Images extends Context.Service<
               nonce: payment.authorization.nonce,
               validAfter: payment.authorization.validAfter,
               validBefore: payment.authorization.validBefore,
-              signature: payment.signature
+              signature: payment.signature,
+              balance: payment.balance
             }
           )
           .pipe(
-            Effect.catchTag("NonceReplay", () =>
-              Effect.fail(quote("payment_invalid", "authorization already used"))
+            Effect.catchTag("NonceReplay", (refused) =>
+              Effect.fail(quote("payment_invalid", refused.refusal))
             )
           )
         const funding: ImageFunding = { _tag: "X402", payment }

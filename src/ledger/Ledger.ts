@@ -5,7 +5,17 @@ import { Chain } from "../chain/Chain.ts"
 import { feeSplit } from "../domain/Billing.ts"
 import { ReceiptBody, receiptTypedData } from "./Receipt.ts"
 
-export class NonceReplay extends Schema.TaggedError<NonceReplay>()("NonceReplay", { payer: Schema.String }) {}
+/** An x402 authorization that cannot be reserved: its nonce was seen, or the payer's balance is spoken for. */
+export class NonceReplay extends Schema.TaggedError<NonceReplay>()("NonceReplay", {
+  payer: Schema.String,
+  reason: Schema.optionalKey(Schema.Literals(["nonce_replay", "overcommitted"]))
+}) {
+  get refusal() {
+    return this.reason === "overcommitted"
+      ? "the payer's balance is already committed to authorizations not yet settled"
+      : "authorization already used"
+  }
+}
 
 /** A funded key could not cover a reservation: its cap, or its owner's balance. */
 export class CreditRefused extends Schema.TaggedError<CreditRefused>()("CreditRefused", {
@@ -43,6 +53,12 @@ export interface X402Hold {
   readonly validAfter: bigint
   readonly validBefore: bigint
   readonly signature: Hex
+  /**
+   * The payer's on-chain balance read during verification. With it, the reservation refuses an
+   * authorization that, with the payer's others not yet settled, would exceed the balance: one
+   * balance never pays for two requests.
+   */
+  readonly balance?: bigint | undefined
 }
 
 export interface CaptureRecord {
@@ -122,7 +138,7 @@ export class Ledger extends Context.Service<
         hold: X402Hold
       ) {
         const payer = record.payer.toLowerCase()
-        yield* sql`
+        const insert = sql`
           WITH request AS (
             INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
                                   provider_id, authorized, status, agent, session_id)
@@ -140,9 +156,30 @@ export class Ledger extends Context.Service<
           )
           INSERT INTO ledger_entries (request_id, account, kind, amount)
           SELECT request_id, ${payer}, 'authorization_reserved', ${record.authorized} FROM hold
-        `.pipe(
+        `
+        // Per payer, serialized: the authorizations not yet settled plus this one must fit the
+        // balance the chain reported (they have not moved any money yet).
+        const reserve =
+          hold.balance === undefined
+            ? insert
+            : sql.withTransaction(
+                Effect.gen(function* () {
+                  yield* sql`SELECT pg_advisory_xact_lock(hashtextextended(${payer}, 7403))`
+                  const rows = yield* sql<{ outstanding: string }>`
+                    SELECT coalesce(sum(value), 0)::text AS outstanding FROM x402_authorizations
+                    WHERE payer = ${payer} AND status IN ('reserved', 'pending', 'submitted')
+                  `
+                  if (BigInt(rows[0]?.outstanding ?? "0") + BigInt(record.authorized) > hold.balance!) {
+                    return yield* new NonceReplay({ payer, reason: "overcommitted" })
+                  }
+                  return yield* insert
+                })
+              )
+        yield* reserve.pipe(
           Effect.catchTag("SqlError", (error) =>
-            isUniqueViolation(error) ? Effect.fail(new NonceReplay({ payer })) : Effect.die(error)
+            isUniqueViolation(error)
+              ? Effect.fail(new NonceReplay({ payer, reason: "nonce_replay" }))
+              : Effect.die(error)
           )
         )
       })

@@ -212,7 +212,7 @@ export class Credits extends Context.Service<
                 authorized: amount,
                 agent: {}
               },
-              { nonce, validAfter, validBefore, signature: verified.signature }
+              { nonce, validAfter, validBefore, signature: verified.signature, balance: verified.balance }
             )
             // Captured for the full amount and queued: Settlement submits it like any other capture.
             yield* sql`

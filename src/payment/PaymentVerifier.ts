@@ -23,6 +23,8 @@ export interface VerifiedPayment {
   readonly authorization: ExactPayment["authorization"]
   readonly signature: Hex
   readonly network: string
+  /** The payer's token balance as read during verification (base units). */
+  readonly balance: bigint
 }
 
 export interface VerifyExactInput {
@@ -204,7 +206,8 @@ export class PaymentVerifier extends Context.Service<
           value,
           authorization,
           signature,
-          network
+          network,
+          balance
         } satisfies VerifiedPayment
       })
 

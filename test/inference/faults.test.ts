@@ -146,6 +146,33 @@ describe("paid completions: rejections, idempotency, faults, cancellation, resum
         })
     )
 
+    it.effect(
+      "one balance never pays for two requests: concurrent authorizations beyond it are refused",
+      () =>
+        Effect.gen(function* () {
+          yield* waitForBook
+          const { chain, account } = yield* payer(7)
+          const balance = yield* chain.balanceOf(account.address)
+          const value = (balance * 6n) / 10n
+          const headers = yield* Effect.all([
+            handSignedHeader(account, { value }),
+            handSignedHeader(account, { value })
+          ])
+          const replies = yield* Effect.all(
+            headers.map((h) =>
+              postJson("/v1/chat/completions", chat("spend it all"), { "payment-signature": h })
+            ),
+            { concurrency: 2 }
+          )
+          assert.sameMembers(
+            replies.map((r) => r.status),
+            [200, 402]
+          )
+          const refused = replies.find((r) => r.status === 402)!
+          assert.strictEqual((refused.json as Body402).code, "payment_invalid")
+        })
+    )
+
     it.effect("a provider failing before the first token hands over to the next quote, once", () =>
       Effect.gen(function* () {
         yield* waitForBook

@@ -149,7 +149,8 @@ layer(TestLayer, { timeout: "90 seconds", excludeTestServices: true })(
             nonce: payment.nonce
           },
           signature: payment.signature,
-          network: "eip155:31337"
+          network: "eip155:31337",
+          balance: balanceBefore
         })
         assert.deepStrictEqual(seen, [[payment.from, payment.nonce]])
         assert.strictEqual(yield* chain.balanceOf(payment.from), balanceBefore)

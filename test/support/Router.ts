@@ -1,6 +1,6 @@
 import { Context, Effect, Layer, Redacted } from "effect"
+import { HttpServer } from "effect/http"
 import { Chain } from "../../src/chain/Chain.ts"
-import { freePort } from "../../src/devnet/EmbeddedPostgres.ts"
 import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
 import { HttpServerLive } from "../../src/http/Server.ts"
 import { ServicesLive } from "../../src/Router.ts"
@@ -19,11 +19,18 @@ export class RouterUrl extends Context.Service<RouterUrl, string>()("test/Router
 export const routerLayer = (overrides: Partial<RouterSettings> = {}) =>
   Layer.unwrap(
     Effect.gen(function* () {
-      const port = yield* Effect.orDie(freePort)
-      const url = `http://127.0.0.1:${port}`
-      const config = RouterConfig.test({ port, publicUrl: url, ...overrides })
+      // Port 0: the kernel picks a free port at bind time (no race between test files).
+      const config = RouterConfig.test({ port: 0, ...overrides })
       const infrastructure = Layer.mergeAll(TestDatabase, Chain.layer).pipe(Layer.provideMerge(config))
-      return Layer.mergeAll(HttpServerLive, Layer.succeed(RouterUrl, url)).pipe(
+      const url = Layer.effect(
+        RouterUrl,
+        Effect.map(Effect.service(HttpServer.HttpServer), (server) => {
+          const address = server.address
+          return "port" in address ? `http://127.0.0.1:${address.port}` : "http://127.0.0.1"
+        })
+      )
+      return url.pipe(
+        Layer.provideMerge(HttpServerLive),
         Layer.provideMerge(ServicesLive),
         Layer.provideMerge(infrastructure)
       )
