@@ -1,6 +1,7 @@
 import { Config, Context, Effect, Layer, Schedule, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import { LiveStreams } from "../inference/LiveStreams.ts"
+import { Sessions } from "../payment/Sessions.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { epochOf } from "./Epochs.ts"
 import { Ledger, type PaymentSource } from "./Ledger.ts"
@@ -48,6 +49,7 @@ export class Reaper extends Context.Service<Reaper, { readonly runOnce: Effect.E
     const sql = yield* SqlClient.SqlClient
     const ledger = yield* Ledger
     const live = yield* LiveStreams
+    const sessions = yield* Sessions
     const { epochSeconds } = yield* RouterConfig
     // Past the serving deadline (15 min) no instance can still be serving it; before the epoch
     // close's 30-minute dead-request rule, so a released receipt lands before its epoch closes.
@@ -98,6 +100,10 @@ export class Reaper extends Context.Service<Reaper, { readonly runOnce: Effect.E
         return stream === undefined || stream.finishedAt !== undefined
       })
       yield* Effect.forEach(stale, release, { discard: true })
+      // Budgets never stay locked: expired sessions nobody closed are settled as if closed,
+      // and idempotency keys (a hash of each body) are kept no longer than a day.
+      yield* sessions.expireDue
+      yield* sql`DELETE FROM idempotency_keys WHERE created_at < now() - interval '1 day'`.pipe(Effect.orDie)
       if (stale.length > 0)
         yield* Effect.logWarning("released reservations left by a dead request", { count: stale.length })
       return stale.length

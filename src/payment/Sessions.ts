@@ -99,6 +99,8 @@ export class Sessions extends Context.Service<
       sessionId: string,
       token: string | undefined
     ) => Effect.Effect<SessionRow, NotFound | Unauthorized | Conflict>
+    /** Settles every expired session that nobody closed; returns how many. */
+    readonly expireDue: Effect.Effect<number>
   }
 >()("router/payment/Sessions") {
   static readonly layer = Layer.effect(
@@ -221,41 +223,48 @@ export class Sessions extends Context.Service<
        * payout floor, else credited to the balance); a key-funded budget returns to the key
        * and the owner's balance at once.
        */
+      /** Closes an open session with nothing in flight and settles its remainder, in one transaction. */
+      const settleClose = (sessionId: string, onlyExpired: boolean) =>
+        Effect.gen(function* () {
+          const epoch = epochOf(yield* Clock.currentTimeMillis, config.epochSeconds)
+          return yield* sql
+            .withTransaction(
+              Effect.gen(function* () {
+                const rows = yield* sql
+                  .unsafe(
+                    `UPDATE sessions SET status = 'closed', closed_at = now()
+                   WHERE session_id = $1 AND status = 'open' AND in_flight IS NULL
+                     AND ($2::boolean = false OR expires_at <= now())
+                   RETURNING ${columns}`,
+                    [sessionId, onlyExpired]
+                  )
+                  .pipe(Effect.flatMap(decodeRows))
+                const row = rows[0]
+                if (row === undefined) return undefined
+                const unspent = row.budget - row.spent
+                if (row.funding_kind === "credit" && row.key_id !== null) {
+                  yield* sql`UPDATE api_keys SET reserved = reserved - ${row.budget}, spent = spent + ${row.spent}
+                           WHERE key_id = ${row.key_id}`
+                  yield* sql`UPDATE wallet_balances SET reserved = reserved - ${row.budget},
+                             available = available + ${unspent}, updated_at = now() WHERE wallet = ${row.payer}`
+                  yield* sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
+                           VALUES (${row.funding_request_id}, ${row.payer}, 'session_released', ${unspent}, ${sessionId})`
+                  yield* sql`UPDATE sessions SET refund_ref = ${"balance"} WHERE session_id = ${sessionId}`
+                } else if (unspent > 0) {
+                  yield* sql`INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
+                           VALUES (${row.funding_request_id}, ${row.payer}, ${unspent}, ${epoch}, 'due')`
+                  yield* sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
+                           VALUES (${row.funding_request_id}, ${row.payer}, 'refund_due', ${unspent}, ${sessionId})`
+                }
+                return row
+              })
+            )
+            .pipe(Effect.orDie)
+        })
+
       const close = Effect.fn("Sessions.close")(function* (sessionId: string, token: string | undefined) {
         yield* authorize(sessionId, token)
-        const epoch = epochOf(yield* Clock.currentTimeMillis, config.epochSeconds)
-        const closed = yield* sql
-          .withTransaction(
-            Effect.gen(function* () {
-              const rows = yield* sql
-                .unsafe(
-                  `UPDATE sessions SET status = 'closed', closed_at = now()
-                   WHERE session_id = $1 AND status = 'open' AND in_flight IS NULL
-                   RETURNING ${columns}`,
-                  [sessionId]
-                )
-                .pipe(Effect.flatMap(decodeRows))
-              const row = rows[0]
-              if (row === undefined) return undefined
-              const unspent = row.budget - row.spent
-              if (row.funding_kind === "credit" && row.key_id !== null) {
-                yield* sql`UPDATE api_keys SET reserved = reserved - ${row.budget}, spent = spent + ${row.spent}
-                           WHERE key_id = ${row.key_id}`
-                yield* sql`UPDATE wallet_balances SET reserved = reserved - ${row.budget},
-                             available = available + ${unspent}, updated_at = now() WHERE wallet = ${row.payer}`
-                yield* sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
-                           VALUES (${row.funding_request_id}, ${row.payer}, 'session_released', ${unspent}, ${sessionId})`
-                yield* sql`UPDATE sessions SET refund_ref = ${"balance"} WHERE session_id = ${sessionId}`
-              } else if (unspent > 0) {
-                yield* sql`INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
-                           VALUES (${row.funding_request_id}, ${row.payer}, ${unspent}, ${epoch}, 'due')`
-                yield* sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
-                           VALUES (${row.funding_request_id}, ${row.payer}, 'refund_due', ${unspent}, ${sessionId})`
-              }
-              return row
-            })
-          )
-          .pipe(Effect.orDie)
+        const closed = yield* settleClose(sessionId, false)
         if (closed === undefined) {
           const row = yield* find(sessionId)
           return yield* new Conflict({
@@ -269,7 +278,29 @@ export class Sessions extends Context.Service<
         return (yield* find(sessionId))!
       })
 
-      return Sessions.of({ settings, find, open, takeTurn, abandonTurn, discard, authorize, close })
+      /** Expired sessions nobody closed: settled as if closed (their budget never stays locked). */
+      const expireDue = Effect.gen(function* () {
+        const due = yield* sql<{ session_id: string }>`
+          SELECT session_id FROM sessions WHERE status = 'open' AND in_flight IS NULL AND expires_at <= now() LIMIT 100
+        `.pipe(Effect.orDie)
+        let closed = 0
+        for (const { session_id } of due) {
+          if ((yield* settleClose(session_id, true)) !== undefined) closed++
+        }
+        return closed
+      }).pipe(Effect.withSpan("Sessions.expireDue"))
+
+      return Sessions.of({
+        settings,
+        find,
+        open,
+        takeTurn,
+        abandonTurn,
+        discard,
+        authorize,
+        close,
+        expireDue
+      })
     })
   )
 }

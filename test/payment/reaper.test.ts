@@ -52,5 +52,32 @@ describe("reservations left by a dead request", () => {
         assert.strictEqual(yield* reaper.runOnce, 0)
       })
     )
+
+    it.effect(
+      "an expired session nobody closed is settled: its key reservation goes back, less what it spent",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
+          // A key-funded session of 10,000 that spent 2,000 and expired a minute ago.
+          yield* sql`UPDATE api_keys SET reserved = 10000 WHERE key_id = ${key.keyId}`
+          yield* sql`UPDATE wallet_balances SET available = available - 10000, reserved = 10000 WHERE wallet = ${key.wallet}`
+          yield* sql`INSERT INTO sessions (session_id, token_hash, payer, funding_kind, funding_request_id, key_id, budget,
+                                         spent, provider_id, model_class, price_in, price_out, expires_at, status, turns)
+                   VALUES ('s-expired', 'x', ${key.wallet}, 'credit', 'req_open', ${key.keyId}, 10000, 2000, 'p',
+                           'chat-medium', 1, 1, now() - interval '1 minute', 'open', 2)`
+          const reaper = yield* Reaper
+          yield* reaper.runOnce
+          const state = yield* keyState(key.keyId)
+          assert.deepStrictEqual(
+            [state.reserved, state.spent, state.walletReserved, state.available],
+            [0, 2000, 0, 998_000]
+          )
+          const rows = yield* sql<{
+            status: string
+          }>`SELECT status FROM sessions WHERE session_id = 's-expired'`
+          assert.strictEqual(rows[0]!.status, "closed")
+        })
+    )
   })
 })
