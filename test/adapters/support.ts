@@ -7,6 +7,7 @@ import { privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
 import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
 import type { ProviderConfig } from "../../src/devnet/fleet/FleetConfig.ts"
+import { waitFor } from "../support/Pay.ts"
 import { call, OPERATOR_TOKEN, RouterUrl, routerLayer } from "../support/Router.ts"
 
 /**
@@ -87,20 +88,7 @@ export const adaptersRouter = Layer.unwrap(
   })
 )
 
-export const waitFor = <A, R>(
-  what: string,
-  probe: Effect.Effect<A | undefined, never, R>,
-  timeoutMs = 20_000
-) =>
-  Effect.gen(function* () {
-    const started = Date.now()
-    while (Date.now() - started < timeoutMs) {
-      const value = yield* probe
-      if (value !== undefined) return value
-      yield* Effect.sleep("50 millis")
-    }
-    return yield* Effect.die(new Error(`timed out waiting for ${what}`))
-  })
+export { waitFor }
 
 const fleetClasses = ["chat-medium", "reasoning-large", "chat-large", "grounded-medium"]
 

@@ -7,6 +7,7 @@ import OpenAI from "openai"
 import { type Address, type Hex, verifyTypedData } from "viem"
 import { privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
+import { waitFor, waitForBook } from "../support/Pay.ts"
 import { call, RouterUrl, routerWithFleet } from "../support/Router.ts"
 
 interface SvcBid {
@@ -55,24 +56,6 @@ type ReceiptReply = {
     message: Record<string, unknown>
   }
 }
-
-const waitFor = <A, R>(what: string, probe: Effect.Effect<A | undefined, never, R>, timeoutMs = 20_000) =>
-  Effect.gen(function* () {
-    const started = Date.now()
-    while (Date.now() - started < timeoutMs) {
-      const value = yield* probe
-      if (value !== undefined) return value
-      yield* Effect.sleep("100 millis")
-    }
-    return yield* Effect.die(new Error(`timed out waiting for ${what}`))
-  })
-
-const waitForBook = waitFor(
-  "the fleet's quotes",
-  Effect.map(call("/v1/market/book"), (r) =>
-    (r.json as { classes: Array<{ depth: number }> }).classes.every((c) => c.depth > 0) ? true : undefined
-  )
-)
 
 const receiptWhere = (id: string, predicate: (r: ReceiptReply) => boolean) =>
   waitFor(

@@ -5,6 +5,7 @@ import OpenAI from "openai"
 import type { Address, Hex } from "viem"
 import { privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
+import { waitFor, waitForBook } from "../support/Pay.ts"
 import { call, RouterUrl } from "../support/Router.ts"
 
 export interface Inclusion {
@@ -35,27 +36,7 @@ export interface ReceiptReply {
   readonly inclusion: Inclusion | null
 }
 
-export const waitFor = <A, R>(
-  what: string,
-  probe: Effect.Effect<A | undefined, never, R>,
-  timeoutMs = 30_000
-) =>
-  Effect.gen(function* () {
-    const started = Date.now()
-    while (Date.now() - started < timeoutMs) {
-      const value = yield* probe
-      if (value !== undefined) return value
-      yield* Effect.sleep("100 millis")
-    }
-    return yield* Effect.die(new Error(`timed out waiting for ${what}`))
-  })
-
-export const waitForBook = waitFor(
-  "the fleet's quotes",
-  Effect.map(call("/v1/market/book"), (r) =>
-    (r.json as { classes: Array<{ depth: number }> }).classes.every((c) => c.depth > 0) ? true : undefined
-  )
-)
+export { waitFor, waitForBook }
 
 export const getReceipt = (id: string) =>
   Effect.map(call(`/v1/receipts/${id}`), (r) => (r.status === 200 ? (r.json as ReceiptReply) : undefined))

@@ -69,7 +69,7 @@ export const providerRequests = Effect.gen(function* () {
 export const waitFor = <A, R>(
   what: string,
   probe: Effect.Effect<A | undefined, never, R>,
-  timeoutMs = 20_000
+  timeoutMs = 30_000
 ) =>
   Effect.gen(function* () {
     const started = Date.now()

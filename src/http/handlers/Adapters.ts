@@ -28,8 +28,8 @@ import {
   responsesToChatRequest
 } from "../../inference/adapters/ResponsesRequest.ts"
 import { paidHeaders, svcEnvelope } from "../../inference/ChatEncoding.ts"
-import type { ServeSummary } from "../../inference/Completions.ts"
-import { LiveStreams } from "../../inference/LiveStreams.ts"
+import type { ServeEvent, ServeSummary } from "../../inference/Completions.ts"
+import { type LiveStream, LiveStreams } from "../../inference/LiveStreams.ts"
 import { estimatePromptTokens } from "../../inference/Tokens.ts"
 import { Api } from "../Api.ts"
 import { type Original, PaidCalls } from "../PaidCall.ts"
@@ -51,6 +51,70 @@ const sseResponse = (body: Stream.Stream<string>, headers: Record<string, string
     headers: { ...headers, "cache-control": "no-cache" }
   })
 
+/** What a stateful dialect encoder needs: opening frames, frames per served event, and the final body. */
+interface DialectEncoding<Options, Frame> {
+  readonly make: (options: Options) => {
+    start(): ReadonlyArray<Frame>
+    push(event: ServeEvent): ReadonlyArray<Frame>
+  }
+  readonly frame: (frame: Frame) => string
+  readonly body: (options: Options, events: ReadonlyArray<ServeEvent>) => unknown
+}
+
+/**
+ * Streams a served request in a stateful dialect (from event `from` on), or answers its final
+ * body. On a reconnect the encoder replays from the start and sends only what follows the last
+ * event the client saw.
+ */
+const respondIn = <Options, Frame>(
+  live: LiveStreams["Service"],
+  encoding: DialectEncoding<Options, Frame>,
+  options: Options,
+  stream: LiveStream<ServeEvent>,
+  streaming: boolean,
+  from: number,
+  headers: Record<string, string>
+) =>
+  Effect.gen(function* () {
+    if (streaming || from > 0) {
+      const body = Stream.suspend(() => {
+        const encoder = encoding.make(options)
+        const opening = encoder.start()
+        return Stream.concat(
+          Stream.fromIterable(from === 0 ? opening : []),
+          live.follow(stream, 0).pipe(
+            Stream.map(({ event, index }) => {
+              const frames = encoder.push(event)
+              return index >= from ? frames : []
+            }),
+            Stream.flattenIterable
+          )
+        )
+      })
+      return sseResponse(Stream.map(body, encoding.frame), headers)
+    }
+    const events = yield* Stream.runCollect(live.follow(stream, 0))
+    return HttpServerResponse.jsonUnsafe(
+      encoding.body(
+        options,
+        events.map((e) => e.event)
+      ),
+      { headers }
+    )
+  })
+
+const responsesEncoding: DialectEncoding<ResponsesEncodeOptions, Parameters<typeof responsesSseFrame>[0]> = {
+  make: makeResponsesEncoder,
+  frame: responsesSseFrame,
+  body: responsesBody
+}
+
+const messagesEncoding: DialectEncoding<MessagesEncodeOptions, Parameters<typeof messagesSseFrame>[0]> = {
+  make: makeMessagesEncoder,
+  frame: messagesSseFrame,
+  body: messagesBody
+}
+
 export const ResponsesHandlers = HttpApiBuilder.group(
   Api,
   "responses",
@@ -70,38 +134,15 @@ export const ResponsesHandlers = HttpApiBuilder.group(
     })
 
     const respond = (original: Original<ResponsesRequest>, from: number) =>
-      Effect.gen(function* () {
-        const { admitted, agent, payload } = original
-        const headers = paidHeaders(admitted, agent, chain.network)
-        const options = encodeOptions(original)
-        if (payload.stream === true || from > 0) {
-          const body = Stream.suspend(() => {
-            // The dialect's encoder is stateful: a reconnect replays it from the start and
-            // sends only what follows the last event the client saw.
-            const encoder = makeResponsesEncoder(options)
-            const opening = encoder.start()
-            return Stream.concat(
-              Stream.fromIterable(from === 0 ? opening : []),
-              live.follow(admitted.stream, 0).pipe(
-                Stream.map(({ event, index }) => {
-                  const frames = encoder.push(event)
-                  return index >= from ? frames : []
-                }),
-                Stream.flattenIterable
-              )
-            )
-          })
-          return sseResponse(Stream.map(body, responsesSseFrame), headers)
-        }
-        const events = yield* Stream.runCollect(live.follow(admitted.stream, 0))
-        return HttpServerResponse.jsonUnsafe(
-          responsesBody(
-            options,
-            events.map((e) => e.event)
-          ),
-          { headers }
-        )
-      })
+      respondIn(
+        live,
+        responsesEncoding,
+        encodeOptions(original),
+        original.admitted.stream,
+        original.payload.stream === true,
+        from,
+        paidHeaders(original.admitted, original.agent, chain.network)
+      )
 
     const createResponse = Effect.fn("Adapters.responses")(function* (
       payload: ResponsesRequest,
@@ -151,39 +192,19 @@ export const MessagesHandlers = HttpApiBuilder.group(
     })
 
     const respond = (original: Original<MessagesRequest>, from: number) =>
-      Effect.gen(function* () {
-        const { admitted, agent, payload } = original
+      respondIn(
+        live,
+        messagesEncoding,
+        encodeOptions(original),
+        original.admitted.stream,
+        original.payload.stream === true,
+        from,
         // The Anthropic SDK reads `request-id` as the message's request id.
-        const headers = { ...paidHeaders(admitted, agent, chain.network), "request-id": admitted.requestId }
-        const options = encodeOptions(original)
-        if (payload.stream === true || from > 0) {
-          const body = Stream.suspend(() => {
-            // The dialect's encoder is stateful: a reconnect replays it from the start and
-            // sends only what follows the last event the client saw.
-            const encoder = makeMessagesEncoder(options)
-            const opening = encoder.start()
-            return Stream.concat(
-              Stream.fromIterable(from === 0 ? opening : []),
-              live.follow(admitted.stream, 0).pipe(
-                Stream.map(({ event, index }) => {
-                  const frames = encoder.push(event)
-                  return index >= from ? frames : []
-                }),
-                Stream.flattenIterable
-              )
-            )
-          })
-          return sseResponse(Stream.map(body, messagesSseFrame), headers)
+        {
+          ...paidHeaders(original.admitted, original.agent, chain.network),
+          "request-id": original.admitted.requestId
         }
-        const events = yield* Stream.runCollect(live.follow(admitted.stream, 0))
-        return HttpServerResponse.jsonUnsafe(
-          messagesBody(
-            options,
-            events.map((e) => e.event)
-          ),
-          { headers }
-        )
-      })
+      )
 
     const createMessage = Effect.fn("Adapters.messages")(function* (
       payload: MessagesRequest,
