@@ -18,6 +18,7 @@ import { Providers } from "./market/Providers.ts"
 import { QuoteBook } from "./market/QuoteBook.ts"
 import { CreditKeys } from "./payment/CreditKeys.ts"
 import { Credits } from "./payment/Credits.ts"
+import { FundingService } from "./payment/Funding.ts"
 import { Idempotency } from "./payment/Idempotency.ts"
 import { Keys } from "./payment/Keys.ts"
 import { KeysAuth } from "./payment/KeysAuth.ts"
@@ -51,6 +52,7 @@ export const PaymentsLive = Layer.mergeAll(
 
 /** Serving: the lifecycle over the market and payments, upstream clients and live streams. */
 export const InferenceLive = Layer.mergeAll(Completions.layer, Reaper.layer).pipe(
+  Layer.provideMerge(FundingService.layer),
   Layer.provideMerge(
     Layer.mergeAll(LiveStreams.layer, Upstream.layerFetch, CreditKeys.layer, Sessions.layer)
   ),

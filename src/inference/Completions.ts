@@ -14,7 +14,7 @@ import {
   Unauthorized,
   UpstreamFailed
 } from "../domain/Errors.ts"
-import { PaymentRequired, type PaymentRequiredCode } from "../domain/Payment.ts"
+import { PaymentRequired } from "../domain/Payment.ts"
 import { epochOf } from "../ledger/Epochs.ts"
 import { Ledger, type PaymentSource } from "../ledger/Ledger.ts"
 import type { ReceiptBody } from "../ledger/Receipt.ts"
@@ -23,8 +23,8 @@ import { Latency } from "../market/Latency.ts"
 import { Market } from "../market/Market.ts"
 import { Providers } from "../market/Providers.ts"
 import { QuoteBook } from "../market/QuoteBook.ts"
-import { CreditKeys } from "../payment/CreditKeys.ts"
-import { PaymentVerifier, type VerifiedPayment } from "../payment/PaymentVerifier.ts"
+import { type Funding, FundingService } from "../payment/Funding.ts"
+import { PaymentVerifier } from "../payment/PaymentVerifier.ts"
 import { type SessionRow, Sessions, type TurnRefusal } from "../payment/Sessions.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import type { FinishReason, UpstreamEvent } from "./Events.ts"
@@ -76,16 +76,7 @@ export type ServeEvent =
   | { readonly _tag: "Delta"; readonly event: Exclude<UpstreamEvent, { _tag: "Usage" | "Finish" }> }
   | { readonly _tag: "End"; readonly summary: ServeSummary }
 
-/** How an admitted request is paid for. */
-export type Funding =
-  | { readonly _tag: "X402"; readonly payment: VerifiedPayment }
-  | {
-      readonly _tag: "Credit"
-      readonly keyId: string
-      readonly wallet: string
-      readonly keyRemaining: number
-    }
-  | { readonly _tag: "Session"; readonly sessionId: string; readonly budgetRemaining: number }
+export type { Funding }
 
 export interface Admitted {
   readonly requestId: string
@@ -148,7 +139,7 @@ export class Completions extends Context.Service<
       const live = yield* LiveStreams
       const upstream = yield* Upstream
       const config = yield* RouterConfig
-      const creditKeys = yield* CreditKeys
+      const fundingService = yield* FundingService
       const sessions = yield* Sessions
 
       const gate = Effect.fn("Completions.gate")(function* (request: ChatCompletionRequest) {
@@ -220,102 +211,40 @@ export class Completions extends Context.Service<
           agent: agentRecord(context.agent),
           sessionId
         }
-        const quote = (code?: PaymentRequiredCode, error?: string) => {
-          const { _tag, ...body } = verifier.quote({
-            worstCase,
-            resourceUrl: context.resourceUrl,
-            description
-          })
-          return new PaymentRequired({
-            ...body,
-            ...(code === undefined ? {} : { code }),
-            ...(error ? { error } : {})
-          })
-        }
-        const openSession = (
-          payer: string,
-          budget: number,
-          fundingKind: "x402" | "credit",
-          keyId: string | null
-        ) =>
-          sessionId === undefined
-            ? Effect.succeed(undefined)
-            : sessions.open({
-                sessionId,
-                payer: payer.toLowerCase(),
-                fundingKind,
-                fundingRequestId: requestId,
-                keyId,
-                budget,
-                providerId: auction.winner.provider_id,
-                modelClass: auction.winner.model_class,
-                priceIn: auction.clear.price_in,
-                priceOut: auction.clear.price_out,
-                priceInCached: auction.clear.price_in_cached ?? null,
-                ttlSeconds: auction.winningQuote.session_ttl_s ?? sessions.settings.defaultTtlSeconds
-              })
-        let funding: Funding
-        let payer: string
-        let authorized: number
         let sessionToken: string | undefined
-        if (context.creditKey !== undefined) {
-          // A funded key: the worst case is reserved from the owner's balance within the key's
-          // cap; no signature, no 402 round trip.
-          const key = yield* creditKeys.resolve(context.creditKey)
-          authorized = worstCase
-          payer = key.wallet
-          sessionToken = yield* openSession(payer, authorized, "credit", key.keyId)
-          const { keyRemaining } = yield* ledger
-            .reserveCredit({ ...reservation, payer, authorized }, key.keyId)
-            .pipe(
-              Effect.catchTag("CreditRefused", (refused) =>
-                Effect.andThen(
-                  sessionId === undefined ? Effect.void : sessions.discard(sessionId),
-                  Effect.fail(
-                    quote(
-                      refused.code,
-                      refused.code === "key_budget_exhausted"
-                        ? "this key's budget cannot cover the worst case of this request"
-                        : "the key owner's credit balance cannot cover the worst case of this request"
-                    )
-                  )
-                )
-              )
-            )
-          funding = { _tag: "Credit", keyId: key.keyId, wallet: key.wallet, keyRemaining }
-        } else {
-          if (context.paymentHeader === undefined) return yield* quote()
-          const payment = yield* verifier.verifyExact({
-            header: context.paymentHeader,
-            worstCase,
-            resourceUrl: context.resourceUrl,
-            description,
-            nonceUnused: ledger.nonceUnused
-          })
-          authorized = Number(payment.value)
-          payer = payment.payer
-          sessionToken = yield* openSession(payer, authorized, "x402", null)
-          yield* ledger
-            .reserveX402(
-              { ...reservation, payer, authorized },
-              {
-                nonce: payment.authorization.nonce,
-                validAfter: payment.authorization.validAfter,
-                validBefore: payment.authorization.validBefore,
-                signature: payment.signature,
-                balance: payment.balance
-              }
-            )
-            .pipe(
-              Effect.catchTag("NonceReplay", (refused) =>
-                Effect.andThen(
-                  sessionId === undefined ? Effect.void : sessions.discard(sessionId),
-                  Effect.fail(quote("payment_invalid", refused.refusal))
-                )
-              )
-            )
-          funding = { _tag: "X402", payment }
-        }
+        const { funding, payer, authorized } = yield* fundingService.fund({
+          creditKey: context.creditKey,
+          paymentHeader: context.paymentHeader,
+          resourceUrl: context.resourceUrl,
+          worstCase,
+          description,
+          reservation,
+          subject: opening ? "this session's budget" : "the worst case of this request",
+          // An opening call records its session before anything is reserved.
+          beforeReserve: (payer, budget, source) =>
+            sessionId === undefined
+              ? Effect.void
+              : Effect.map(
+                  sessions.open({
+                    sessionId,
+                    payer: payer.toLowerCase(),
+                    fundingKind: source._tag === "Credit" ? "credit" : "x402",
+                    fundingRequestId: requestId,
+                    keyId: source._tag === "Credit" ? source.keyId : null,
+                    budget,
+                    providerId: auction.winner.provider_id,
+                    modelClass: auction.winner.model_class,
+                    priceIn: auction.clear.price_in,
+                    priceOut: auction.clear.price_out,
+                    priceInCached: auction.clear.price_in_cached ?? null,
+                    ttlSeconds: auction.winningQuote.session_ttl_s ?? sessions.settings.defaultTtlSeconds
+                  }),
+                  (token) => {
+                    sessionToken = token
+                  }
+                ),
+          undo: sessionId === undefined ? undefined : sessions.discard(sessionId)
+        })
         const source: PaymentSource =
           sessionId !== undefined
             ? {

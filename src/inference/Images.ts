@@ -25,9 +25,9 @@ import { Latency } from "../market/Latency.ts"
 import { ModelCatalog } from "../market/ModelCatalog.ts"
 import { Providers } from "../market/Providers.ts"
 import { QuoteBook } from "../market/QuoteBook.ts"
-import { CreditKeys } from "../payment/CreditKeys.ts"
+import { type Funded, FundingService } from "../payment/Funding.ts"
 import { bodyHash, Idempotency } from "../payment/Idempotency.ts"
-import { PaymentVerifier, type VerifiedPayment } from "../payment/PaymentVerifier.ts"
+import { PaymentVerifier } from "../payment/PaymentVerifier.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import type { AgentHeaders } from "./Completions.ts"
 
@@ -89,14 +89,8 @@ export interface ImageRequestContext {
   readonly agent: AgentHeaders
 }
 
-export type ImageFunding =
-  | { readonly _tag: "X402"; readonly payment: VerifiedPayment }
-  | {
-      readonly _tag: "Credit"
-      readonly keyId: string
-      readonly wallet: string
-      readonly keyRemaining: number
-    }
+/** Images are paid by x402 `exact` or a funded key, never by a session. */
+export type ImageFunding = Funded["funding"]
 
 export interface GeneratedImage {
   readonly requestId: string
@@ -167,7 +161,7 @@ export class Images extends Context.Service<
       const providers = yield* Providers
       const verifier = yield* PaymentVerifier
       const ledger = yield* Ledger
-      const creditKeys = yield* CreditKeys
+      const fundingService = yield* FundingService
       const idempotency = yield* Idempotency
       const config = yield* RouterConfig
       const client = yield* HttpClient.HttpClient
@@ -422,78 +416,23 @@ export class Images extends Context.Service<
         }
         const requestId = newRequestId()
         const createdAt = yield* Clock.currentTimeMillis
-        const reservation = {
-          requestId,
-          dialect: "images",
-          requestedModel,
-          modelClass: auction.winner.model_class,
-          providerId: auction.winner.provider_id,
-          agent: agentRecord(context.agent)
-        }
-        if (context.creditKey !== undefined) {
-          const key = yield* creditKeys.resolve(context.creditKey)
-          const { keyRemaining } = yield* ledger
-            .reserveCredit({ ...reservation, payer: key.wallet, authorized: price }, key.keyId)
-            .pipe(
-              Effect.catchTag("CreditRefused", (refused) =>
-                Effect.fail(
-                  quote(
-                    refused.code,
-                    refused.code === "key_budget_exhausted"
-                      ? "this key's budget cannot cover the image"
-                      : "the key owner's credit balance cannot cover the image"
-                  )
-                )
-              )
-            )
-          const funding: ImageFunding = { _tag: "Credit", keyId: key.keyId, wallet: key.wallet, keyRemaining }
-          return {
-            requestId,
-            createdAt,
-            requestedModel,
-            auction,
-            price,
-            authorized: price,
-            payer: key.wallet,
-            funding
-          }
-        }
-        if (context.paymentHeader === undefined) return yield* quote()
-        const payment = yield* verifier.verifyExact({
-          header: context.paymentHeader,
-          worstCase: price,
+        const { funding, payer, authorized } = yield* fundingService.fund({
+          creditKey: context.creditKey,
+          paymentHeader: context.paymentHeader,
           resourceUrl: context.resourceUrl,
+          worstCase: price,
           description,
-          nonceUnused: ledger.nonceUnused
+          subject: "the image",
+          reservation: {
+            requestId,
+            dialect: "images",
+            requestedModel,
+            modelClass: auction.winner.model_class,
+            providerId: auction.winner.provider_id,
+            agent: agentRecord(context.agent)
+          }
         })
-        const authorized = Number(payment.value)
-        yield* ledger
-          .reserveX402(
-            { ...reservation, payer: payment.payer, authorized },
-            {
-              nonce: payment.authorization.nonce,
-              validAfter: payment.authorization.validAfter,
-              validBefore: payment.authorization.validBefore,
-              signature: payment.signature,
-              balance: payment.balance
-            }
-          )
-          .pipe(
-            Effect.catchTag("NonceReplay", (refused) =>
-              Effect.fail(quote("payment_invalid", refused.refusal))
-            )
-          )
-        const funding: ImageFunding = { _tag: "X402", payment }
-        return {
-          requestId,
-          createdAt,
-          requestedModel,
-          auction,
-          price,
-          authorized,
-          payer: payment.payer,
-          funding
-        }
+        return { requestId, createdAt, requestedModel, auction, price, authorized, payer, funding }
       })
 
       const generateOnce = Effect.fn("Images.generate")(function* (

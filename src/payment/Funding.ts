@@ -1,0 +1,141 @@
+import { Context, Effect, Layer } from "effect"
+import type { Forbidden, Unauthorized } from "../domain/Errors.ts"
+import { PaymentRequired, type PaymentRequiredCode } from "../domain/Payment.ts"
+import { Ledger, type ReservationRecord } from "../ledger/Ledger.ts"
+import { CreditKeys } from "./CreditKeys.ts"
+import { PaymentVerifier, type VerifiedPayment } from "./PaymentVerifier.ts"
+
+/** How an admitted request is paid for. */
+export type Funding =
+  | { readonly _tag: "X402"; readonly payment: VerifiedPayment }
+  | {
+      readonly _tag: "Credit"
+      readonly keyId: string
+      readonly wallet: string
+      readonly keyRemaining: number
+    }
+  | { readonly _tag: "Session"; readonly sessionId: string; readonly budgetRemaining: number }
+
+export interface Funded {
+  readonly funding: Extract<Funding, { _tag: "X402" | "Credit" }>
+  readonly payer: string
+  /** What was reserved: the worst case (a key) or the signed value (x402). */
+  readonly authorized: number
+}
+
+export interface FundingInput<E> {
+  readonly creditKey: string | undefined
+  readonly paymentHeader: string | undefined
+  readonly resourceUrl: string
+  readonly worstCase: number
+  readonly description: string
+  /** What the request is, minus who pays and how much. */
+  readonly reservation: Omit<ReservationRecord, "payer" | "authorized">
+  /** What the refusals call the thing being paid for ("the worst case of this request", "the image"). */
+  readonly subject: string
+  /**
+   * Runs once the payer and amount are known and before anything is reserved (a session opening
+   * records itself here); `undo` runs if the reservation is then refused.
+   */
+  readonly beforeReserve?: (
+    payer: string,
+    authorized: number,
+    source: { readonly _tag: "X402" } | { readonly _tag: "Credit"; readonly keyId: string }
+  ) => Effect.Effect<void, E>
+  readonly undo?: Effect.Effect<void>
+}
+
+/**
+ * The one place a paid surface is funded: a funded key's reservation (owner balance within
+ * the key's cap, no signature), or a verified x402 `exact` authorization reserved against
+ * the payer's balance. Refusals are 402s that carry fresh `accepts`.
+ */
+export class FundingService extends Context.Service<
+  FundingService,
+  {
+    readonly quote: (
+      input: { readonly worstCase: number; readonly resourceUrl: string; readonly description: string },
+      code?: PaymentRequiredCode,
+      error?: string
+    ) => PaymentRequired
+    readonly fund: <E = never>(
+      input: FundingInput<E>
+    ) => Effect.Effect<Funded, PaymentRequired | Unauthorized | Forbidden | E>
+  }
+>()("router/payment/Funding") {
+  static readonly layer = Layer.effect(
+    FundingService,
+    Effect.gen(function* () {
+      const verifier = yield* PaymentVerifier
+      const ledger = yield* Ledger
+      const creditKeys = yield* CreditKeys
+
+      const quote = (
+        input: { readonly worstCase: number; readonly resourceUrl: string; readonly description: string },
+        code?: PaymentRequiredCode,
+        error?: string
+      ) => {
+        const { _tag, ...body } = verifier.quote(input)
+        return new PaymentRequired({
+          ...body,
+          ...(code === undefined ? {} : { code }),
+          ...(error ? { error } : {})
+        })
+      }
+
+      const fund = <E = never>(input: FundingInput<E>) =>
+        Effect.gen(function* () {
+          const refuse = (code: PaymentRequiredCode, error: string) =>
+            Effect.andThen(input.undo ?? Effect.void, Effect.fail(quote(input, code, error)))
+          if (input.creditKey !== undefined) {
+            const key = yield* creditKeys.resolve(input.creditKey)
+            const authorized = input.worstCase
+            yield* input.beforeReserve?.(key.wallet, authorized, { _tag: "Credit", keyId: key.keyId }) ??
+              Effect.void
+            const { keyRemaining } = yield* ledger
+              .reserveCredit({ ...input.reservation, payer: key.wallet, authorized }, key.keyId)
+              .pipe(
+                Effect.catchTag("CreditRefused", (refused) =>
+                  refuse(
+                    refused.code,
+                    refused.code === "key_budget_exhausted"
+                      ? `this key's budget cannot cover ${input.subject}`
+                      : `the key owner's credit balance cannot cover ${input.subject}`
+                  )
+                )
+              )
+            return {
+              funding: { _tag: "Credit", keyId: key.keyId, wallet: key.wallet, keyRemaining },
+              payer: key.wallet,
+              authorized
+            } satisfies Funded
+          }
+          if (input.paymentHeader === undefined) return yield* Effect.fail(quote(input))
+          const payment = yield* verifier.verifyExact({
+            header: input.paymentHeader,
+            worstCase: input.worstCase,
+            resourceUrl: input.resourceUrl,
+            description: input.description,
+            nonceUnused: ledger.nonceUnused
+          })
+          const authorized = Number(payment.value)
+          yield* input.beforeReserve?.(payment.payer, authorized, { _tag: "X402" }) ?? Effect.void
+          yield* ledger
+            .reserveX402(
+              { ...input.reservation, payer: payment.payer, authorized },
+              {
+                nonce: payment.authorization.nonce,
+                validAfter: payment.authorization.validAfter,
+                validBefore: payment.authorization.validBefore,
+                signature: payment.signature,
+                balance: payment.balance
+              }
+            )
+            .pipe(Effect.catchTag("NonceReplay", (refused) => refuse("payment_invalid", refused.refusal)))
+          return { funding: { _tag: "X402", payment }, payer: payment.payer, authorized } satisfies Funded
+        })
+
+      return FundingService.of({ quote, fund })
+    })
+  )
+}
