@@ -421,7 +421,7 @@ export class Completions extends Context.Service<
           price_setter: auction.priceSetter,
           funding: funding._tag
         })
-        const started = yield* Deferred.make<void, UpstreamFailed>()
+        const started = yield* Deferred.make<void, UpstreamFailed | ServiceUnavailable>()
         const { stream, token } = yield* live.start<ServeEvent>(requestId, (emit) =>
           serve({ ...input, emit, started })
         )
@@ -446,7 +446,7 @@ export class Completions extends Context.Service<
 
       interface ServeInput extends Launch {
         readonly emit: (event: ServeEvent) => Effect.Effect<void>
-        readonly started: Deferred.Deferred<void, UpstreamFailed>
+        readonly started: Deferred.Deferred<void, UpstreamFailed | ServiceUnavailable>
       }
 
       const serve = (input: ServeInput) => {
@@ -699,12 +699,13 @@ export class Completions extends Context.Service<
           }
           yield* input.emit({ _tag: "End", summary })
           if (released) {
+            const message = `${error?.message ?? "the provider failed"}; the reservation was released and nothing was charged`
+            // Every candidate at its signed capacity is a busy market (503, retry), not a provider fault.
             yield* Deferred.fail(
               input.started,
-              new UpstreamFailed({
-                code: error?.code ?? "upstream_failed",
-                message: `${error?.message ?? "the provider failed"}; the reservation was released and nothing was charged`
-              })
+              error?.code === "capacity_exhausted"
+                ? new ServiceUnavailable({ code: "capacity_exhausted", message })
+                : new UpstreamFailed({ code: error?.code ?? "upstream_failed", message })
             )
           }
           yield* Deferred.succeed(input.started, undefined)
