@@ -40,6 +40,9 @@ const summary = (xs: ReadonlyArray<number>) =>
   `p50 ${quantile(xs, 0.5).toFixed(1)} ms  p95 ${quantile(xs, 0.95).toFixed(1)} ms  mean ${(xs.reduce((a, b) => a + b, 0) / xs.length).toFixed(1)} ms`
 
 /** Milliseconds from sending the request to the first content delta of an SSE body. */
+/** First-to-last content delta of the most recent stream (how long the tokens took to flow through). */
+let lastStream = Number.NaN
+
 const firstContentMs = async (
   doFetch: typeof fetch,
   url: string,
@@ -57,12 +60,20 @@ const firstContentMs = async (
   const decoder = new TextDecoder()
   let text = ""
   let first = Number.NaN
+  let last = Number.NaN
+  let seen = 0
   for (;;) {
     const { done, value } = await reader.read()
     if (done) break
     text += decoder.decode(value, { stream: true })
-    if (Number.isNaN(first) && /"content":"[^"]/.test(text)) first = performance.now() - started
+    const contents = (text.match(/"content":"[^"]/g) ?? []).length
+    if (contents > seen) {
+      seen = contents
+      last = performance.now() - started
+      if (Number.isNaN(first)) first = last
+    }
   }
+  lastStream = last - first
   return first
 }
 
@@ -202,10 +213,14 @@ const main = async () => {
     const keyed: Array<number> = []
     const routed: Array<number> = []
     const withQuote: Array<number> = []
+    const directStream: Array<number> = []
+    const routedStream: Array<number> = []
     for (let i = 0; i < ROUNDS; i++) {
       direct.push(await firstContentMs(fetch, `${provider.baseUrl}/v1/chat/completions`, body(1000 + i)))
+      directStream.push(lastStream)
       const headers = await signedFor(body(2000 + i))
       routed.push(await firstContentMs(fetch, `${router}/v1/chat/completions`, body(2000 + i), headers))
+      routedStream.push(lastStream)
       withQuote.push(await firstContentMs(payingFetch, `${router}/v1/chat/completions`, body(3000 + i)))
       keyed.push(
         await firstContentMs(fetch, `${router}/v1/chat/completions`, body(5000 + i), {
@@ -227,6 +242,9 @@ const main = async () => {
         `  through the router, funded key ${summary(keyed)}`,
         `  router overhead, funded key  ${summary(keyed.map((k, i) => k - direct[i]!))}`,
         "    (the same path without x402 verification: auction, one-statement reservation, lease, relay)",
+        `  first-to-last token, direct  ${summary(directStream)}`,
+        `  first-to-last token, routed  ${summary(routedStream)}`,
+        "    (deltas are relayed as they arrive: the spread of the stream is the provider's own)",
         `  rss ${(process.memoryUsage().rss / 1024 / 1024).toFixed(0)} MiB`,
         "  where a paid call's time goes (mean span duration, ms):",
         ...spanTable(spans)
