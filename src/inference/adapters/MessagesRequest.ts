@@ -7,7 +7,9 @@ import {
   chatEffort,
   Int,
   invalid,
+  Loose,
   type MutableMessage,
+  optionalNullable,
   type Translated,
   type TranslationError,
   unsupported
@@ -17,8 +19,6 @@ import {
  * The Anthropic Messages request, as far as the router honours it. Unions end in a loose
  * `{type}` member so unsupported blocks and server tools are refused by name.
  */
-const optionalNullable = <S extends Schema.Top>(schema: S) => Schema.optionalKey(Schema.NullOr(schema))
-const Loose = Schema.Struct({ type: Schema.String })
 
 const TextBlock = Schema.Struct({ type: Schema.Literal("text"), text: Schema.String })
 const ImageBlock = Schema.Struct({

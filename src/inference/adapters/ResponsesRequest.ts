@@ -7,7 +7,9 @@ import {
   chatEffort,
   Int,
   invalid,
+  Loose,
   type MutableMessage,
+  optionalNullable,
   type Translated,
   type TranslationError,
   unsupported
@@ -18,8 +20,6 @@ import {
  * `{type}` member so an unsupported item, part or tool is refused by name (and hosted tools
  * reach the capability gate) instead of failing as an opaque schema mismatch.
  */
-const optionalNullable = <S extends Schema.Top>(schema: S) => Schema.optionalKey(Schema.NullOr(schema))
-const Loose = Schema.Struct({ type: Schema.String })
 
 const InputText = Schema.Struct({ type: Schema.Literal("input_text"), text: Schema.String })
 const InputImage = Schema.Struct({
