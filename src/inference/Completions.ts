@@ -111,7 +111,7 @@ export const SERVE_DEADLINE = "15 minutes"
 /** A fallback provider serves only if its own ask fits inside what the caller already authorized. */
 const MAX_ATTEMPTS = 2
 
-const newRequestId = () => `req_${randomBytes(12).toString("hex")}`
+export const newRequestId = () => `req_${randomBytes(12).toString("hex")}`
 
 /**
  * The paid-request lifecycle: gate, route, price, pay, reserve, then serve in a supervised
@@ -767,7 +767,7 @@ export class Completions extends Context.Service<
   )
 }
 
-const agentRecord = (agent: AgentHeaders): Record<string, string> => {
+export const agentRecord = (agent: AgentHeaders): Record<string, string> => {
   const record: Record<string, string> = {}
   if (agent.role !== undefined) record.role = agent.role
   if (agent.parentTask !== undefined) record.parent_task = agent.parentTask

@@ -1,4 +1,3 @@
-import { randomBytes } from "node:crypto"
 import { Clock, Context, Effect, Exit, Layer, Schema } from "effect"
 import { FetchHttpClient, HttpClient, HttpClientRequest } from "effect/http"
 import { charge, feeSplit, type Tariff } from "../domain/Billing.ts"
@@ -29,7 +28,7 @@ import { type Funded, FundingService } from "../payment/Funding.ts"
 import { bodyHash, Idempotency } from "../payment/Idempotency.ts"
 import { PaymentVerifier } from "../payment/PaymentVerifier.ts"
 import { RouterConfig } from "../RouterConfig.ts"
-import type { AgentHeaders } from "./Completions.ts"
+import { type AgentHeaders, agentRecord, newRequestId } from "./Completions.ts"
 
 /**
  * `POST /v1/images/generations` (spec 4.1, 5.2, 8): one image per request, priced up front.
@@ -132,16 +131,6 @@ const isPng = (b64: string) =>
 
 /** A generated image may take a while; past this the reservation is released. */
 const PROVIDER_TIMEOUT_MS = 120_000
-
-const newRequestId = () => `req_${randomBytes(12).toString("hex")}`
-
-const agentRecord = (agent: AgentHeaders): Record<string, string> => {
-  const record: Record<string, string> = {}
-  if (agent.role !== undefined) record.role = agent.role
-  if (agent.parentTask !== undefined) record.parent_task = agent.parentTask
-  if (agent.agentId !== undefined) record.agent_id = agent.agentId
-  return record
-}
 
 export class Images extends Context.Service<
   Images,
