@@ -115,6 +115,28 @@ describe("Permit2 and the upto proxy (pure)", () => {
       assert.strictEqual(hashTypedData(uptoPermitTypedData(31337, fields)), digest)
       assert.strictEqual(yield* Effect.promise(() => signUptoPermit(account, 31337, fields)), signature)
       assert.strictEqual(yield* recoverUptoPermitSigner(31337, { ...fields, signature }), account.address)
+      // the hashes the section lists
+      assert.strictEqual(
+        keccak256(
+          toHex(
+            "PermitWitnessTransferFrom(TokenPermissions permitted,address spender,uint256 nonce,uint256 deadline," +
+              "Witness witness)TokenPermissions(address token,uint256 amount)Witness(address to,address facilitator,uint256 validAfter)"
+          )
+        ),
+        "0x51dff6974ad4388c499e7fcfe838d2bd767162553a144098ce20ea661d70c2ee"
+      )
+      assert.strictEqual(
+        UPTO_WITNESS_TYPEHASH,
+        "0xd4171c445a74218b01d4fd8af34ff1106580ea1e36ff837e64484bfaa2253b75"
+      )
+      assert.strictEqual(
+        keccak256(toHex("TokenPermissions(address token,uint256 amount)")),
+        "0x618358ac3db8dc274f0cd8829da7e234bd48cd73c4a740aede1adec9846d06a1"
+      )
+      assert.strictEqual(
+        permit2DomainSeparator(31337),
+        "0x4d553c58ae79a6c4ba64f0e690a5d1cd2deff8c6b91cf38300e0f2b76f9ee346"
+      )
     })
   )
 })
