@@ -1,47 +1,50 @@
 /**
  * Compiles contracts/*.sol with the npm `solc` (pinned settings) and writes src/chain/artifacts.ts, a
- * generated module of `as const` ABIs and creation bytecode for viem's type inference.
- * Run with `npm run build:contracts`; test/chain/artifacts.test.ts fails when the committed file is stale.
+ * generated module of `as const` ABIs and creation bytecode (runtime bytecode too for code placed with
+ * `anvil_setCode`) for viem's type inference; then Permit2 from its own sources into src/chain/permit2Artifact.ts
+ * (scripts/permit2-build.ts). Run with `npm run build:contracts`; test/chain/artifacts.test.ts fails when a
+ * committed file is stale.
  */
 import { readFileSync, writeFileSync } from "node:fs"
 import { dirname, join } from "node:path"
 import { fileURLToPath, pathToFileURL } from "node:url"
 import solc from "solc"
+import { compilePermit2, permit2ArtifactPath, renderPermit2Artifact } from "./permit2-build.ts"
+import { type SolcOutput, solcWarnings } from "./solc-output.ts"
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..")
 export const artifactsPath = join(root, "src", "chain", "artifacts.ts")
 
-/** Contract name → identifier prefix in the generated module. Order is the order of the output. */
-const contracts = [
+/**
+ * Contract name → identifier prefix in the generated module. Order is the order of the output. `deployed`:
+ * also emit the runtime bytecode (code placed at a fixed address rather than deployed by a transaction).
+ */
+const contracts: ReadonlyArray<{
+  readonly name: string
+  readonly file: string
+  readonly prefix: string
+  readonly deployed?: true
+}> = [
   { name: "TestUSDC", file: "TestUSDC.sol", prefix: "testUsdc" },
-  { name: "EpochAnchor", file: "EpochAnchor.sol", prefix: "epochAnchor" }
-] as const
+  { name: "EpochAnchor", file: "EpochAnchor.sol", prefix: "epochAnchor" },
+  { name: "x402UptoPermit2Proxy", file: "x402UptoPermit2Proxy.sol", prefix: "uptoProxy", deployed: true }
+]
 
 // Fixed so that the same sources always give the same bytes. Cancun is the newest fork every target chain
 // (Base, Ethereum, Anvil) runs; the metadata hash stays on so that any source edit shows in the artifact.
 const settings = {
   optimizer: { enabled: true, runs: 200 },
   evmVersion: "cancun",
-  outputSelection: { "*": { "*": ["abi", "evm.bytecode.object"] } }
-}
-
-interface SolcMessage {
-  readonly severity: "error" | "warning" | "info"
-  readonly formattedMessage: string
-}
-
-interface SolcOutput {
-  readonly errors?: ReadonlyArray<SolcMessage>
-  readonly contracts?: Record<
-    string,
-    Record<
-      string,
-      {
-        readonly abi: ReadonlyArray<unknown>
-        readonly evm: { readonly bytecode: { readonly object: string } }
-      }
-    >
-  >
+  outputSelection: {
+    "*": {
+      "*": [
+        "abi",
+        "evm.bytecode.object",
+        "evm.deployedBytecode.object",
+        "evm.deployedBytecode.immutableReferences"
+      ]
+    }
+  }
 }
 
 export interface CompiledContract {
@@ -49,6 +52,8 @@ export interface CompiledContract {
   readonly prefix: string
   readonly abi: ReadonlyArray<unknown>
   readonly bytecode: string
+  /** Runtime code, for contracts marked `deployed` (which must have no immutables: nothing would fill them). */
+  readonly deployedBytecode?: string
 }
 
 export interface Compilation {
@@ -63,24 +68,26 @@ export const compileContracts = (): Compilation => {
   )
   const input = { language: "Solidity", sources, settings }
   const output: SolcOutput = JSON.parse(solc.compile(JSON.stringify(input)))
-  const messages = output.errors ?? []
-  const errors = messages.filter((m) => m.severity === "error")
-  if (errors.length > 0) {
-    throw new Error(`solc failed:\n${errors.map((m) => m.formattedMessage).join("\n")}`)
-  }
+  const warnings = solcWarnings(output)
   return {
     compilerVersion: String(solc.version()),
-    warnings: messages.filter((m) => m.severity === "warning").map((m) => m.formattedMessage),
+    warnings,
     contracts: contracts.map((c) => {
       const compiled = output.contracts?.[c.file]?.[c.name]
-      if (compiled === undefined || compiled.evm.bytecode.object.length === 0) {
+      const bytecode = compiled?.evm.bytecode?.object ?? ""
+      const deployed = compiled?.evm.deployedBytecode
+      if (compiled === undefined || bytecode.length === 0 || deployed === undefined) {
         throw new Error(`solc produced no bytecode for ${c.name}`)
+      }
+      if (c.deployed && Object.keys(deployed.immutableReferences).length > 0) {
+        throw new Error(`${c.name} has immutables: its runtime code cannot be placed as it is`)
       }
       return {
         name: c.name,
         prefix: c.prefix,
         abi: compiled.abi,
-        bytecode: `0x${compiled.evm.bytecode.object}`
+        bytecode: `0x${bytecode}`,
+        ...(c.deployed ? { deployedBytecode: `0x${deployed.object}` } : {})
       }
     })
   }
@@ -98,6 +105,13 @@ export const renderArtifacts = (compilation: Compilation): string => {
     lines.push(c.abi.map((entry) => `  ${JSON.stringify(entry)}`).join(",\n"))
     lines.push("] as const", "")
     lines.push(`export const ${c.prefix}Bytecode: \`0x\${string}\` =`, `  "${c.bytecode}"`, "")
+    if (c.deployedBytecode !== undefined) {
+      lines.push(
+        `export const ${c.prefix}DeployedBytecode: \`0x\${string}\` =`,
+        `  "${c.deployedBytecode}"`,
+        ""
+      )
+    }
   }
   return lines.join("\n")
 }
@@ -108,6 +122,13 @@ const main = () => {
   writeFileSync(artifactsPath, renderArtifacts(compilation))
   process.stdout.write(
     `wrote ${artifactsPath} (${compilation.contracts.map((c) => c.name).join(", ")}; solc ${compilation.compilerVersion})\n`
+  )
+  const started = performance.now()
+  const permit2 = compilePermit2()
+  for (const warning of permit2.warnings) process.stderr.write(`${warning}\n`)
+  writeFileSync(permit2ArtifactPath, renderPermit2Artifact(permit2))
+  process.stdout.write(
+    `wrote ${permit2ArtifactPath} (Permit2; solc ${permit2.compilerVersion}; ${Math.round(performance.now() - started)} ms)\n`
   )
 }
 

@@ -25,6 +25,7 @@ import { epochAnchorAbi, epochAnchorBytecode, testUsdcAbi, testUsdcBytecode } fr
 import { ChainError, fromViemError } from "./ChainError.ts"
 import { demoWalletAccounts, routerSignerAccount, treasuryAccount } from "./DevAccounts.ts"
 import type { TokenDomain } from "./Eip3009.ts"
+import { ensureUptoContracts, PERMIT2_ADDRESS, UPTO_PROXY_ADDRESS } from "./Permit2.ts"
 
 export { ChainError, type ChainErrorReason } from "./ChainError.ts"
 export {
@@ -78,6 +79,9 @@ export interface ChainShape {
   readonly token: Address
   readonly tokenDomain: TokenDomain
   readonly anchor: Address
+  /** Permit2 and the x402 upto proxy (canonical addresses; the embedded chain places them, src/chain/Permit2.ts). */
+  readonly permit2: Address
+  readonly uptoProxy: Address
   readonly treasury: Address
   readonly routerSigner: Address
   readonly demoWallets: ReadonlyArray<DemoWallet>
@@ -383,6 +387,8 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     token,
     tokenDomain,
     anchor,
+    permit2: PERMIT2_ADDRESS,
+    uptoProxy: UPTO_PROXY_ADDRESS,
     treasury: deployment.treasury,
     routerSigner: router.address,
     demoWallets: deployment.demoWallets,
@@ -422,6 +428,7 @@ const deployContract = Effect.fnUntraced(function* (
 const embedded = Effect.gen(function* () {
   const anvil = yield* launchAnvil()
   const connection = connect(anvil.rpcUrl, anvil.chainId, 50)
+  yield* ensureUptoContracts(connection)
   const router = yield* makeSender(connection, routerSignerAccount())
   const treasurySender = yield* makeSender(connection, treasuryAccount())
   const token = yield* deployContract(connection, router, "TestUSDC", (wallet, nonce) =>

@@ -1,4 +1,4 @@
-import { Schema } from "effect"
+import { Effect, Schema } from "effect"
 import { BaseError, ContractFunctionRevertedError, WaitForTransactionReceiptTimeoutError } from "viem"
 
 /**
@@ -50,6 +50,10 @@ export const fromViemError =
     }
     return new ChainError({ reason: "Rpc", message: `${operation} failed: ${error.shortMessage}`, cause })
   }
+
+/** A viem call as an Effect that fails with the classified `ChainError`. */
+export const viemCall = <A>(operation: string, evaluate: () => Promise<A>): Effect.Effect<A, ChainError> =>
+  Effect.tryPromise({ try: evaluate, catch: fromViemError(operation) })
 
 const summarize = (error: BaseError): Error => {
   const summary = new Error(error.details ? `${error.shortMessage} (${error.details})` : error.shortMessage)

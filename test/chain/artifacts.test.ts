@@ -1,7 +1,23 @@
 import { readFileSync } from "node:fs"
 import { assert, describe, it } from "@effect/vitest"
+import { x402UptoPermit2ProxyABI } from "@x402/evm"
 import { artifactsPath, compileContracts, renderArtifacts } from "../../scripts/build-contracts.ts"
+import { compilePermit2, permit2ArtifactPath, renderPermit2Artifact } from "../../scripts/permit2-build.ts"
 import * as Artifacts from "../../src/chain/artifacts.ts"
+import { permit2Abi, permit2Immutables, permit2RuntimeBytecode } from "../../src/chain/permit2Artifact.ts"
+
+type AbiEntry = { readonly type: string; readonly name?: string }
+
+const names = (abi: ReadonlyArray<AbiEntry>, type = "function") =>
+  abi.filter((e) => e.type === type).map((e) => e.name)
+
+/** JSON with sorted keys: ABI entries compared whatever order their fields were written in. */
+const canonical = (value: unknown): string =>
+  JSON.stringify(value, (_, v) =>
+    typeof v === "object" && v !== null && !Array.isArray(v)
+      ? Object.fromEntries(Object.entries(v).sort(([a], [b]) => a.localeCompare(b)))
+      : v
+  )
 
 describe("contract artifacts", () => {
   it("src/chain/artifacts.ts is exactly what contracts/*.sol compile to (run npm run build:contracts)", () => {
@@ -10,9 +26,16 @@ describe("contract artifacts", () => {
     assert.strictEqual(readFileSync(artifactsPath, "utf8"), renderArtifacts(compilation))
   })
 
+  it("src/chain/permit2Artifact.ts is exactly what Permit2's sources compile to (run npm run build:contracts)", {
+    timeout: 180_000
+  }, () => {
+    const compilation = compilePermit2()
+    assert.deepStrictEqual(compilation.warnings, [])
+    assert.match(compilation.compilerVersion, /^0\.8\.17\+/)
+    assert.strictEqual(readFileSync(permit2ArtifactPath, "utf8"), renderPermit2Artifact(compilation))
+  })
+
   it("exports ABIs with the functions the router calls", () => {
-    const names = (abi: ReadonlyArray<{ readonly type: string; readonly name?: string }>) =>
-      abi.filter((e) => e.type === "function").map((e) => e.name)
     const usdc = names(Artifacts.testUsdcAbi)
     for (const fn of ["transferWithAuthorization", "receiveWithAuthorization", "cancelAuthorization"]) {
       assert.include(usdc, fn)
@@ -21,5 +44,35 @@ describe("contract artifacts", () => {
     assert.includeMembers(names(Artifacts.epochAnchorAbi), ["anchor", "roots", "owner"])
     assert.match(Artifacts.testUsdcBytecode, /^0x[0-9a-f]+$/)
     assert.match(Artifacts.epochAnchorBytecode, /^0x[0-9a-f]+$/)
+    assert.includeMembers(names(permit2Abi), [
+      "DOMAIN_SEPARATOR",
+      "nonceBitmap",
+      "permitWitnessTransferFrom",
+      "allowance",
+      "invalidateUnorderedNonces"
+    ])
+    assert.includeMembers(names(permit2Abi, "error"), ["InvalidNonce", "InvalidSigner", "SignatureExpired"])
+  })
+
+  it("the upto proxy implements every entry of the ABI @x402/evm calls it with", () => {
+    const ours = new Set(Artifacts.uptoProxyAbi.map(canonical))
+    for (const entry of x402UptoPermit2ProxyABI) {
+      assert.isTrue(ours.has(canonical(entry)), `missing or different: ${entry.type} ${entry.name}`)
+    }
+    // and nothing callable beyond it
+    assert.sameMembers(names(Artifacts.uptoProxyAbi), names(x402UptoPermit2ProxyABI))
+    assert.match(Artifacts.uptoProxyDeployedBytecode, /^0x[0-9a-f]+$/)
+  })
+
+  it("Permit2's runtime code leaves exactly its two immutables to fill", () => {
+    const ranges = [...permit2Immutables._CACHED_CHAIN_ID, ...permit2Immutables._CACHED_DOMAIN_SEPARATOR]
+    assert.strictEqual(ranges.length, 2)
+    for (const { start, length } of ranges) {
+      assert.strictEqual(length, 32)
+      assert.strictEqual(
+        permit2RuntimeBytecode.slice(2 + start * 2, 2 + (start + length) * 2),
+        "00".repeat(32)
+      )
+    }
   })
 })
