@@ -131,10 +131,10 @@ export class Points extends Context.Service<
       /** Standard competition ranking: within the top of the index, `rank()` is the global rank. */
       const leaderboard = Effect.fn("Points.leaderboard")(function* (limit: number) {
         const rows = yield* sql`
-          SELECT wallet, score::text, rank() OVER (ORDER BY score DESC)::text AS rank
+          SELECT wallet, top.score::text AS score, rank() OVER (ORDER BY top.score DESC)::text AS rank
           FROM (SELECT wallet, score FROM points_wallets WHERE score > 0
                 ORDER BY score DESC, wallet LIMIT ${limit}) top
-          ORDER BY score DESC, wallet
+          ORDER BY top.score DESC, wallet
         `.pipe(Effect.flatMap(decodeLeaders), Effect.orDie)
         return rows.map((row) => ({
           rank: row.rank,
