@@ -57,6 +57,7 @@ export type Outcome = "landed" | "pending" | "failed" | "released" | "partial"
 export interface ReceiptSpec {
   readonly wallet: string
   readonly providerId: string
+  readonly modelClass?: string
   /** Exactly what the receipt charges: output tokens at 1,000,000 base units per million. */
   readonly charged: number
   /** How it was paid and where its settlement stands. */
@@ -83,8 +84,8 @@ export const ledgerReceipt = (spec: ReceiptSpec) =>
       requestId,
       dialect: "chat",
       payer: spec.wallet,
-      requestedModel: "chat-small",
-      modelClass: "chat-small",
+      requestedModel: spec.modelClass ?? "chat-small",
+      modelClass: spec.modelClass ?? "chat-small",
       providerId: spec.providerId,
       authorized,
       agent: {}
@@ -107,7 +108,7 @@ export const ledgerReceipt = (spec: ReceiptSpec) =>
       request_id: requestId,
       wallet: spec.wallet.toLowerCase(),
       provider_id: spec.providerId,
-      model_class: "chat-small",
+      model_class: spec.modelClass ?? "chat-small",
       in_tokens: tokens.input,
       out_tokens: tokens.output,
       cached_tokens: 0,
