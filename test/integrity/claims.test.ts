@@ -134,6 +134,31 @@ describe("model claims, approved challengers and what the program's surfaces exp
           verdict: "upheld"
         })
         assert.strictEqual(verdictWithoutToken.status, 401)
+
+        // Every endpoint of the programs is in the OpenAPI document with a real success schema.
+        const doc = (yield* call("/openapi.json")).json as {
+          paths: Record<string, Record<string, { responses: Record<string, { content?: unknown }> }>>
+        }
+        for (const [path, method, status] of [
+          ["/v1/points/{wallet}", "get", "200"],
+          ["/v1/points/leaderboard", "get", "200"],
+          ["/v1/points/provider/{id}", "get", "200"],
+          ["/v1/points/follow", "post", "200"],
+          ["/v1/points/demo-share", "post", "200"],
+          ["/v1/model-integrity/claims/{id}", "get", "200"],
+          ["/v1/model-integrity/challengers/{wallet}", "get", "200"],
+          ["/v1/model-integrity/challenges/quote", "get", "200"],
+          ["/v1/model-integrity/challenges", "post", "201"],
+          ["/provider/model-integrity/claims", "post", "200"],
+          ["/v1/admin/model-integrity/challengers", "post", "200"],
+          ["/v1/admin/model-integrity/challenges", "get", "200"],
+          ["/v1/admin/model-integrity/challenges/{id}/verdict", "post", "200"]
+        ] as const) {
+          assert.isDefined(
+            doc.paths[path]?.[method]?.responses[status]?.content,
+            `${method} ${path} ${status}`
+          )
+        }
       })
     )
 
