@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto"
 import { Context, Effect, Layer, Schema } from "effect"
-import { SqlClient, type Statement } from "effect/sql"
+import { SqlClient, type SqlError, type Statement } from "effect/sql"
 import {
   Conflict,
   type FeatureGated,
@@ -35,6 +35,30 @@ const decodeRows = Schema.decodeUnknownEffect(Schema.Array(AdminChallengeView))
 const decodeView = Schema.decodeUnknownEffect(ChallengeView)
 
 export type FilingRefusal = FeatureGated | InvalidRequest | Unauthorized | Forbidden | NotFound | Conflict
+
+/** The two constraints a filing can meet: one live challenge per receipt, one challenge per signed filing. */
+const filingConflict = (error: SqlError.SqlError): Effect.Effect<never, Conflict> => {
+  const constraint = error.reason._tag === "UniqueViolation" ? error.reason.constraint : ""
+  if (constraint === "integrity_challenges_live") {
+    return Effect.fail(
+      new Conflict({
+        code: "receipt_already_challenged",
+        param: "receipt_id",
+        message: "This receipt already has an open or upheld challenge"
+      })
+    )
+  }
+  if (constraint.includes("filing_digest")) {
+    return Effect.fail(
+      new Conflict({
+        code: "challenge_replayed",
+        param: "signature",
+        message: "This signed filing already opened a challenge; sign new evidence to file again"
+      })
+    )
+  }
+  return Effect.die(error)
+}
 
 const receiptNotFound = (id: string) =>
   new NotFound({ code: "receipt_not_found", param: "receipt_id", message: `No receipt ${id}` })
@@ -212,28 +236,7 @@ export class Challenges extends Context.Service<
               if (!(yield* points.lockStake(wallet, stake))) return yield* uncovered
             })
           )
-          .pipe(
-            Effect.catchTag("SqlError", (error) =>
-              error.reason._tag !== "UniqueViolation"
-                ? Effect.die(error)
-                : error.reason.constraint === "integrity_challenges_live"
-                  ? Effect.fail(
-                      new Conflict({
-                        code: "receipt_already_challenged",
-                        param: "receipt_id",
-                        message: "This receipt already has an open or upheld challenge"
-                      })
-                    )
-                  : Effect.fail(
-                      new Conflict({
-                        code: "challenge_replayed",
-                        param: "signature",
-                        message:
-                          "This signed filing already opened a challenge; sign new evidence to file again"
-                      })
-                    )
-            )
-          )
+          .pipe(Effect.catchTag("SqlError", filingConflict))
         return yield* Effect.orDie(decodeView((yield* select(sql`challenge_id = ${id}`))[0]))
       })
 

@@ -173,10 +173,15 @@ export class Claims extends Context.Service<
             })
           )
           .pipe(
-            Effect.catchTag("SqlError", (error) =>
+            Effect.catchTag("SqlError", (error) => {
+              if (error.reason._tag !== "UniqueViolation") return Effect.die(error)
+              // The identical claim posted twice at once: the record the first one made.
+              if (error.reason.constraint === "integrity_claims_pkey") {
+                return Effect.map(select(sql`claim_id = ${claimId}`), (rows) => rows[0]!)
+              }
               // Two new claims for one class at once: the index keeps one active; the other re-signs.
-              error.reason._tag === "UniqueViolation" ? Effect.fail(stale()) : Effect.die(error)
-            )
+              return Effect.fail(stale())
+            })
           )
         return recorded
       })
