@@ -7,6 +7,10 @@ import { HttpServerLive } from "./http/Server.ts"
 import { Completions } from "./inference/Completions.ts"
 import { LiveStreams } from "./inference/LiveStreams.ts"
 import { Upstream } from "./inference/upstream/Upstream.ts"
+import { Challengers } from "./integrity/Challengers.ts"
+import { Challenges } from "./integrity/Challenges.ts"
+import { Claims } from "./integrity/Claims.ts"
+import { IntegrityConfig } from "./integrity/IntegrityConfig.ts"
 import { Epochs, PayoutConfig } from "./ledger/Epochs.ts"
 import { Ledger } from "./ledger/Ledger.ts"
 import { Reaper } from "./ledger/Reaper.ts"
@@ -26,6 +30,8 @@ import { PaymentVerifier } from "./payment/PaymentVerifier.ts"
 import { Sessions } from "./payment/Sessions.ts"
 import { Settlement } from "./payment/Settlement.ts"
 import { X402Config } from "./payment/X402.ts"
+import { Points } from "./points/Points.ts"
+import { Rewards } from "./points/Rewards.ts"
 import { Readiness } from "./Readiness.ts"
 import { RouterConfig } from "./RouterConfig.ts"
 
@@ -60,8 +66,16 @@ export const InferenceLive = Layer.mergeAll(Completions.layer, Reaper.layer).pip
   Layer.provideMerge(MarketLive)
 )
 
+/** The programs of spec 4.5: points (derived from receipts) and the model-integrity challenge machine. */
+export const ProgramsLive = Layer.mergeAll(Challenges.layer, Rewards.layer).pipe(
+  Layer.provideMerge(Layer.mergeAll(Points.layer, Claims.layer, Challengers.layer, IntegrityConfig.layer))
+)
+
 /** Every service of the router over a database and a chain. */
-export const ServicesLive = Layer.mergeAll(InferenceLive, Readiness.layer)
+export const ServicesLive = Layer.mergeAll(
+  ProgramsLive.pipe(Layer.provideMerge(InferenceLive)),
+  Readiness.layer
+)
 
 /** The simulated fleet runs unless `SIMULATED_FLEET=false` (real upstreams register themselves). */
 const FleetWhenEnabled = Layer.unwrap(

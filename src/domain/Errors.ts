@@ -40,7 +40,13 @@ export const ConflictCode = Schema.Literals([
   "session_used",
   "context_busy",
   "quote_id_reused",
-  "conflict"
+  "conflict",
+  // points and the model-integrity program (docs/decisions.md D63, D65, D67)
+  "reward_already_claimed",
+  "receipt_already_challenged",
+  "challenge_replayed",
+  "challenge_not_open",
+  "claim_stale"
 ])
 export class Conflict extends Schema.TaggedError<Conflict>()(
   "Conflict",

@@ -3,9 +3,11 @@ import { MessagesApi, ResponsesApi } from "./AdaptersApi.ts"
 import { ChatApi, ReceiptsApi } from "./ChatApi.ts"
 import { GatedApi } from "./GatedApi.ts"
 import { ImagesApi } from "./ImagesApi.ts"
+import { ChallengesApi, IntegrityAdminApi, IntegrityApi, ProviderClaimsApi } from "./IntegrityApi.ts"
 import { KeyAnalyticsApi } from "./KeyAnalyticsApi.ts"
 import { CreditsApi, KeysApi, WalletsAdminApi } from "./KeysApi.ts"
 import { AdminApi, MarketApi, ProviderApi, RoutingApi } from "./MarketApi.ts"
+import { PointsApi } from "./PointsApi.ts"
 import { SessionsApi } from "./SessionsApi.ts"
 import { SystemApi } from "./SystemApi.ts"
 
@@ -26,6 +28,11 @@ export class Api extends HttpApi.make("svc")
   .add(WalletsAdminApi)
   .add(KeysApi)
   .add(CreditsApi)
+  .add(IntegrityApi)
+  .add(ChallengesApi)
+  .add(IntegrityAdminApi)
+  .add(ProviderClaimsApi)
+  .add(PointsApi)
   .annotateMerge(
     OpenApi.annotations({
       title: "svc market-cleared inference router",

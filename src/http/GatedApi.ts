@@ -26,13 +26,14 @@ export class GatedApi extends HttpApiGroup.make("gated").add(
     success: Schema.Void,
     error: Gated
   }),
+  // Patient orders (spec 3.3, 4.2): every order surface is off at launch, not a bare 404.
   HttpApiEndpoint.post("createOrder", "/v1/orders", { payload: anyBody, success: Schema.Void, error: Gated }),
-  // Listed as off at launch (spec 1, 4.5): the stake quote and the signed filing.
-  HttpApiEndpoint.get("challengeQuote", "/v1/model-integrity/challenges/quote", {
+  HttpApiEndpoint.get("getOrder", "/v1/orders/:id", {
+    params: { id: Schema.String },
     success: Schema.Void,
     error: Gated
   }),
-  HttpApiEndpoint.post("fileChallenge", "/v1/model-integrity/challenges", {
+  HttpApiEndpoint.post("cancelOrder", "/v1/orders/:id/cancel", {
     payload: anyBody,
     success: Schema.Void,
     error: Gated

@@ -7,13 +7,21 @@ import { Images } from "../inference/Images.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { OperatorAuthLive } from "./AdminAuth.ts"
 import { Api } from "./Api.ts"
+import { ChallengesGateLive } from "./ChallengesGate.ts"
 import { MessagesHandlers, ResponsesHandlers } from "./handlers/Adapters.ts"
 import { ChatHandlers } from "./handlers/Chat.ts"
 import { GatedHandlers } from "./handlers/Gated.ts"
 import { ImagesHandlers } from "./handlers/Images.ts"
+import {
+  ChallengesHandlers,
+  IntegrityAdminHandlers,
+  IntegrityHandlers,
+  ProviderClaimsHandlers
+} from "./handlers/Integrity.ts"
 import { KeyAnalyticsHandlers } from "./handlers/KeyAnalytics.ts"
 import { CreditsHandlers, KeysHandlers, WalletsAdminHandlers } from "./handlers/Keys.ts"
 import { AdminHandlers, MarketHandlers, ProviderHandlers, RoutingHandlers } from "./handlers/Market.ts"
+import { PointsHandlers } from "./handlers/Points.ts"
 import { ReceiptHandlers } from "./handlers/Receipts.ts"
 import { SessionHandlers } from "./handlers/Sessions.ts"
 import { SystemHandlers } from "./handlers/System.ts"
@@ -38,9 +46,14 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     ImagesHandlers,
     WalletsAdminHandlers,
     KeysHandlers,
-    CreditsHandlers
+    CreditsHandlers,
+    IntegrityHandlers,
+    ChallengesHandlers,
+    IntegrityAdminHandlers,
+    ProviderClaimsHandlers,
+    PointsHandlers
   ]),
-  Layer.provide(Layer.mergeAll(OperatorAuthLive, PaidCalls.layer, Images.layer)),
+  Layer.provide(Layer.mergeAll(OperatorAuthLive, ChallengesGateLive, PaidCalls.layer, Images.layer)),
   Layer.provide([RouterMiddleware, Cors])
 )
 

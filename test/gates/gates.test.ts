@@ -36,6 +36,9 @@ const cases: ReadonlyArray<{
   { name: "read a passport", method: "GET", path: "/v1/context/passports/pp_1" },
   { name: "delete a passport", method: "DELETE", path: "/v1/context/passports/pp_1" },
   { name: "orders", method: "POST", path: "/v1/orders", body: { model: "auto", max_price: 1 } },
+  { name: "read an order", method: "GET", path: "/v1/orders/ord_0123" },
+  { name: "cancel an order", method: "POST", path: "/v1/orders/ord_0123/cancel", body: { wallet: "0x00" } },
+  { name: "cancel an order without a body", method: "POST", path: "/v1/orders/ord_0123/cancel" },
   {
     name: "challenge quote",
     method: "GET",

@@ -9,6 +9,6 @@ export const GatedHandlers = HttpApiBuilder.group(Api, "gated", (handlers) =>
     .handle("getPassport", () => Effect.fail(gated("context_passports")))
     .handle("deletePassport", () => Effect.fail(gated("context_passports")))
     .handleRaw("createOrder", () => Effect.fail(gated("patient_orders")))
-    .handle("challengeQuote", () => Effect.fail(gated("model_integrity_challenges")))
-    .handleRaw("fileChallenge", () => Effect.fail(gated("model_integrity_challenges")))
+    .handle("getOrder", () => Effect.fail(gated("patient_orders")))
+    .handleRaw("cancelOrder", () => Effect.fail(gated("patient_orders")))
 )
