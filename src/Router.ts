@@ -28,6 +28,9 @@ import { Settlement } from "./payment/Settlement.ts"
 import { X402Config } from "./payment/X402.ts"
 import { Readiness } from "./Readiness.ts"
 import { RouterConfig } from "./RouterConfig.ts"
+import { AgentSetups } from "./setup/AgentSetups.ts"
+import { ApprovalPage } from "./setup/ApprovalPage.ts"
+import { SetupSettings } from "./setup/SetupSettings.ts"
 
 /** The market: registry, book, latency and the auction over them. */
 export const MarketLive = Market.layer.pipe(
@@ -60,8 +63,13 @@ export const InferenceLive = Layer.mergeAll(Completions.layer, Reaper.layer).pip
   Layer.provideMerge(MarketLive)
 )
 
+/** The device-flow setup of coding-agent keys (spec 4.5), over the key registry. */
+export const SetupLive = Layer.mergeAll(AgentSetups.layer, ApprovalPage.layer).pipe(
+  Layer.provideMerge(SetupSettings.layer)
+)
+
 /** Every service of the router over a database and a chain. */
-export const ServicesLive = Layer.mergeAll(InferenceLive, Readiness.layer)
+export const ServicesLive = Layer.mergeAll(Readiness.layer, SetupLive).pipe(Layer.provideMerge(InferenceLive))
 
 /** The simulated fleet runs unless `SIMULATED_FLEET=false` (real upstreams register themselves). */
 const FleetWhenEnabled = Layer.unwrap(

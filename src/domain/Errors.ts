@@ -40,6 +40,7 @@ export const ConflictCode = Schema.Literals([
   "session_used",
   "context_busy",
   "quote_id_reused",
+  "setup_already_decided",
   "conflict"
 ])
 export class Conflict extends Schema.TaggedError<Conflict>()(

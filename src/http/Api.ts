@@ -7,6 +7,7 @@ import { KeyAnalyticsApi } from "./KeyAnalyticsApi.ts"
 import { CreditsApi, KeysApi, WalletsAdminApi } from "./KeysApi.ts"
 import { AdminApi, MarketApi, ProviderApi, RoutingApi } from "./MarketApi.ts"
 import { SessionsApi } from "./SessionsApi.ts"
+import { AgentSetupApi, AgentSetupPageApi } from "./SetupApi.ts"
 import { SystemApi } from "./SystemApi.ts"
 
 export class Api extends HttpApi.make("svc")
@@ -26,6 +27,8 @@ export class Api extends HttpApi.make("svc")
   .add(WalletsAdminApi)
   .add(KeysApi)
   .add(CreditsApi)
+  .add(AgentSetupApi)
+  .add(AgentSetupPageApi)
   .annotateMerge(
     OpenApi.annotations({
       title: "svc market-cleared inference router",

@@ -16,6 +16,7 @@ import { CreditsHandlers, KeysHandlers, WalletsAdminHandlers } from "./handlers/
 import { AdminHandlers, MarketHandlers, ProviderHandlers, RoutingHandlers } from "./handlers/Market.ts"
 import { ReceiptHandlers } from "./handlers/Receipts.ts"
 import { SessionHandlers } from "./handlers/Sessions.ts"
+import { AgentSetupHandlers, AgentSetupPageHandlers } from "./handlers/Setup.ts"
 import { SystemHandlers } from "./handlers/System.ts"
 import { Cors, RouterMiddleware } from "./Middleware.ts"
 import { PaidCalls } from "./PaidCall.ts"
@@ -38,7 +39,9 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     ImagesHandlers,
     WalletsAdminHandlers,
     KeysHandlers,
-    CreditsHandlers
+    CreditsHandlers,
+    AgentSetupHandlers,
+    AgentSetupPageHandlers
   ]),
   Layer.provide(Layer.mergeAll(OperatorAuthLive, PaidCalls.layer, Images.layer)),
   Layer.provide([RouterMiddleware, Cors])
