@@ -1,8 +1,7 @@
 import { Schema, SchemaTransformation } from "effect"
 import { HttpApiEndpoint, HttpApiGroup, HttpApiSchema } from "effect/http-api"
 import { Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized } from "../domain/Errors.ts"
-import { SetupStatus } from "../setup/AgentSetups.ts"
-import { DeviceFlowError, DeviceFlowErrorCode } from "../setup/DeviceFlow.ts"
+import { DeviceFlowError, DeviceFlowErrorCode, SetupStatus } from "../setup/DeviceFlow.ts"
 import { Harness } from "../setup/Harness.ts"
 import { openAi } from "./ErrorWire.ts"
 

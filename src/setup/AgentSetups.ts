@@ -20,13 +20,11 @@ import {
   newUserCode,
   normalizeUserCode,
   POLITE_SHARE,
+  type SetupStatus,
   SLOW_DOWN_STEP_S
 } from "./DeviceFlow.ts"
 import { Harness, harnessNames } from "./Harness.ts"
 import { SetupSettings } from "./SetupSettings.ts"
-
-export const SetupStatus = Schema.Literals(["pending", "approved", "denied", "exchanged", "expired"])
-export type SetupStatus = typeof SetupStatus.Type
 
 /** A setup as the approval page and the requester see it: terms and state, never a code's secret half. */
 export interface SetupView extends ApprovalTerms {

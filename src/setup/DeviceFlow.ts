@@ -1,6 +1,10 @@
 import { createHash, randomBytes, randomInt } from "node:crypto"
 import { Schema } from "effect"
 
+/** Where a setup stands; `expired` is read from the clock, never stored. */
+export const SetupStatus = Schema.Literals(["pending", "approved", "denied", "exchanged", "expired"])
+export type SetupStatus = typeof SetupStatus.Type
+
 /** RFC 8628 section 3.4: the grant type a token request names (optional here; anything else is refused). */
 export const DEVICE_CODE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 

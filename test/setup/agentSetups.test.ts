@@ -291,7 +291,6 @@ describe("agent setup (device flow, RFC 8628) on the router clock", () => {
 
     it.effect("two concurrent exchanges of one approved code: exactly one gets the key", () =>
       Effect.gen(function* () {
-        const setups = yield* AgentSetups
         yield* (yield* Keys).setInvited(alice.address, true)
         for (let round = 0; round < 5; round++) {
           const { started } = yield* approved()
