@@ -1,11 +1,24 @@
+import { existsSync, mkdtempSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import { assert, describe, layer } from "@effect/vitest"
-import { Effect } from "effect"
+import { ConfigProvider, Effect, Layer } from "effect"
 import { privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
 import { DEVICE_CODE_GRANT } from "../../src/setup/DeviceFlow.ts"
 import { balanceWith, errorCode, invite, signedCall } from "../keys/support.ts"
-import { call, postJson, routerLayer } from "../support/Router.ts"
+import { call, postJson, RouterUrl, routerLayer } from "../support/Router.ts"
+import { printedUserCode, runCli } from "./cli.ts"
 import { signTypedDataJson } from "./support.ts"
+
+/** Polled every second (AGENT_SETUP_INTERVAL_SECONDS), so the command's tests wait one second, not five. */
+const router = routerLayer().pipe(
+  Layer.provide(
+    ConfigProvider.layerAdd(ConfigProvider.fromUnknown({ AGENT_SETUP_INTERVAL_SECONDS: "1" }), {
+      asPrimary: true
+    })
+  )
+)
 
 interface Started {
   readonly device_code: string
@@ -25,7 +38,7 @@ const token = (body: Record<string, string>, form = false) =>
   })
 
 describe("agent setup over HTTP", () => {
-  layer(routerLayer(), { timeout: 120_000, excludeTestServices: true })((it) => {
+  layer(router, { timeout: 120_000, excludeTestServices: true })((it) => {
     it.effect("RFC 8628 wire: start, view, approve as a browser wallet signs, form-encoded exchange", () =>
       Effect.gen(function* () {
         const chain = yield* Chain
@@ -45,7 +58,7 @@ describe("agent setup over HTTP", () => {
           `${started.verification_uri}?code=${started.user_code}`
         )
         assert.strictEqual(started.expires_in, 600)
-        assert.strictEqual(started.interval, 5)
+        assert.strictEqual(started.interval, 1)
 
         const pending = yield* token({ grant_type: DEVICE_CODE_GRANT, device_code: started.device_code })
         assert.strictEqual(pending.status, 400)
@@ -153,6 +166,26 @@ describe("agent setup over HTTP", () => {
           assert.deepInclude(reply.json as object, { error })
         }
       })
+    )
+
+    it.effect(
+      "the command exits 1 with the router's reason: a bad budget at once, a denial at the next poll",
+      () =>
+        Effect.gen(function* () {
+          const base = yield* RouterUrl
+          const configDir = join(mkdtempSync(join(tmpdir(), "svc-setup-")), "config")
+          const args = ["--router", base, "--harness", "aider", "--config-dir", configDir, "--no-qr"]
+          const bad = yield* runCli([...args, "--budget", "five"])
+          assert.strictEqual(yield* bad.exitCode, 1)
+          assert.include(bad.stderr(), "svc-setup: budget_usdc must be a positive decimal string")
+
+          const denied = yield* runCli([...args, "--budget", "1"])
+          const userCode = yield* printedUserCode(denied)
+          assert.strictEqual((yield* postJson(`/v1/agent-setup/sessions/${userCode}/deny`, {})).status, 200)
+          assert.strictEqual(yield* denied.exitCode, 1)
+          assert.include(denied.stderr(), "svc-setup: The wallet holder denied this setup; no key was issued")
+          assert.isFalse(existsSync(configDir), "nothing was written")
+        })
     )
 
     it.effect("the approval page and its script are served without a build step; the API is documented", () =>
