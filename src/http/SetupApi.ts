@@ -161,10 +161,25 @@ export class AgentSetupApi extends HttpApiGroup.make("agentSetup").add(
   })
 ) {}
 
+/**
+ * The page may run only its own script, talk only to this router, and never be framed (an approval page
+ * inside another site's frame could be dressed up to mislead the wallet holder).
+ */
+export const APPROVAL_PAGE_POLICY =
+  "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; connect-src 'self'; " +
+  "frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+
 /** The approval page at a setup's verification URI: HTML and its script. */
 export class AgentSetupPageApi extends HttpApiGroup.make("agentSetupPage").add(
   HttpApiEndpoint.get("approvalPage", "/setup", {
-    success: Schema.String.pipe(HttpApiSchema.asText({ contentType: "text/html; charset=utf-8" }))
+    success: HttpApiSchema.WithHeaders(
+      Schema.String.pipe(HttpApiSchema.asText({ contentType: "text/html; charset=utf-8" })),
+      {
+        "content-security-policy": Schema.Literal(APPROVAL_PAGE_POLICY),
+        "x-frame-options": Schema.Literal("DENY"),
+        "referrer-policy": Schema.Literal("no-referrer")
+      }
+    )
   }),
   HttpApiEndpoint.get("approvalScript", "/setup/approve.js", {
     success: Schema.String.pipe(HttpApiSchema.asText({ contentType: "text/javascript; charset=utf-8" }))

@@ -71,17 +71,32 @@ describe("svc-setup, the approval page in a real browser, and the key it deliver
               signed.push(json)
               return wallet.signTypedData(JSON.parse(json))
             })
+            // Like a browser wallet: on another chain (mainnet) until asked to switch, and refusing to sign
+            // typed data for a chain other than the active one.
             await page.addInitScript((address: string) => {
               const sign = (globalThis as unknown as { __svcTestSign: (json: string) => Promise<string> })
                 .__svcTestSign
+              let chainId = "0x1"
               ;(globalThis as unknown as { ethereum: unknown }).ethereum = {
-                request: async ({ method, params }: { method: string; params?: Array<string> }) => {
+                request: async ({ method, params }: { method: string; params?: Array<unknown> }) => {
                   if (method === "eth_requestAccounts" || method === "eth_accounts") return [address]
+                  if (method === "eth_chainId") return chainId
+                  if (method === "wallet_switchEthereumChain") {
+                    chainId = (params![0] as { chainId: string }).chainId
+                    return null
+                  }
                   if (
                     method === "eth_signTypedData_v4" &&
-                    params?.[0]?.toLowerCase() === address.toLowerCase()
+                    String(params?.[0]).toLowerCase() === address.toLowerCase()
                   ) {
-                    return sign(params[1]!)
+                    const json = String(params![1])
+                    const domainChain = (JSON.parse(json) as { domain: { chainId: number } }).domain.chainId
+                    if (`0x${domainChain.toString(16)}` !== chainId) {
+                      throw Object.assign(new Error("chainId does not match the active chain"), {
+                        code: -32602
+                      })
+                    }
+                    return sign(json)
                   }
                   throw Object.assign(new Error(`unsupported ${method}`), { code: 4200 })
                 }

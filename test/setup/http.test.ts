@@ -193,6 +193,8 @@ describe("agent setup over HTTP", () => {
         const page = yield* call("/setup?code=BCDF-GHJK")
         assert.strictEqual(page.status, 200)
         assert.match(page.headers.get("content-type") ?? "", /^text\/html/)
+        assert.include(page.headers.get("content-security-policy"), "frame-ancestors 'none'")
+        assert.strictEqual(page.headers.get("x-frame-options"), "DENY")
         assert.include(page.text, '<script src="/setup/approve.js"></script>')
         assert.notMatch(page.text, /https?:\/\//, "nothing loads from another origin")
         const script = yield* call("/setup/approve.js")

@@ -9,7 +9,7 @@ import {
 } from "../../src/setup/Approval.ts"
 import { approvalJson } from "./support.ts"
 
-/** The agent-setup approval test vector of docs/protocol.md section 6. */
+/** The agent-setup approval test vector of docs/protocol.md section 7. */
 const account = privateKeyToAccount("0x5de4111afa1a4b94908f83103eb1f1706367c2e68ca870fc3fb9a804cdab365a")
 const terms = {
   setupId: `0x${"cd".repeat(32)}`,
@@ -23,7 +23,7 @@ const DIGEST = "0x43c0c8616b5e41d933d66ead8c09834854fb866d382a52d0d414986e1c3978
 const SIGNATURE =
   "0x398539bab06842e5b0dc59951ac091fb771d961ff7e1f1fbc38726ec1c1225101d65dbf0ef1be7340e26c192985b025447e20e3543fa86bcadffa21d3558dd8f1b"
 
-describe("agent-setup approval typed data (docs/protocol.md section 6)", () => {
+describe("agent-setup approval typed data (docs/protocol.md section 7)", () => {
   const typed = {
     domain: approvalDomain(31337),
     types: approvalTypes,

@@ -8,6 +8,7 @@ import { APPROVAL_PATH, ApprovalPage } from "../../setup/ApprovalPage.ts"
 import { harnessNames } from "../../setup/Harness.ts"
 import { SetupSettings } from "../../setup/SetupSettings.ts"
 import { Api } from "../Api.ts"
+import { APPROVAL_PAGE_POLICY } from "../SetupApi.ts"
 
 const setupView = (setup: SetupView) => ({
   object: "agent_setup" as const,
@@ -103,7 +104,18 @@ export const AgentSetupPageHandlers = HttpApiBuilder.group(
   Effect.fn(function* (handlers) {
     const page = yield* ApprovalPage
     return handlers
-      .handle("approvalPage", () => Effect.succeed(page.html))
+      .handle("approvalPage", () =>
+        Effect.succeed(
+          HttpApiSchema.withHeaders({
+            body: page.html,
+            headers: {
+              "content-security-policy": APPROVAL_PAGE_POLICY,
+              "x-frame-options": "DENY" as const,
+              "referrer-policy": "no-referrer" as const
+            }
+          })
+        )
+      )
       .handle("approvalScript", () => Effect.succeed(page.script))
   })
 )

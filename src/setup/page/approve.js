@@ -71,6 +71,20 @@
     if (setup.status !== "pending") settle(statusText[setup.status] ?? setup.status)
   }
 
+  // EIP-712 wallets refuse typed data for another chain than the active one: switch first when needed.
+  const useChain = async (chainId) => {
+    const wanted = `0x${chainId.toString(16)}`
+    const active = await window.ethereum.request({ method: "eth_chainId" }).catch(() => wanted)
+    if (String(active).toLowerCase() === wanted) return
+    try {
+      await window.ethereum.request({ method: "wallet_switchEthereumChain", params: [{ chainId: wanted }] })
+    } catch (error) {
+      if (error?.code === 4902)
+        throw new Error(`Your wallet does not know chain ${chainId}; add it, then approve again.`)
+      throw error
+    }
+  }
+
   const approve = async (setup) => {
     const budget = parseUsdc(byId("budget").value)
     if (budget === undefined || budget <= 0n) {
@@ -86,6 +100,7 @@
       show("ok", "Waiting for your wallet…")
       const [account] = await window.ethereum.request({ method: "eth_requestAccounts" })
       if (account === undefined) return show("error", "The wallet shared no account.")
+      await useChain(setup.chain_id)
       const typed = setup.typed_data
       const data = { ...typed, message: { ...typed.message, wallet: account, budget: budget.toString() } }
       const signature = await window.ethereum.request({
