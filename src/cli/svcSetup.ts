@@ -50,7 +50,10 @@ const flags = {
     Flag.withDescription("The key's name in the wallet's key list (default: '<harness> (agent setup)')"),
     Flag.optional
   ),
-  noQr: Flag.Boolean("no-qr").pipe(Flag.withDescription("Do not print the QR code of the approval URL"))
+  noQr: Flag.Boolean("no-qr").pipe(
+    Flag.withDescription("Do not print the QR code of the approval URL"),
+    Flag.withDefault(false)
+  )
 }
 
 const routerUrlOf = (flag: Option.Option<string>) =>

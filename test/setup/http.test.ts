@@ -7,6 +7,7 @@ import { privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
 import { DEVICE_CODE_GRANT } from "../../src/setup/DeviceFlow.ts"
 import { balanceWith, errorCode, invite, signedCall } from "../keys/support.ts"
+import { waitFor } from "../support/Pay.ts"
 import { call, postJson, RouterUrl, routerLayer } from "../support/Router.ts"
 import { printedUserCode, runCli } from "./cli.ts"
 import { signTypedDataJson } from "./support.ts"
@@ -174,13 +175,18 @@ describe("agent setup over HTTP", () => {
         Effect.gen(function* () {
           const base = yield* RouterUrl
           const configDir = join(mkdtempSync(join(tmpdir(), "svc-setup-")), "config")
-          const args = ["--router", base, "--harness", "aider", "--config-dir", configDir, "--no-qr"]
-          const bad = yield* runCli([...args, "--budget", "five"])
+          const args = ["--router", base, "--harness", "aider", "--config-dir", configDir]
+          const bad = yield* runCli([...args, "--budget", "five", "--no-qr"])
           assert.strictEqual(yield* bad.exitCode, 1)
           assert.include(bad.stderr(), "svc-setup: budget_usdc must be a positive decimal string")
 
           const denied = yield* runCli([...args, "--budget", "1"])
           const userCode = yield* printedUserCode(denied)
+          // Without --no-qr the approval link is also printed as a QR code (half blocks, no colour into a pipe).
+          yield* waitFor(
+            "the QR code",
+            Effect.sync(() => (/^ {2}█▀▀▀▀▀█ /m.test(denied.stdout()) ? true : undefined))
+          )
           assert.strictEqual((yield* postJson(`/v1/agent-setup/sessions/${userCode}/deny`, {})).status, 200)
           assert.strictEqual(yield* denied.exitCode, 1)
           assert.include(denied.stderr(), "svc-setup: The wallet holder denied this setup; no key was issued")
