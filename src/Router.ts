@@ -34,6 +34,9 @@ import { Points } from "./points/Points.ts"
 import { Rewards } from "./points/Rewards.ts"
 import { Readiness } from "./Readiness.ts"
 import { RouterConfig } from "./RouterConfig.ts"
+import { AgentSetups } from "./setup/AgentSetups.ts"
+import { ApprovalPage } from "./setup/ApprovalPage.ts"
+import { SetupSettings } from "./setup/SetupSettings.ts"
 
 /** The market: registry, book, latency and the auction over them. */
 export const MarketLive = Market.layer.pipe(
@@ -71,10 +74,14 @@ export const ProgramsLive = Layer.mergeAll(Challenges.layer, Rewards.layer).pipe
   Layer.provideMerge(Layer.mergeAll(Points.layer, Claims.layer, Challengers.layer, IntegrityConfig.layer))
 )
 
+/** The device-flow setup of coding-agent keys (spec 4.5), over the key registry. */
+export const SetupLive = Layer.mergeAll(AgentSetups.layer, ApprovalPage.layer).pipe(
+  Layer.provideMerge(SetupSettings.layer)
+)
+
 /** Every service of the router over a database and a chain. */
-export const ServicesLive = Layer.mergeAll(
-  ProgramsLive.pipe(Layer.provideMerge(InferenceLive)),
-  Readiness.layer
+export const ServicesLive = Layer.mergeAll(ProgramsLive, SetupLive, Readiness.layer).pipe(
+  Layer.provideMerge(InferenceLive)
 )
 
 /** The simulated fleet runs unless `SIMULATED_FLEET=false` (real upstreams register themselves). */

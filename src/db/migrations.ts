@@ -521,5 +521,42 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
       WHERE status IN ('open', 'upheld')
     `
     yield* sql`CREATE INDEX integrity_challenges_status ON integrity_challenges (status, created_at)`
+  }),
+  "0010_agent_setups": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // A key may carry an expiry (NULL: never); the spending path refuses it past that time.
+    yield* sql`ALTER TABLE api_keys ADD COLUMN expires_at TIMESTAMPTZ`
+    // Device-flow setups (spec 4.5): the codes are stored only as SHA-256. `setup_id` is the random
+    // nonce the approving wallet signs; expiry is a time, never a status, so no sweep is needed to apply it.
+    yield* sql`
+      CREATE TABLE agent_setups (
+        setup_id TEXT PRIMARY KEY,
+        device_code_hash TEXT NOT NULL UNIQUE,
+        user_code_hash TEXT NOT NULL,
+        harness TEXT NOT NULL,
+        network TEXT NOT NULL,
+        label TEXT NOT NULL,
+        budget BIGINT NOT NULL CHECK (budget > 0),
+        key_expires_at TIMESTAMPTZ NOT NULL,
+        wallet TEXT,
+        status TEXT NOT NULL CHECK (status IN ('pending', 'approved', 'denied', 'exchanged')),
+        interval_s INTEGER NOT NULL CHECK (interval_s > 0),
+        created_at TIMESTAMPTZ NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL,
+        last_polled_at TIMESTAMPTZ,
+        approved_by TEXT,
+        approved_budget BIGINT CHECK (approved_budget > 0 AND approved_budget <= budget),
+        approval_signature TEXT,
+        decided_at TIMESTAMPTZ,
+        key_id TEXT REFERENCES api_keys (key_id),
+        exchanged_at TIMESTAMPTZ
+      )
+    `
+    // A user code names one undecided setup at a time; finished setups free their code.
+    yield* sql`
+      CREATE UNIQUE INDEX agent_setups_live_user_code ON agent_setups (user_code_hash)
+      WHERE status IN ('pending', 'approved')
+    `
+    yield* sql`CREATE INDEX agent_setups_expiry ON agent_setups (expires_at) WHERE status <> 'exchanged'`
   })
 }

@@ -46,7 +46,8 @@ export const ConflictCode = Schema.Literals([
   "receipt_already_challenged",
   "challenge_replayed",
   "challenge_not_open",
-  "claim_stale"
+  "claim_stale",
+  "setup_already_decided"
 ])
 export class Conflict extends Schema.TaggedError<Conflict>()(
   "Conflict",

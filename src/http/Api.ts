@@ -9,6 +9,7 @@ import { CreditsApi, KeysApi, WalletsAdminApi } from "./KeysApi.ts"
 import { AdminApi, MarketApi, ProviderApi, RoutingApi } from "./MarketApi.ts"
 import { PointsApi } from "./PointsApi.ts"
 import { SessionsApi } from "./SessionsApi.ts"
+import { AgentSetupApi, AgentSetupPageApi } from "./SetupApi.ts"
 import { SystemApi } from "./SystemApi.ts"
 
 export class Api extends HttpApi.make("svc")
@@ -33,6 +34,8 @@ export class Api extends HttpApi.make("svc")
   .add(IntegrityAdminApi)
   .add(ProviderClaimsApi)
   .add(PointsApi)
+  .add(AgentSetupApi)
+  .add(AgentSetupPageApi)
   .annotateMerge(
     OpenApi.annotations({
       title: "svc market-cleared inference router",

@@ -39,7 +39,9 @@ export const KeyView = Schema.Struct({
   remaining: Schema.Number,
   requests: Schema.Number,
   created_at: Schema.Number,
-  revoked_at: Schema.NullOr(Schema.Number)
+  revoked_at: Schema.NullOr(Schema.Number),
+  /** Past it the key neither spends nor reads; null: it never expires. */
+  expires_at: Schema.NullOr(Schema.Number)
 })
 
 export const CreatedKey = Schema.Struct({

@@ -24,6 +24,7 @@ import { AdminHandlers, MarketHandlers, ProviderHandlers, RoutingHandlers } from
 import { PointsHandlers } from "./handlers/Points.ts"
 import { ReceiptHandlers } from "./handlers/Receipts.ts"
 import { SessionHandlers } from "./handlers/Sessions.ts"
+import { AgentSetupHandlers, AgentSetupPageHandlers } from "./handlers/Setup.ts"
 import { SystemHandlers } from "./handlers/System.ts"
 import { Cors, RouterMiddleware } from "./Middleware.ts"
 import { PaidCalls } from "./PaidCall.ts"
@@ -51,7 +52,9 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     ChallengesHandlers,
     IntegrityAdminHandlers,
     ProviderClaimsHandlers,
-    PointsHandlers
+    PointsHandlers,
+    AgentSetupHandlers,
+    AgentSetupPageHandlers
   ]),
   Layer.provide(Layer.mergeAll(OperatorAuthLive, ChallengesGateLive, PaidCalls.layer, Images.layer)),
   Layer.provide([RouterMiddleware, Cors])

@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from "node:crypto"
-import { Context, Effect, Layer, Schema } from "effect"
+import { Clock, Context, Effect, Layer, Schema } from "effect"
 import { SqlClient, type Statement } from "effect/sql"
 import { Forbidden, NotFound, Unauthorized } from "../domain/Errors.ts"
 
@@ -40,6 +40,8 @@ export interface KeyRecord {
   readonly requests: number
   readonly createdAt: number
   readonly revokedAt: number | null
+  /** Past this time the key neither spends nor reads; null: it never expires. */
+  readonly expiresAt: number | null
 }
 
 /** A spend-capable key that passed every gate (known, live, `credit`, owner invited). */
@@ -57,6 +59,8 @@ export interface CreateKeyInput {
   /** Base units. */
   readonly budget: number
   readonly spend: boolean
+  /** Unix seconds; omitted: the key never expires. */
+  readonly expiresAt?: number
 }
 
 const KeyRow = Schema.Struct({
@@ -70,6 +74,7 @@ const KeyRow = Schema.Struct({
   requests: Schema.NumberFromString,
   created_at: Schema.NumberFromString,
   revoked_at: Schema.NullOr(Schema.NumberFromString),
+  expires_at: Schema.NullOr(Schema.NumberFromString),
   invited: Schema.Boolean
 })
 const decodeRows = Schema.decodeUnknownEffect(Schema.Array(KeyRow))
@@ -84,7 +89,8 @@ const toRecord = (row: typeof KeyRow.Type): KeyRecord => ({
   reserved: row.reserved,
   requests: row.requests,
   createdAt: row.created_at,
-  revokedAt: row.revoked_at
+  revokedAt: row.revoked_at,
+  expiresAt: row.expires_at
 })
 
 const notInvited = () =>
@@ -113,9 +119,12 @@ export class Keys extends Context.Service<
     readonly list: (wallet: string) => Effect.Effect<ReadonlyArray<KeyRecord>>
     /** Owner only (any other wallet sees 404); revoking twice keeps the first time. */
     readonly revoke: (wallet: string, keyId: string) => Effect.Effect<KeyRecord, NotFound>
-    /** For spending surfaces: 401 `invalid_credit_key`, 403 `key_cannot_spend` or `wallet_not_invited`. */
+    /**
+     * For spending surfaces: 401 `invalid_credit_key` or `credit_key_expired`, 403 `key_cannot_spend` or
+     * `wallet_not_invited`.
+     */
     readonly resolveCreditKey: (secret: string) => Effect.Effect<CreditKey, Unauthorized | Forbidden>
-    /** For read-only surfaces: a live key of either kind, else 401 `invalid_api_key`. */
+    /** For read-only surfaces: a live key of either kind, else 401 `invalid_api_key` or `key_expired`. */
     readonly resolveApiKey: (secret: string) => Effect.Effect<KeyRecord, Unauthorized>
   }
 >()("router/payment/Keys") {
@@ -129,6 +138,7 @@ export class Keys extends Context.Service<
         k.reserved::text AS reserved, k.requests::text AS requests,
         extract(epoch FROM k.created_at)::bigint::text AS created_at,
         extract(epoch FROM k.revoked_at)::bigint::text AS revoked_at,
+        extract(epoch FROM k.expires_at)::bigint::text AS expires_at,
         coalesce(w.invited, false) AS invited
       `
       const select = (where: Statement.Fragment) =>
@@ -159,8 +169,9 @@ export class Keys extends Context.Service<
         const keyId = `key_${randomBytes(12).toString("hex")}`
         const secret = `${kind === "credit" ? "svc_ck_" : "svc_ak_"}${randomBytes(32).toString("base64url")}`
         yield* sql`
-          INSERT INTO api_keys (key_id, wallet, label, kind, key_hash, budget)
-          VALUES (${keyId}, ${owner}, ${input.label}, ${kind}, ${hashSecret(secret)}, ${input.budget})
+          INSERT INTO api_keys (key_id, wallet, label, kind, key_hash, budget, expires_at)
+          VALUES (${keyId}, ${owner}, ${input.label}, ${kind}, ${hashSecret(secret)}, ${input.budget},
+                  ${input.expiresAt === undefined ? null : new Date(input.expiresAt * 1000)})
         `.pipe(Effect.orDie)
         const [row] = yield* select(sql`k.key_id = ${keyId}`)
         return { record: toRecord(row!), secret }
@@ -192,6 +203,15 @@ export class Keys extends Context.Service<
           (rows) => rows[0]
         )
 
+      /** Expiry is read against the router clock (not the database's), so tests move it with TestClock. */
+      const expired = (row: typeof KeyRow.Type) =>
+        Effect.map(
+          Clock.currentTimeMillis,
+          (nowMs) => row.expires_at !== null && row.expires_at * 1000 <= nowMs
+        )
+      const keyExpired = (code: string) =>
+        new Unauthorized({ code, message: "This key has expired; ask its wallet for a new one" })
+
       const resolveCreditKey = Effect.fn("Keys.resolveCreditKey")(function* (secret: string) {
         const row = yield* live(secret)
         if (row === undefined) {
@@ -200,6 +220,7 @@ export class Keys extends Context.Service<
             message: "Unknown or revoked x-credit-key"
           })
         }
+        if (yield* expired(row)) return yield* keyExpired("credit_key_expired")
         if (row.kind !== "credit") {
           return yield* new Forbidden({
             code: "key_cannot_spend",
@@ -222,6 +243,7 @@ export class Keys extends Context.Service<
         if (row === undefined) {
           return yield* new Unauthorized({ code: "invalid_api_key", message: "Unknown or revoked key" })
         }
+        if (yield* expired(row)) return yield* keyExpired("key_expired")
         return toRecord(row)
       })
 

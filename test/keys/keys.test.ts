@@ -136,7 +136,8 @@ describe("wallet-signed key management", () => {
               remaining: 2_500_000,
               requests: 0,
               created_at: data.find((k) => k.id === credit.id)!.created_at,
-              revoked_at: null
+              revoked_at: null,
+              expires_at: null
             }
           )
 

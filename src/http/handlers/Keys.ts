@@ -20,7 +20,8 @@ const keyView = (record: KeyRecord) => ({
   remaining: Math.max(0, record.budget - record.spent - record.reserved),
   requests: record.requests,
   created_at: record.createdAt,
-  revoked_at: record.revokedAt
+  revoked_at: record.revokedAt,
+  expires_at: record.expiresAt
 })
 
 const pathOf = (request: HttpServerRequest) => request.url.split("?")[0] ?? "/"
