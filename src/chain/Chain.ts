@@ -1,3 +1,4 @@
+import { join } from "node:path"
 import { Config, Context, Effect, Layer, Option, Redacted, Schema, Semaphore } from "effect"
 import {
   type Address,
@@ -20,11 +21,13 @@ import {
   type WalletClient
 } from "viem"
 import { privateKeyToAccount } from "viem/accounts"
+import { RouterConfig } from "../RouterConfig.ts"
 import { launchAnvil } from "./Anvil.ts"
 import { epochAnchorAbi, epochAnchorBytecode, testUsdcAbi, testUsdcBytecode } from "./artifacts.ts"
 import { ChainError, fromViemError } from "./ChainError.ts"
 import { demoWalletAccounts, routerSignerAccount, treasuryAccount } from "./DevAccounts.ts"
 import type { TokenDomain } from "./Eip3009.ts"
+import { type EmbeddedContracts, prepareState, readContracts, writeContracts } from "./EmbeddedState.ts"
 
 export { ChainError, type ChainErrorReason } from "./ChainError.ts"
 export {
@@ -418,20 +421,15 @@ const deployContract = Effect.fnUntraced(function* (
   return getAddress(receipt.contractAddress)
 })
 
-/** No RPC_URL: a private Anvil for the layer's lifetime, with fresh contracts and funded demo wallets. */
-const embedded = Effect.gen(function* () {
-  const anvil = yield* launchAnvil()
-  const connection = connect(anvil.rpcUrl, anvil.chainId, 50)
-  const router = yield* makeSender(connection, routerSignerAccount())
-  const treasurySender = yield* makeSender(connection, treasuryAccount())
+/** A fresh chain: the contracts deployed, the demo wallets funded. */
+const deployFresh = Effect.fnUntraced(function* (connection: Connection, router: Sender) {
   const token = yield* deployContract(connection, router, "TestUSDC", (wallet, nonce) =>
     wallet.deployContract({ abi: testUsdcAbi, bytecode: testUsdcBytecode, nonce })
   )
   const anchor = yield* deployContract(connection, router, "EpochAnchor", (wallet, nonce) =>
     wallet.deployContract({ abi: epochAnchorAbi, bytecode: epochAnchorBytecode, nonce })
   )
-  const demoWallets = demoWalletAccounts()
-  const mints = yield* Effect.forEach(demoWallets, (wallet) =>
+  const mints = yield* Effect.forEach(demoWalletAccounts(), (wallet) =>
     router.send("mint", (client, nonce) =>
       client.writeContract({
         address: token,
@@ -450,7 +448,43 @@ const embedded = Effect.gen(function* () {
       discard: true
     }
   )
-  yield* Effect.logInfo("embedded chain ready").pipe(
+  return { chainId: connection.chainId, token, anchor } satisfies EmbeddedContracts
+})
+
+/** Whether the recorded contracts are on this chain (a chain whose state was lost has none). */
+const isDeployed = (connection: Connection, contracts: EmbeddedContracts) =>
+  Effect.forEach([contracts.token, contracts.anchor], (address) =>
+    call("Chain.getCode", () => connection.publicClient.getCode({ address: getAddress(address) }))
+  ).pipe(
+    Effect.map(
+      (codes) => contracts.chainId === connection.chainId && codes.every((code) => (code?.length ?? 0) > 2)
+    )
+  )
+
+/**
+ * No RPC_URL: a private Anvil with the project's contracts and funded demo wallets. With `stateDir`
+ * the chain persists there across restarts (contracts deployed once, on a fresh chain); without it,
+ * it lives as long as the layer.
+ */
+const embedded = Effect.fnUntraced(function* (stateDir: string | undefined) {
+  const state = stateDir === undefined ? undefined : yield* prepareState(stateDir)
+  const anvil = yield* launchAnvil({ state })
+  const connection = connect(anvil.rpcUrl, anvil.chainId, 50)
+  const router = yield* makeSender(connection, routerSignerAccount())
+  const treasurySender = yield* makeSender(connection, treasuryAccount())
+  const recorded = stateDir === undefined ? undefined : yield* readContracts(stateDir)
+  const reused = recorded !== undefined && (yield* isDeployed(connection, recorded))
+  if (recorded !== undefined && !reused) {
+    yield* Effect.logError(
+      "the embedded chain lost its state: deploying fresh contracts; ledger entries of earlier runs no longer match the chain"
+    )
+  }
+  const contracts = reused ? recorded : yield* deployFresh(connection, router)
+  if (stateDir !== undefined && !reused) yield* writeContracts(stateDir, contracts)
+  const token = getAddress(contracts.token)
+  const anchor = getAddress(contracts.anchor)
+  const demoWallets = demoWalletAccounts()
+  yield* Effect.logInfo(reused ? "embedded chain resumed" : "embedded chain ready").pipe(
     Effect.annotateLogs({ rpcUrl: anvil.rpcUrl, token, anchor, demoWallets: demoWallets.length })
   )
   return yield* makeService({
@@ -542,10 +576,12 @@ const external = Effect.fnUntraced(function* (rpcUrl: string) {
   })
 })
 
-const make = Effect.gen(function* () {
+const make = Effect.fnUntraced(function* (stateDir: string | undefined) {
   const rpcUrl = yield* Config.option(Config.String("RPC_URL"))
   const configured = Option.getOrUndefined(rpcUrl)?.trim()
-  return configured === undefined || configured === "" ? yield* embedded : yield* external(configured)
+  return configured === undefined || configured === ""
+    ? yield* embedded(stateDir)
+    : yield* external(configured)
 })
 
 /**
@@ -553,5 +589,11 @@ const make = Effect.gen(function* () {
  * Embedded (no RPC_URL) starts and seeds a private Anvil; external uses the configured RPC and contracts.
  */
 export class Chain extends Context.Service<Chain, ChainShape>()("router/chain/Chain") {
-  static readonly layer = Layer.effect(Chain, make)
+  /** The embedded chain lives as long as the layer (tests). */
+  static readonly layer = Layer.effect(Chain, make(undefined))
+  /** The embedded chain persists in `DATA_DIR/chain` across restarts (`npm start`). */
+  static readonly layerDurable = Layer.effect(
+    Chain,
+    Effect.flatMap(RouterConfig, (config) => make(join(config.dataDir, "chain")))
+  )
 }
