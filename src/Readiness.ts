@@ -4,7 +4,11 @@ import { Chain } from "./chain/Chain.ts"
 import { reconciliationOk, reconciliationTimestamp } from "./http/Metrics.ts"
 import type { Readiness as ReadinessBody } from "./http/SystemApi.ts"
 import { ReconciliationStatus } from "./http/SystemApi.ts"
+import { Drain } from "./process/Drain.ts"
 import { RouterConfig } from "./RouterConfig.ts"
+
+/** Each dependency gets this long; `/ready` answers within it even while the database or the chain hangs. */
+const PROBE_TIMEOUT = "2 seconds"
 
 const LastRun = Schema.Struct({
   status: Schema.String,
@@ -26,6 +30,7 @@ export class Readiness extends Context.Service<
       const sql = yield* SqlClient.SqlClient
       const chain = yield* Chain
       const config = yield* RouterConfig
+      const drain = yield* Drain
 
       const lastRun = sql`
         SELECT status,
@@ -41,6 +46,12 @@ export class Readiness extends Context.Service<
         Effect.orDie
       )
 
+      // The last answer read, shown again while the database does not answer in time.
+      let lastKnown: ReadinessBody["reconciliation"] = {
+        status: "not_run",
+        last_run_at: null,
+        discrepancies: []
+      }
       const reconciliation = Effect.map(lastRun, (row) =>
         Option.match(row, {
           onNone: () => ({ status: "not_run" as const, last_run_at: null, discrepancies: [] }),
@@ -50,11 +61,18 @@ export class Readiness extends Context.Service<
             discrepancies: r.discrepancies.slice(0, 10)
           })
         })
+      ).pipe(
+        Effect.tap((known) =>
+          Effect.sync(() => {
+            lastKnown = known
+          })
+        ),
+        Effect.timeoutOrElse({ duration: PROBE_TIMEOUT, orElse: () => Effect.sync(() => lastKnown) })
       )
 
       const probe = <A, E>(effect: Effect.Effect<A, E>) =>
         effect.pipe(
-          Effect.timeout("2 seconds"),
+          Effect.timeout(PROBE_TIMEOUT),
           Effect.match({
             onFailure: (e) => ({ status: "down" as const, detail: String(e).slice(0, 200) }),
             onSuccess: () => ({ status: "up" as const })
@@ -69,7 +87,11 @@ export class Readiness extends Context.Service<
         const reconciliationBlocks = config.mainnet && recon.status === "failed"
         const ready = database.status === "up" && chainState.status === "up" && !reconciliationBlocks
         return {
-          status: ready ? ("ready" as const) : ("not_ready" as const),
+          status: drain.isDraining()
+            ? ("draining" as const)
+            : ready
+              ? ("ready" as const)
+              : ("not_ready" as const),
           database,
           chain: chainState,
           reconciliation: recon

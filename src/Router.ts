@@ -26,6 +26,8 @@ import { PaymentVerifier } from "./payment/PaymentVerifier.ts"
 import { Sessions } from "./payment/Sessions.ts"
 import { Settlement } from "./payment/Settlement.ts"
 import { X402Config } from "./payment/X402.ts"
+import { DataDirLockLive } from "./process/DataDirLock.ts"
+import { Drain } from "./process/Drain.ts"
 import { Readiness } from "./Readiness.ts"
 import { RouterConfig } from "./RouterConfig.ts"
 
@@ -61,7 +63,9 @@ export const InferenceLive = Layer.mergeAll(Completions.layer, Reaper.layer).pip
 )
 
 /** Every service of the router over a database and a chain. */
-export const ServicesLive = Layer.mergeAll(InferenceLive, Readiness.layer)
+export const ServicesLive = Layer.mergeAll(InferenceLive, Readiness.layer).pipe(
+  Layer.provideMerge(Drain.layer)
+)
 
 /** The simulated fleet runs unless `SIMULATED_FLEET=false` (real upstreams register themselves). */
 const FleetWhenEnabled = Layer.unwrap(
@@ -77,13 +81,16 @@ const FleetWhenEnabled = Layer.unwrap(
   })
 )
 
-/** The whole process: infrastructure, services, the HTTP server, then the banner and the fleet. */
+/**
+ * The whole process: infrastructure (one router per DATA_DIR first), services, the HTTP server, then the
+ * banner and the fleet. The services stay visible for the shutdown's drain (src/Shutdown.ts).
+ */
 export const RouterLive = Layer.mergeAll(
   HttpServerLive,
   BannerLive.pipe(Layer.provide(HttpServerLive)),
   FleetWhenEnabled.pipe(Layer.provide(HttpServerLive))
 ).pipe(
-  Layer.provide(ServicesLive),
-  Layer.provide(Layer.mergeAll(DatabaseLive, Chain.layer)),
+  Layer.provideMerge(ServicesLive),
+  Layer.provide(Layer.mergeAll(DatabaseLive, Chain.layerDurable).pipe(Layer.provide(DataDirLockLive))),
   Layer.provide(RouterConfig.layer)
 )

@@ -7,6 +7,7 @@ import { Images } from "../inference/Images.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { OperatorAuthLive } from "./AdminAuth.ts"
 import { Api } from "./Api.ts"
+import { DrainGate } from "./DrainGate.ts"
 import { MessagesHandlers, ResponsesHandlers } from "./handlers/Adapters.ts"
 import { ChatHandlers } from "./handlers/Chat.ts"
 import { GatedHandlers } from "./handlers/Gated.ts"
@@ -41,7 +42,7 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     CreditsHandlers
   ]),
   Layer.provide(Layer.mergeAll(OperatorAuthLive, PaidCalls.layer, Images.layer)),
-  Layer.provide([RouterMiddleware, Cors])
+  Layer.provide([RouterMiddleware, DrainGate, Cors])
 )
 
 export const HttpServerLive = HttpRouter.serve(ApiRoutes, {
