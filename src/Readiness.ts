@@ -1,4 +1,4 @@
-import { Context, Effect, Layer, Metric, Option, Schema } from "effect"
+import { Context, Effect, Fiber, Layer, Metric, Option, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import { Chain } from "./chain/Chain.ts"
 import { reconciliationOk, reconciliationTimestamp } from "./http/Metrics.ts"
@@ -9,6 +9,22 @@ import { RouterConfig } from "./RouterConfig.ts"
 
 /** Each dependency gets this long; `/ready` answers within it even while the database or the chain hangs. */
 const PROBE_TIMEOUT = "2 seconds"
+
+/**
+ * `effect` within `PROBE_TIMEOUT`, else `orElse`. It runs in a fiber of its own whose interruption is not
+ * awaited: a query on a stalled database cannot be interrupted promptly (its cancel request also stalls).
+ */
+const bounded =
+  <B>(orElse: () => B) =>
+  <A>(effect: Effect.Effect<A>) =>
+    Effect.flatMap(Effect.forkDetach(effect), (fiber) =>
+      Fiber.join(fiber).pipe(
+        Effect.timeoutOrElse({
+          duration: PROBE_TIMEOUT,
+          orElse: () => Effect.as(Effect.forkDetach(Fiber.interrupt(fiber)), orElse())
+        })
+      )
+    )
 
 const LastRun = Schema.Struct({
   status: Schema.String,
@@ -67,21 +83,22 @@ export class Readiness extends Context.Service<
             lastKnown = known
           })
         ),
-        Effect.timeoutOrElse({ duration: PROBE_TIMEOUT, orElse: () => Effect.sync(() => lastKnown) })
+        Effect.matchCause({ onFailure: () => lastKnown, onSuccess: (known) => known }),
+        bounded(() => lastKnown)
       )
 
       const probe = <A, E>(effect: Effect.Effect<A, E>) =>
         effect.pipe(
-          Effect.timeout(PROBE_TIMEOUT),
           Effect.match({
             onFailure: (e) => ({ status: "down" as const, detail: String(e).slice(0, 200) }),
             onSuccess: () => ({ status: "up" as const })
-          })
+          }),
+          bounded(() => ({ status: "down" as const, detail: `no answer within ${PROBE_TIMEOUT}` }))
         )
 
       const check = Effect.gen(function* () {
         const [database, chainState, recon] = yield* Effect.all(
-          [probe(sql`SELECT 1`), probe(chain.blockNumber()), reconciliation],
+          [probe(sql`SELECT 1`), probe(chain.probe()), reconciliation],
           { concurrency: "unbounded" }
         )
         const reconciliationBlocks = config.mainnet && recon.status === "failed"

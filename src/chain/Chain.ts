@@ -86,7 +86,11 @@ export interface ChainShape {
   readonly demoWallets: ReadonlyArray<DemoWallet>
   readonly publicClient: PublicClient<HttpTransport, ViemChain>
   readonly blockNumber: () => Effect.Effect<bigint, ChainError>
+  /** Whether the node answers, within `QUICK_READ_TIMEOUT_MS` (readiness). */
+  readonly probe: () => Effect.Effect<void, ChainError>
+  /** A quick read (paid path): fails `Timeout` when the node does not answer in time. */
   readonly balanceOf: (address: Address) => Effect.Effect<bigint, ChainError>
+  /** A quick read (paid path): fails `Timeout` when the node does not answer in time. */
   readonly authorizationState: (authorizer: Address, nonce: Hex) => Effect.Effect<boolean, ChainError>
   /** Sends the authorization from the router signer, which pays gas; returns once broadcast, not mined. */
   /** Dry-runs the authorization as the router would send it (eth_call): fails `Reverted` with the token's reason. */
@@ -135,11 +139,21 @@ interface Sender {
   ) => Effect.Effect<Hash, ChainError>
 }
 
+/**
+ * A read a paid request waits on (x402 verification) or a readiness probe: one attempt, answered or given
+ * up within this, so a stalled node costs a caller 2 s, not viem's 4 × 10 s (docs/decisions.md D59).
+ */
+export const QUICK_READ_TIMEOUT_MS = 2_000
+/** Everything else (settlement, refunds, payouts, anchors, reconciliation): longer, and retried. */
+const BACKGROUND_RPC = { timeout: 10_000, retryCount: 3 } as const
+
 interface Connection {
   readonly rpcUrl: string
   readonly chainId: number
   readonly viemChain: ViemChain
   readonly publicClient: PublicClient<HttpTransport, ViemChain>
+  /** For quick reads only (`QUICK_READ_TIMEOUT_MS`, no retry). */
+  readonly quickClient: PublicClient<HttpTransport, ViemChain>
 }
 
 const connect = (rpcUrl: string, chainId: number, pollingInterval: number): Connection => {
@@ -149,8 +163,16 @@ const connect = (rpcUrl: string, chainId: number, pollingInterval: number): Conn
     nativeCurrency: { name: "Ether", symbol: "ETH", decimals: 18 },
     rpcUrls: { default: { http: [rpcUrl] } }
   })
-  const publicClient = createPublicClient({ chain: viemChain, transport: http(rpcUrl), pollingInterval })
-  return { rpcUrl, chainId, viemChain, publicClient }
+  const publicClient = createPublicClient({
+    chain: viemChain,
+    transport: http(rpcUrl, BACKGROUND_RPC),
+    pollingInterval
+  })
+  const quickClient = createPublicClient({
+    chain: viemChain,
+    transport: http(rpcUrl, { timeout: QUICK_READ_TIMEOUT_MS, retryCount: 0 })
+  })
+  return { rpcUrl, chainId, viemChain, publicClient, quickClient }
 }
 
 const makeSender = Effect.fnUntraced(function* (connection: Connection, account: LocalAccount) {
@@ -188,6 +210,18 @@ const makeSender = Effect.fnUntraced(function* (connection: Connection, account:
 
 const call = <A>(operation: string, evaluate: () => Promise<A>) =>
   Effect.tryPromise({ try: evaluate, catch: fromViemError(operation) })
+
+/** A quick read: the transport gives up at the timeout; the bound here also covers everything around it. */
+const quickCall = <A>(operation: string, evaluate: () => Promise<A>) =>
+  call(operation, evaluate).pipe(
+    Effect.timeoutOrElse({
+      duration: QUICK_READ_TIMEOUT_MS + 250,
+      orElse: () =>
+        Effect.fail(
+          new ChainError({ reason: "Timeout", message: `${operation}: the node did not answer in time` })
+        )
+    })
+  )
 
 const readTokenDomain = (connection: Connection, token: Address) =>
   Effect.all({
@@ -228,9 +262,15 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     call("Chain.blockNumber", () => publicClient.getBlockNumber({ cacheTime: 0 }))
   )
 
+  const probe = Effect.fn("Chain.probe")(() =>
+    quickCall("Chain.probe", () => connection.quickClient.getBlockNumber({ cacheTime: 0 })).pipe(
+      Effect.asVoid
+    )
+  )
+
   const balanceOf = Effect.fn("Chain.balanceOf")((address: Address) =>
-    call("Chain.balanceOf", () =>
-      publicClient.readContract({
+    quickCall("Chain.balanceOf", () =>
+      connection.quickClient.readContract({
         address: token,
         abi: testUsdcAbi,
         functionName: "balanceOf",
@@ -240,8 +280,8 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
   )
 
   const authorizationState = Effect.fn("Chain.authorizationState")((authorizer: Address, nonce: Hex) =>
-    call("Chain.authorizationState", () =>
-      publicClient.readContract({
+    quickCall("Chain.authorizationState", () =>
+      connection.quickClient.readContract({
         address: token,
         abi: testUsdcAbi,
         functionName: "authorizationState",
@@ -391,6 +431,7 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     demoWallets: deployment.demoWallets,
     publicClient,
     blockNumber,
+    probe,
     balanceOf,
     authorizationState,
     simulateTransferWithAuthorization,
