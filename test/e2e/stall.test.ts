@@ -67,6 +67,11 @@ const stallableRouter = Layer.unwrap(
   })
 )
 
+const signalAll = (pids: ReadonlyArray<number>, signal: NodeJS.Signals) =>
+  Effect.sync(() => {
+    for (const pid of pids) process.kill(pid, signal)
+  })
+
 /** The Anvil processes this test file started (children of this process). */
 const anvils = () =>
   childrenOf(process.pid).filter((pid) => {
@@ -104,9 +109,9 @@ describe("a stalled chain or database", () => {
           assert.strictEqual((yield* paidChat).status, 200)
           const stopped = anvils()
           assert.isAbove(stopped.length, 0)
-          for (const pid of stopped) process.kill(pid, "SIGSTOP")
+          yield* signalAll(stopped, "SIGSTOP")
           const { value: refused, ms } = yield* timed(paidChat).pipe(
-            Effect.ensuring(Effect.sync(() => stopped.forEach((pid) => process.kill(pid, "SIGCONT"))))
+            Effect.ensuring(signalAll(stopped, "SIGCONT"))
           )
           assert.strictEqual(refused.status, 402)
           assert.strictEqual(refused.body.code, "payment_verification_unavailable")
@@ -123,10 +128,8 @@ describe("a stalled chain or database", () => {
         assert.strictEqual((yield* call("/ready")).status, 200)
 
         const stopped = anvils()
-        for (const pid of stopped) process.kill(pid, "SIGSTOP")
-        const chainStalled = yield* timed(call("/ready")).pipe(
-          Effect.ensuring(Effect.sync(() => stopped.forEach((pid) => process.kill(pid, "SIGCONT"))))
-        )
+        yield* signalAll(stopped, "SIGSTOP")
+        const chainStalled = yield* timed(call("/ready")).pipe(Effect.ensuring(signalAll(stopped, "SIGCONT")))
         assert.strictEqual(chainStalled.value.status, 503)
         assert.strictEqual((chainStalled.value.json as { chain: { status: string } }).chain.status, "down")
         assert.isBelow(chainStalled.ms, ANSWERED_WITHIN_MS)
