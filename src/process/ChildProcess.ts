@@ -141,10 +141,10 @@ export const stopLeftover = Effect.fn("ChildProcess.stopLeftover")(function* (op
   if (pid === undefined) return undefined
   const command = commandLineOf(pid)
   if (command === undefined || !command.includes(options.marker)) return undefined
-  yield* Effect.logWarning(`stopping a ${options.what} an earlier run left running`).pipe(
+  yield* Effect.logWarning(`${options.what} left running by an earlier run: stopping it`).pipe(
     Effect.annotateLogs({ pid })
   )
   const stopped = yield* stopPid(pid, options.steps)
-  if (!stopped) yield* Effect.logError(`the leftover ${options.what} did not stop`, { pid })
+  if (!stopped) yield* Effect.logError(`${options.what} left running by an earlier run did not stop`, { pid })
   return pid
 })
