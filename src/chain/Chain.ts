@@ -522,6 +522,8 @@ const embedded = Effect.fnUntraced(function* (stateDir: string | undefined) {
   }
   const contracts = reused ? recorded : yield* deployFresh(connection, router)
   if (stateDir !== undefined && !reused) yield* writeContracts(stateDir, contracts)
+  // A resumed chain may miss its last seconds (docs/decisions.md D60). The exactly-once transfer sender
+  // (issue 11 item 7) rebroadcasts, at start, every transaction it recorded that this chain does not know.
   const token = getAddress(contracts.token)
   const anchor = getAddress(contracts.anchor)
   const demoWallets = demoWalletAccounts()
