@@ -110,54 +110,63 @@ export const startEmbeddedPostgres = Effect.fn("EmbeddedPostgres.start")(functio
     yield* Effect.sync(() => unlinkSync(lockFile)).pipe(Effect.ignore)
   }
 
-  const port = yield* freePort
-  const pg = new EmbeddedPostgres({
-    databaseDir,
-    port,
-    user: USER,
-    password: PASSWORD,
-    persistent: true,
-    createPostgresUser: true,
-    initdbFlags: ["--encoding=UTF8"],
-    onLog: () => {},
-    onError: () => {}
-  })
+  const cluster = (port: number) =>
+    new EmbeddedPostgres({
+      databaseDir,
+      port,
+      user: USER,
+      password: PASSWORD,
+      persistent: true,
+      createPostgresUser: true,
+      initdbFlags: ["--encoding=UTF8"],
+      onLog: () => {},
+      onError: () => {}
+    })
   if (!existsSync(resolve(databaseDir, "PG_VERSION"))) {
     // The server runs as an unprivileged user, which must be able to reach its folder.
     yield* attempt("could not create the data folder", async () => {
       await mkdir(options.dataDir, { recursive: true })
       await chmod(options.dataDir, 0o755)
     })
-    yield* attempt("initdb failed", () => pg.initialise())
+    yield* attempt("initdb failed", () => cluster(0).initialise())
   }
 
   const binary = yield* postgresBinary
-  const flags = [
-    ...["-D", databaseDir, "-p", String(port)],
-    ...["-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200", "-c", "lc_messages=C"],
-    ...(durable ? [] : ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
-  ]
-  const server = yield* Effect.acquireRelease(
-    Effect.sync(() => launch(binary, flags)),
-    (server) => stopChild(server.child, STOP_STEPS)
-  )
-  yield* Effect.tryPromise({
-    try: () => server.ready,
-    catch: (cause) => new EmbeddedPostgresError({ message: "postgres did not start", cause })
-  }).pipe(
-    Effect.timeoutOrElse({
-      duration: START_TIMEOUT,
-      orElse: () =>
-        Effect.fail(
-          new EmbeddedPostgresError({
-            message: "postgres did not start",
-            cause: new Error(`not ready within ${START_TIMEOUT}`)
-          })
-        )
+  const serveOn = (port: number) =>
+    Effect.gen(function* () {
+      const flags = [
+        ...["-D", databaseDir, "-p", String(port)],
+        ...["-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200", "-c", "lc_messages=C"],
+        ...(durable ? [] : ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
+      ]
+      const server = yield* Effect.acquireRelease(
+        Effect.sync(() => launch(binary, flags)),
+        (server) => stopChild(server.child, STOP_STEPS)
+      )
+      yield* Effect.tryPromise({
+        try: () => server.ready,
+        catch: (cause) => new EmbeddedPostgresError({ message: "postgres did not start", cause })
+      }).pipe(
+        Effect.timeoutOrElse({
+          duration: START_TIMEOUT,
+          orElse: () =>
+            Effect.fail(
+              new EmbeddedPostgresError({
+                message: "postgres did not start",
+                cause: new Error(`not ready within ${START_TIMEOUT}`)
+              })
+            )
+        })
+      )
+      return port
     })
+  // The port is free when picked, but another process may bind it before postgres does: pick again.
+  const port = yield* freePort.pipe(
+    Effect.flatMap(serveOn),
+    Effect.retry({ times: 3, while: (e) => /Address already in use/.test(String(e.cause)) })
   )
   yield* attempt("could not create the database", async () => {
-    const client = pg.getPgClient("postgres", "127.0.0.1")
+    const client = cluster(port).getPgClient("postgres", "127.0.0.1")
     await client.connect()
     try {
       const exists = await client.query("SELECT 1 FROM pg_database WHERE datname = $1", [options.database])
