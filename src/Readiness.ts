@@ -1,10 +1,30 @@
-import { Context, Effect, Layer, Metric, Option, Schema } from "effect"
+import { Context, Effect, Fiber, Layer, Metric, Option, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import { Chain } from "./chain/Chain.ts"
 import { reconciliationOk, reconciliationTimestamp } from "./http/Metrics.ts"
 import type { Readiness as ReadinessBody } from "./http/SystemApi.ts"
 import { ReconciliationStatus } from "./http/SystemApi.ts"
+import { Drain } from "./process/Drain.ts"
 import { RouterConfig } from "./RouterConfig.ts"
+
+/** Each dependency gets this long; `/ready` answers within it even while the database or the chain hangs. */
+const PROBE_TIMEOUT = "2 seconds"
+
+/**
+ * `effect` within `PROBE_TIMEOUT`, else `orElse`. It runs in a fiber of its own whose interruption is not
+ * awaited: a query on a stalled database cannot be interrupted promptly (its cancel request also stalls).
+ */
+const bounded =
+  <B>(orElse: () => B) =>
+  <A>(effect: Effect.Effect<A>) =>
+    Effect.flatMap(Effect.forkDetach(effect), (fiber) =>
+      Fiber.join(fiber).pipe(
+        Effect.timeoutOrElse({
+          duration: PROBE_TIMEOUT,
+          orElse: () => Effect.as(Effect.forkDetach(Fiber.interrupt(fiber)), orElse())
+        })
+      )
+    )
 
 const LastRun = Schema.Struct({
   status: Schema.String,
@@ -26,6 +46,7 @@ export class Readiness extends Context.Service<
       const sql = yield* SqlClient.SqlClient
       const chain = yield* Chain
       const config = yield* RouterConfig
+      const drain = yield* Drain
 
       const lastRun = sql`
         SELECT status,
@@ -41,6 +62,12 @@ export class Readiness extends Context.Service<
         Effect.orDie
       )
 
+      // The last answer read, shown again while the database does not answer in time.
+      let lastKnown: ReadinessBody["reconciliation"] = {
+        status: "not_run",
+        last_run_at: null,
+        discrepancies: []
+      }
       const reconciliation = Effect.map(lastRun, (row) =>
         Option.match(row, {
           onNone: () => ({ status: "not_run" as const, last_run_at: null, discrepancies: [] }),
@@ -50,26 +77,38 @@ export class Readiness extends Context.Service<
             discrepancies: r.discrepancies.slice(0, 10)
           })
         })
+      ).pipe(
+        Effect.tap((known) =>
+          Effect.sync(() => {
+            lastKnown = known
+          })
+        ),
+        Effect.matchCause({ onFailure: () => lastKnown, onSuccess: (known) => known }),
+        bounded(() => lastKnown)
       )
 
       const probe = <A, E>(effect: Effect.Effect<A, E>) =>
         effect.pipe(
-          Effect.timeout("2 seconds"),
           Effect.match({
             onFailure: (e) => ({ status: "down" as const, detail: String(e).slice(0, 200) }),
             onSuccess: () => ({ status: "up" as const })
-          })
+          }),
+          bounded(() => ({ status: "down" as const, detail: `no answer within ${PROBE_TIMEOUT}` }))
         )
 
       const check = Effect.gen(function* () {
         const [database, chainState, recon] = yield* Effect.all(
-          [probe(sql`SELECT 1`), probe(chain.blockNumber()), reconciliation],
+          [probe(sql`SELECT 1`), probe(chain.probe()), reconciliation],
           { concurrency: "unbounded" }
         )
         const reconciliationBlocks = config.mainnet && recon.status === "failed"
         const ready = database.status === "up" && chainState.status === "up" && !reconciliationBlocks
         return {
-          status: ready ? ("ready" as const) : ("not_ready" as const),
+          status: drain.isDraining()
+            ? ("draining" as const)
+            : ready
+              ? ("ready" as const)
+              : ("not_ready" as const),
           database,
           chain: chainState,
           reconciliation: recon

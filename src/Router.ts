@@ -32,6 +32,8 @@ import { Settlement } from "./payment/Settlement.ts"
 import { X402Config } from "./payment/X402.ts"
 import { Points } from "./points/Points.ts"
 import { Rewards } from "./points/Rewards.ts"
+import { DataDirLockLive } from "./process/DataDirLock.ts"
+import { Drain } from "./process/Drain.ts"
 import { Readiness } from "./Readiness.ts"
 import { RouterConfig } from "./RouterConfig.ts"
 import { AgentSetups } from "./setup/AgentSetups.ts"
@@ -81,7 +83,8 @@ export const SetupLive = Layer.mergeAll(AgentSetups.layer, ApprovalPage.layer).p
 
 /** Every service of the router over a database and a chain. */
 export const ServicesLive = Layer.mergeAll(ProgramsLive, SetupLive, Readiness.layer).pipe(
-  Layer.provideMerge(InferenceLive)
+  Layer.provideMerge(InferenceLive),
+  Layer.provideMerge(Drain.layer)
 )
 
 /** The simulated fleet runs unless `SIMULATED_FLEET=false` (real upstreams register themselves). */
@@ -98,13 +101,16 @@ const FleetWhenEnabled = Layer.unwrap(
   })
 )
 
-/** The whole process: infrastructure, services, the HTTP server, then the banner and the fleet. */
+/**
+ * The whole process: infrastructure (one router per DATA_DIR first), services, the HTTP server, then the
+ * banner and the fleet. The services stay visible for the shutdown's drain (src/Shutdown.ts).
+ */
 export const RouterLive = Layer.mergeAll(
   HttpServerLive,
   BannerLive.pipe(Layer.provide(HttpServerLive)),
   FleetWhenEnabled.pipe(Layer.provide(HttpServerLive))
 ).pipe(
-  Layer.provide(ServicesLive),
-  Layer.provide(Layer.mergeAll(DatabaseLive, Chain.layer)),
+  Layer.provideMerge(ServicesLive),
+  Layer.provide(Layer.mergeAll(DatabaseLive, Chain.layerDurable).pipe(Layer.provide(DataDirLockLive))),
   Layer.provide(RouterConfig.layer)
 )

@@ -1,18 +1,30 @@
-import { type ChildProcess, spawn } from "node:child_process"
-import { existsSync } from "node:fs"
+import type { ChildProcess } from "node:child_process"
+import { existsSync, mkdirSync, rmSync, writeFileSync } from "node:fs"
 import { createRequire } from "node:module"
 import { dirname, join } from "node:path"
 import { Effect, Schedule, type Scope } from "effect"
+import { type StopSteps, spawnTied, stopChild, stopLeftover } from "../process/ChildProcess.ts"
 import { ChainError } from "./ChainError.ts"
 import { DEV_ACCOUNT_COUNT, DEV_MNEMONIC } from "./DevAccounts.ts"
 
 export const ANVIL_CHAIN_ID = 31337
+
+/** Where a durable Anvil keeps its chain between runs (see `src/chain/EmbeddedState.ts`). */
+export interface AnvilState {
+  /** Loaded at start when present; written every `intervalSeconds` and when Anvil stops. */
+  readonly file: string
+  readonly intervalSeconds: number
+  /** Holds the running Anvil's pid, so that the next start can stop one a crash left behind. */
+  readonly pidFile: string
+}
 
 export interface AnvilOptions {
   /** Path to the anvil binary; defaults to the platform package `@foundry-rs/anvil-<os>-<arch>`, then `PATH`. */
   readonly binary?: string | undefined
   /** Seconds between blocks; omitted means automine (a block per transaction). */
   readonly blockTime?: number | undefined
+  /** Omitted: the chain lives only as long as this Anvil. */
+  readonly state?: AnvilState | undefined
 }
 
 export interface AnvilInstance {
@@ -38,15 +50,23 @@ export const resolveAnvilBinary = (): string => {
 
 const LISTENING = /Listening on (\S+):(\d+)\r?\n/
 const START_TIMEOUT = "20 seconds"
+// SIGTERM makes Anvil write its state file before it exits; a large chain takes a moment.
+const STOP_STEPS: StopSteps = [
+  { signal: "SIGTERM", patience: "15 seconds" },
+  { signal: "SIGKILL", patience: "5 seconds" }
+]
 
 /**
  * Starts Anvil on a free port (port 0; the bound port is read from its "Listening on" line) and stops it
  * when the scope closes. Anvil prints the dev accounts' keys on stdout, so stdout is drained and never echoed.
+ * With `state`, an Anvil an earlier run left behind is stopped first (which makes it write its state), and
+ * the chain is loaded from and kept in `state.file`.
  */
 export const launchAnvil = Effect.fn("Anvil.launch")(function* (
   options: AnvilOptions = {}
 ): Effect.fn.Return<AnvilInstance, ChainError, Scope.Scope> {
   const binary = options.binary ?? resolveAnvilBinary()
+  const state = options.state
   const args = [
     "--host",
     "127.0.0.1",
@@ -58,15 +78,26 @@ export const launchAnvil = Effect.fn("Anvil.launch")(function* (
     DEV_MNEMONIC,
     "--accounts",
     String(DEV_ACCOUNT_COUNT),
-    ...(options.blockTime === undefined ? [] : ["--block-time", String(options.blockTime)])
+    ...(options.blockTime === undefined ? [] : ["--block-time", String(options.blockTime)]),
+    ...(state === undefined ? [] : ["--state", state.file, "--state-interval", String(state.intervalSeconds)])
   ]
+  if (state !== undefined) {
+    yield* stopLeftover({ what: "anvil", pidFile: state.pidFile, marker: state.file, steps: STOP_STEPS })
+  }
 
   const child = yield* Effect.acquireRelease(
     Effect.try({
-      try: () => spawnAnvil(binary, args),
+      try: () => spawnAnvil(binary, args, state?.pidFile),
       catch: (cause) => new ChainError({ reason: "Devnet", message: "could not spawn anvil", cause })
     }),
-    stopAnvil
+    (anvil) =>
+      stopChild(anvil.process, STOP_STEPS).pipe(
+        Effect.andThen(
+          Effect.sync(() => {
+            if (state !== undefined) rmSync(state.pidFile, { force: true })
+          })
+        )
+      )
   )
 
   const rpcUrl = yield* waitForListening(child).pipe(
@@ -88,12 +119,20 @@ interface RunningAnvil {
   readonly process: ChildProcess
   /** Resolves with the RPC URL once anvil prints its "Listening on" line; rejects if it dies first. */
   readonly listening: Promise<string>
-  readonly killOnExit: () => void
 }
 
 // Everything is wired synchronously at spawn, so no early output, exit or spawn error can be missed.
-const spawnAnvil = (binary: string, args: ReadonlyArray<string>): RunningAnvil => {
-  const child = spawn(binary, args, { stdio: ["ignore", "pipe", "pipe"] })
+const spawnAnvil = (
+  binary: string,
+  args: ReadonlyArray<string>,
+  pidFile: string | undefined
+): RunningAnvil => {
+  // A router that dies (even by SIGKILL) leaves an Anvil that writes its state and exits.
+  const child = spawnTied(binary, args, { stdio: ["ignore", "pipe", "pipe"], deathSignal: "SIGTERM" })
+  if (pidFile !== undefined && child.pid !== undefined) {
+    mkdirSync(dirname(pidFile), { recursive: true })
+    writeFileSync(pidFile, `${child.pid}\n`)
+  }
   let stdout = ""
   let stderr = ""
   let found = false
@@ -118,31 +157,8 @@ const spawnAnvil = (binary: string, args: ReadonlyArray<string>): RunningAnvil =
     child.once("error", (cause) => reject(new Error(`anvil failed to start: ${cause.message}`)))
   })
   listening.catch(() => {})
-  // A node process that exits without closing the scope (crash, process.exit) must not leave anvil behind.
-  const killOnExit = () => {
-    child.kill("SIGKILL")
-  }
-  process.once("exit", killOnExit)
-  return { process: child, listening, killOnExit }
+  return { process: child, listening }
 }
-
-const hasExited = (child: ChildProcess) => child.exitCode !== null || child.signalCode !== null
-
-const stopAnvil = (anvil: RunningAnvil) =>
-  Effect.callback<void>((resume) => {
-    process.removeListener("exit", anvil.killOnExit)
-    const child = anvil.process
-    if (hasExited(child) || child.pid === undefined) {
-      resume(Effect.void)
-      return
-    }
-    const escalate = setTimeout(() => child.kill("SIGKILL"), 3000)
-    child.once("exit", () => {
-      clearTimeout(escalate)
-      resume(Effect.void)
-    })
-    child.kill("SIGTERM")
-  })
 
 const waitForListening = (anvil: RunningAnvil) =>
   Effect.tryPromise({

@@ -1,3 +1,4 @@
+import { join } from "node:path"
 import { Config, Context, Effect, Layer, Option, Redacted, Schema, Semaphore } from "effect"
 import {
   type Address,
@@ -20,12 +21,14 @@ import {
   type WalletClient
 } from "viem"
 import { privateKeyToAccount } from "viem/accounts"
+import { RouterConfig } from "../RouterConfig.ts"
 import { launchAnvil } from "./Anvil.ts"
 import { epochAnchorAbi, epochAnchorBytecode, testUsdcAbi, testUsdcBytecode } from "./artifacts.ts"
 import { ChainError, fromViemError } from "./ChainError.ts"
 import { demoWalletAccounts, routerSignerAccount, treasuryAccount } from "./DevAccounts.ts"
 import type { TokenDomain } from "./Eip3009.ts"
 import { ensureUptoContracts, PERMIT2_ADDRESS, UPTO_PROXY_ADDRESS } from "./Permit2.ts"
+import { type EmbeddedContracts, prepareState, readContracts, writeContracts } from "./EmbeddedState.ts"
 
 export { ChainError, type ChainErrorReason } from "./ChainError.ts"
 export {
@@ -87,7 +90,11 @@ export interface ChainShape {
   readonly demoWallets: ReadonlyArray<DemoWallet>
   readonly publicClient: PublicClient<HttpTransport, ViemChain>
   readonly blockNumber: () => Effect.Effect<bigint, ChainError>
+  /** Whether the node answers, within `QUICK_READ_TIMEOUT_MS` (readiness). */
+  readonly probe: () => Effect.Effect<void, ChainError>
+  /** A quick read (paid path): fails `Timeout` when the node does not answer in time. */
   readonly balanceOf: (address: Address) => Effect.Effect<bigint, ChainError>
+  /** A quick read (paid path): fails `Timeout` when the node does not answer in time. */
   readonly authorizationState: (authorizer: Address, nonce: Hex) => Effect.Effect<boolean, ChainError>
   /** Sends the authorization from the router signer, which pays gas; returns once broadcast, not mined. */
   /** Dry-runs the authorization as the router would send it (eth_call): fails `Reverted` with the token's reason. */
@@ -136,11 +143,21 @@ interface Sender {
   ) => Effect.Effect<Hash, ChainError>
 }
 
+/**
+ * A read a paid request waits on (x402 verification) or a readiness probe: one attempt, answered or given
+ * up within this, so a stalled node costs a caller 2 s, not viem's 4 × 10 s (docs/decisions.md D59).
+ */
+export const QUICK_READ_TIMEOUT_MS = 2_000
+/** Everything else (settlement, refunds, payouts, anchors, reconciliation): longer, and retried. */
+const BACKGROUND_RPC = { timeout: 10_000, retryCount: 3 } as const
+
 interface Connection {
   readonly rpcUrl: string
   readonly chainId: number
   readonly viemChain: ViemChain
   readonly publicClient: PublicClient<HttpTransport, ViemChain>
+  /** For quick reads only (`QUICK_READ_TIMEOUT_MS`, no retry). */
+  readonly quickClient: PublicClient<HttpTransport, ViemChain>
 }
 
 const connect = (rpcUrl: string, chainId: number, pollingInterval: number): Connection => {
@@ -150,8 +167,16 @@ const connect = (rpcUrl: string, chainId: number, pollingInterval: number): Conn
     nativeCurrency: { name: "Ether", symbol: "ETH", decimals: 18 },
     rpcUrls: { default: { http: [rpcUrl] } }
   })
-  const publicClient = createPublicClient({ chain: viemChain, transport: http(rpcUrl), pollingInterval })
-  return { rpcUrl, chainId, viemChain, publicClient }
+  const publicClient = createPublicClient({
+    chain: viemChain,
+    transport: http(rpcUrl, BACKGROUND_RPC),
+    pollingInterval
+  })
+  const quickClient = createPublicClient({
+    chain: viemChain,
+    transport: http(rpcUrl, { timeout: QUICK_READ_TIMEOUT_MS, retryCount: 0 })
+  })
+  return { rpcUrl, chainId, viemChain, publicClient, quickClient }
 }
 
 const makeSender = Effect.fnUntraced(function* (connection: Connection, account: LocalAccount) {
@@ -189,6 +214,18 @@ const makeSender = Effect.fnUntraced(function* (connection: Connection, account:
 
 const call = <A>(operation: string, evaluate: () => Promise<A>) =>
   Effect.tryPromise({ try: evaluate, catch: fromViemError(operation) })
+
+/** A quick read: the transport gives up at the timeout; the bound here also covers everything around it. */
+const quickCall = <A>(operation: string, evaluate: () => Promise<A>) =>
+  call(operation, evaluate).pipe(
+    Effect.timeoutOrElse({
+      duration: QUICK_READ_TIMEOUT_MS + 250,
+      orElse: () =>
+        Effect.fail(
+          new ChainError({ reason: "Timeout", message: `${operation}: the node did not answer in time` })
+        )
+    })
+  )
 
 const readTokenDomain = (connection: Connection, token: Address) =>
   Effect.all({
@@ -229,9 +266,15 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     call("Chain.blockNumber", () => publicClient.getBlockNumber({ cacheTime: 0 }))
   )
 
+  const probe = Effect.fn("Chain.probe")(() =>
+    quickCall("Chain.probe", () => connection.quickClient.getBlockNumber({ cacheTime: 0 })).pipe(
+      Effect.asVoid
+    )
+  )
+
   const balanceOf = Effect.fn("Chain.balanceOf")((address: Address) =>
-    call("Chain.balanceOf", () =>
-      publicClient.readContract({
+    quickCall("Chain.balanceOf", () =>
+      connection.quickClient.readContract({
         address: token,
         abi: testUsdcAbi,
         functionName: "balanceOf",
@@ -241,8 +284,8 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
   )
 
   const authorizationState = Effect.fn("Chain.authorizationState")((authorizer: Address, nonce: Hex) =>
-    call("Chain.authorizationState", () =>
-      publicClient.readContract({
+    quickCall("Chain.authorizationState", () =>
+      connection.quickClient.readContract({
         address: token,
         abi: testUsdcAbi,
         functionName: "authorizationState",
@@ -394,6 +437,7 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     demoWallets: deployment.demoWallets,
     publicClient,
     blockNumber,
+    probe,
     balanceOf,
     authorizationState,
     simulateTransferWithAuthorization,
@@ -424,21 +468,15 @@ const deployContract = Effect.fnUntraced(function* (
   return getAddress(receipt.contractAddress)
 })
 
-/** No RPC_URL: a private Anvil for the layer's lifetime, with fresh contracts and funded demo wallets. */
-const embedded = Effect.gen(function* () {
-  const anvil = yield* launchAnvil()
-  const connection = connect(anvil.rpcUrl, anvil.chainId, 50)
-  yield* ensureUptoContracts(connection)
-  const router = yield* makeSender(connection, routerSignerAccount())
-  const treasurySender = yield* makeSender(connection, treasuryAccount())
+/** A fresh chain: the contracts deployed, the demo wallets funded. */
+const deployFresh = Effect.fnUntraced(function* (connection: Connection, router: Sender) {
   const token = yield* deployContract(connection, router, "TestUSDC", (wallet, nonce) =>
     wallet.deployContract({ abi: testUsdcAbi, bytecode: testUsdcBytecode, nonce })
   )
   const anchor = yield* deployContract(connection, router, "EpochAnchor", (wallet, nonce) =>
     wallet.deployContract({ abi: epochAnchorAbi, bytecode: epochAnchorBytecode, nonce })
   )
-  const demoWallets = demoWalletAccounts()
-  const mints = yield* Effect.forEach(demoWallets, (wallet) =>
+  const mints = yield* Effect.forEach(demoWalletAccounts(), (wallet) =>
     router.send("mint", (client, nonce) =>
       client.writeContract({
         address: token,
@@ -457,7 +495,47 @@ const embedded = Effect.gen(function* () {
       discard: true
     }
   )
-  yield* Effect.logInfo("embedded chain ready").pipe(
+  return { chainId: connection.chainId, token, anchor } satisfies EmbeddedContracts
+})
+
+/** Whether the recorded contracts are on this chain (a chain whose state was lost has none). */
+const isDeployed = (connection: Connection, contracts: EmbeddedContracts) =>
+  Effect.forEach([contracts.token, contracts.anchor], (address) =>
+    call("Chain.getCode", () => connection.publicClient.getCode({ address: getAddress(address) }))
+  ).pipe(
+    Effect.map(
+      (codes) => contracts.chainId === connection.chainId && codes.every((code) => (code?.length ?? 0) > 2)
+    )
+  )
+
+/**
+ * No RPC_URL: a private Anvil with the project's contracts and funded demo wallets. With `stateDir`
+ * the chain persists there across restarts (contracts deployed once, on a fresh chain); without it,
+ * it lives as long as the layer.
+ */
+const embedded = Effect.fnUntraced(function* (stateDir: string | undefined) {
+  const state = stateDir === undefined ? undefined : yield* prepareState(stateDir)
+  const anvil = yield* launchAnvil({ state })
+  const connection = connect(anvil.rpcUrl, anvil.chainId, 50)
+  // Permit2 and the upto proxy at their canonical addresses (idempotent: a resumed chain has them).
+  yield* ensureUptoContracts(connection)
+  const router = yield* makeSender(connection, routerSignerAccount())
+  const treasurySender = yield* makeSender(connection, treasuryAccount())
+  const recorded = stateDir === undefined ? undefined : yield* readContracts(stateDir)
+  const reused = recorded !== undefined && (yield* isDeployed(connection, recorded))
+  if (recorded !== undefined && !reused) {
+    yield* Effect.logError(
+      "the embedded chain lost its state: deploying fresh contracts; ledger entries of earlier runs no longer match the chain"
+    )
+  }
+  const contracts = reused ? recorded : yield* deployFresh(connection, router)
+  if (stateDir !== undefined && !reused) yield* writeContracts(stateDir, contracts)
+  // A resumed chain may miss its last seconds (docs/decisions.md D80). The exactly-once transfer sender
+  // (issue 11 item 7) rebroadcasts, at start, every transaction it recorded that this chain does not know.
+  const token = getAddress(contracts.token)
+  const anchor = getAddress(contracts.anchor)
+  const demoWallets = demoWalletAccounts()
+  yield* Effect.logInfo(reused ? "embedded chain resumed" : "embedded chain ready").pipe(
     Effect.annotateLogs({ rpcUrl: anvil.rpcUrl, token, anchor, demoWallets: demoWallets.length })
   )
   return yield* makeService({
@@ -549,10 +627,12 @@ const external = Effect.fnUntraced(function* (rpcUrl: string) {
   })
 })
 
-const make = Effect.gen(function* () {
+const make = Effect.fnUntraced(function* (stateDir: string | undefined) {
   const rpcUrl = yield* Config.option(Config.String("RPC_URL"))
   const configured = Option.getOrUndefined(rpcUrl)?.trim()
-  return configured === undefined || configured === "" ? yield* embedded : yield* external(configured)
+  return configured === undefined || configured === ""
+    ? yield* embedded(stateDir)
+    : yield* external(configured)
 })
 
 /**
@@ -560,5 +640,11 @@ const make = Effect.gen(function* () {
  * Embedded (no RPC_URL) starts and seeds a private Anvil; external uses the configured RPC and contracts.
  */
 export class Chain extends Context.Service<Chain, ChainShape>()("router/chain/Chain") {
-  static readonly layer = Layer.effect(Chain, make)
+  /** The embedded chain lives as long as the layer (tests). */
+  static readonly layer = Layer.effect(Chain, make(undefined))
+  /** The embedded chain persists in `DATA_DIR/chain` across restarts (`npm start`). */
+  static readonly layerDurable = Layer.effect(
+    Chain,
+    Effect.flatMap(RouterConfig, (config) => make(join(config.dataDir, "chain")))
+  )
 }

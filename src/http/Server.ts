@@ -8,6 +8,7 @@ import { RouterConfig } from "../RouterConfig.ts"
 import { OperatorAuthLive } from "./AdminAuth.ts"
 import { Api } from "./Api.ts"
 import { ChallengesGateLive } from "./ChallengesGate.ts"
+import { DrainGate } from "./DrainGate.ts"
 import { MessagesHandlers, ResponsesHandlers } from "./handlers/Adapters.ts"
 import { ChatHandlers } from "./handlers/Chat.ts"
 import { GatedHandlers } from "./handlers/Gated.ts"
@@ -57,7 +58,7 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     AgentSetupPageHandlers
   ]),
   Layer.provide(Layer.mergeAll(OperatorAuthLive, ChallengesGateLive, PaidCalls.layer, Images.layer)),
-  Layer.provide([RouterMiddleware, Cors])
+  Layer.provide([RouterMiddleware, DrainGate, Cors])
 )
 
 export const HttpServerLive = HttpRouter.serve(ApiRoutes, {

@@ -18,7 +18,8 @@ const Dependency = Schema.Struct({
 })
 
 const readinessFields = {
-  status: Schema.Literals(["ready", "not_ready"]),
+  /** `draining`: the instance is shutting down and admits no new paid work (503). */
+  status: Schema.Literals(["ready", "not_ready", "draining"]),
   database: Dependency,
   chain: Dependency,
   reconciliation: Schema.Struct({

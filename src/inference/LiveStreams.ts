@@ -48,6 +48,10 @@ export class LiveStreams extends Context.Service<
     /** Events from index `from` on, live until the work ends. */
     readonly follow: <E>(stream: LiveStream<E>, from: number) => Stream.Stream<Indexed<E>>
     readonly stop: <E>(stream: LiveStream<E>) => Effect.Effect<void>
+    /** How many works are still running (shutdown waits for them to end). */
+    readonly running: Effect.Effect<number>
+    /** Stops every running work and waits until each has settled and told its readers (shutdown). */
+    readonly stopAll: Effect.Effect<void>
     readonly verify: <E>(stream: LiveStream<E>, token: string | undefined) => boolean
   }
 >()("router/inference/LiveStreams") {
@@ -137,11 +141,17 @@ export class LiveStreams extends Context.Service<
         }
       }).pipe(Effect.repeat(Schedule.spaced("30 seconds")), Effect.forkScoped)
 
+      const unfinished = () => [...streams.values()].filter((stream) => stream.finishedAt === undefined)
+
       return LiveStreams.of({
         start,
         get: <E>(id: string) => streams.get(id) as LiveStream<E> | undefined,
         follow,
         stop,
+        running: Effect.sync(() => unfinished().length),
+        stopAll: Effect.suspend(() =>
+          Effect.forEach(unfinished(), stop, { concurrency: "unbounded", discard: true })
+        ),
         verify: (stream, token) => token !== undefined && hashToken(token) === stream.tokenHash
       })
     })

@@ -26,7 +26,8 @@ export default async function setup(project: TestProject) {
   const dataDir = mkdtempSync(join(tmpdir(), "svc-test-pg-"))
   const scope = await Effect.runPromise(Scope.make())
   const url = await Effect.runPromise(
-    startEmbeddedPostgres({ dataDir, database: "svc_admin" }).pipe(Scope.provide(scope))
+    // fsync off: a throwaway database for this run only (the router itself keeps fsync on).
+    startEmbeddedPostgres({ dataDir, database: "svc_admin", durable: false }).pipe(Scope.provide(scope))
   )
   project.provide("adminDatabaseUrl", url)
   return async () => {

@@ -1,0 +1,143 @@
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { assert, describe, it } from "@effect/vitest"
+import { ConfigProvider, Effect, Exit, Layer, Scope } from "effect"
+import { launchAnvil } from "../../src/chain/Anvil.ts"
+import { prepareState } from "../../src/chain/EmbeddedState.ts"
+import { startEmbeddedPostgres } from "../../src/devnet/EmbeddedPostgres.ts"
+import { isAlive } from "../../src/process/ChildProcess.ts"
+import { DataDirLockLive } from "../../src/process/DataDirLock.ts"
+import { RouterConfig } from "../../src/RouterConfig.ts"
+
+const scratch = (prefix: string) =>
+  Effect.acquireRelease(
+    Effect.sync(() => mkdtempSync(join(tmpdir(), prefix))),
+    (dir) => Effect.sync(() => rmSync(dir, { recursive: true, force: true }))
+  )
+
+const rpc = (url: string, method: string, params: ReadonlyArray<unknown> = []) =>
+  Effect.promise(() =>
+    fetch(url, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ jsonrpc: "2.0", id: 1, method, params })
+    })
+      .then((r) => r.json() as Promise<{ result: unknown }>)
+      .then((r) => r.result)
+  )
+
+/** Opens a scope that stays open until closed by hand: what the launcher started there is a "leftover". */
+const leftOpen = <A, E>(effect: Effect.Effect<A, E, Scope.Scope>) =>
+  Effect.gen(function* () {
+    const scope = yield* Scope.make()
+    const value = yield* effect.pipe(Scope.provide(scope))
+    return { value, close: Scope.close(scope, Exit.void) }
+  })
+
+describe("what an earlier run left running is found by pid and stopped", () => {
+  it.live(
+    "an Anvil left running writes its state when stopped, and the next one continues from it",
+    () =>
+      Effect.gen(function* () {
+        const dir = yield* scratch("svc-anvil-")
+        const state = { file: join(dir, "state.json"), intervalSeconds: 60, pidFile: join(dir, "anvil.pid") }
+        const left = yield* leftOpen(launchAnvil({ state }))
+        yield* rpc(left.value.rpcUrl, "anvil_mine", ["0x7"])
+        assert.strictEqual(yield* rpc(left.value.rpcUrl, "eth_blockNumber"), "0x7")
+
+        const next = yield* launchAnvil({ state })
+        assert.isFalse(isAlive(left.value.pid))
+        assert.strictEqual(yield* rpc(next.rpcUrl, "eth_blockNumber"), "0x7")
+        assert.strictEqual(Number(readFileSync(state.pidFile, "utf8")), next.pid)
+        yield* left.close
+      }),
+    60_000
+  )
+
+  it.live(
+    "a Postgres left running on the data folder is stopped, and the next one starts there",
+    () =>
+      Effect.gen(function* () {
+        const dataDir = yield* scratch("svc-pg-")
+        const left = yield* leftOpen(startEmbeddedPostgres({ dataDir, database: "one", durable: false }))
+        const leftPid = Number(
+          readFileSync(join(dataDir, "postgres", "postmaster.pid"), "utf8").split("\n")[0]
+        )
+        assert.isTrue(isAlive(leftPid))
+
+        const url = yield* startEmbeddedPostgres({ dataDir, database: "one", durable: false })
+        assert.isFalse(isAlive(leftPid))
+        assert.notStrictEqual(new URL(url).port, new URL(left.value).port)
+        yield* left.close
+      }),
+    120_000
+  )
+})
+
+describe("the embedded chain's state files", () => {
+  const whole = JSON.stringify({ block: {}, accounts: {}, best_block_number: "0x5" })
+
+  it.effect("a whole dump is backed up at start", () =>
+    Effect.gen(function* () {
+      const dir = yield* scratch("svc-state-")
+      writeFileSync(join(dir, "anvil-state.json"), whole)
+      const state = yield* prepareState(dir)
+      assert.strictEqual(state.file, join(dir, "anvil-state.json"))
+      assert.strictEqual(readFileSync(join(dir, "anvil-state.backup.json"), "utf8"), whole)
+    })
+  )
+
+  it.effect("a dump cut short is set aside and replaced by the backup", () =>
+    Effect.gen(function* () {
+      const dir = yield* scratch("svc-state-")
+      writeFileSync(join(dir, "anvil-state.backup.json"), whole)
+      writeFileSync(join(dir, "anvil-state.json"), whole.slice(0, 20))
+      yield* prepareState(dir)
+      assert.strictEqual(readFileSync(join(dir, "anvil-state.json"), "utf8"), whole)
+      assert.isTrue(readdirSync(dir).some((name) => name.startsWith("anvil-state.json.damaged-")))
+    })
+  )
+
+  it.effect("a dump cut short without a backup is set aside: the chain starts fresh", () =>
+    Effect.gen(function* () {
+      const dir = yield* scratch("svc-state-")
+      writeFileSync(join(dir, "anvil-state.json"), "{")
+      yield* prepareState(dir)
+      assert.isFalse(existsSync(join(dir, "anvil-state.json")))
+    })
+  )
+})
+
+describe("one router per DATA_DIR", () => {
+  const lock = (dataDir: string) =>
+    Layer.build(
+      DataDirLockLive.pipe(
+        Layer.provide(RouterConfig.test({ dataDir })),
+        // Nothing external configured: the database and the chain would be embedded in DATA_DIR.
+        Layer.provide(ConfigProvider.layer(ConfigProvider.fromEnvRecord({})))
+      )
+    )
+
+  it.effect("a DATA_DIR held by a living router is refused; one whose router is gone is taken over", () =>
+    Effect.gen(function* () {
+      const dataDir = yield* scratch("svc-lock-")
+      const file = join(dataDir, "router.pid")
+
+      // This test's own process stands for a router that is running.
+      writeFileSync(file, `${process.ppid}\n`)
+      const refused = yield* Effect.exit(Effect.scoped(lock(dataDir)))
+      assert.isTrue(Exit.isFailure(refused))
+      assert.strictEqual(readFileSync(file, "utf8"), `${process.ppid}\n`)
+
+      writeFileSync(file, "2147483000\n")
+      yield* Effect.scoped(
+        Effect.gen(function* () {
+          yield* lock(dataDir)
+          assert.strictEqual(readFileSync(file, "utf8"), `${process.pid}\n`)
+        })
+      )
+      assert.isFalse(existsSync(file))
+    })
+  )
+})

@@ -1,0 +1,99 @@
+import { type ChildProcess, spawn } from "node:child_process"
+import { existsSync, readdirSync, readFileSync } from "node:fs"
+import { PgClient } from "@effect/sql-pg"
+import { Effect, Redacted } from "effect"
+import { inject } from "vitest"
+import { freePort } from "../../src/devnet/EmbeddedPostgres.ts"
+import { isAlive } from "../../src/process/ChildProcess.ts"
+
+/**
+ * The router as an operator runs it (`npm start`): a separate process configured by environment
+ * variables only, with its own Anvil (and its own Postgres unless `DATABASE_URL` is given).
+ */
+export interface RouterProcess {
+  readonly child: ChildProcess
+  readonly pid: number
+  readonly base: string
+  readonly output: () => string
+  readonly exited: Promise<{ readonly code: number | null; readonly signal: NodeJS.Signals | null }>
+}
+
+export const startRouterProcess = async (env: Record<string, string | undefined>): Promise<RouterProcess> => {
+  const port = await Effect.runPromise(freePort)
+  const full: Record<string, string | undefined> = {
+    ...process.env,
+    PORT: String(port),
+    OPERATOR_TOKEN: "process-test",
+    ...env
+  }
+  delete full.RPC_URL
+  if (env.DATABASE_URL === undefined) delete full.DATABASE_URL
+  const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
+    env: full,
+    stdio: ["ignore", "pipe", "pipe"]
+  })
+  let output = ""
+  child.stdout?.on("data", (b) => {
+    output += b
+  })
+  child.stderr?.on("data", (b) => {
+    output += b
+  })
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.once("exit", (code, signal) => resolve({ code, signal }))
+  )
+  return { child, pid: child.pid!, base: `http://127.0.0.1:${port}`, output: () => output, exited }
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+
+/** Waits until the router serves and the simulated fleet's quotes are in its book. */
+export const waitUntilServing = async (router: RouterProcess, timeoutMs = 90_000) => {
+  const started = Date.now()
+  while (Date.now() - started < timeoutMs) {
+    if (router.child.exitCode !== null) throw new Error(`the router exited:\n${router.output()}`)
+    const book = await fetch(`${router.base}/v1/market/book`)
+      .then((r) => r.json() as Promise<{ classes: Array<{ depth: number }> }>)
+      .catch(() => ({ classes: [] }))
+    if (book.classes.length > 0 && book.classes.every((c) => c.depth > 0)) return Date.now() - started
+    await sleep(250)
+  }
+  throw new Error(`the router did not serve within ${timeoutMs} ms:\n${router.output()}`)
+}
+
+/** Child processes of `pid` still alive (Linux `/proc`; elsewhere none are found). */
+export const childrenOf = (pid: number): Array<number> => {
+  if (!existsSync("/proc")) return []
+  return readdirSync("/proc")
+    .filter((entry) => /^\d+$/.test(entry))
+    .map(Number)
+    .filter((child) => {
+      try {
+        const stat = readFileSync(`/proc/${child}/stat`, "utf8")
+        return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]) === pid && isAlive(child)
+      } catch {
+        return false
+      }
+    })
+}
+
+/** A fresh, empty database on the test server (the router migrates it), dropped by `drop`. */
+export const freshDatabase = async () => {
+  const admin = inject("adminDatabaseUrl")
+  const name = `p_${Date.now().toString(36)}_${Math.random().toString(36).slice(2, 8)}`
+  const run = (statement: string) =>
+    Effect.runPromise(
+      Effect.gen(function* () {
+        const sql = yield* PgClient.PgClient
+        yield* sql.unsafe(statement)
+      }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(admin) })), Effect.orDie)
+    )
+  await run(`CREATE DATABASE ${name}`)
+  const url = new URL(admin)
+  url.pathname = `/${name}`
+  return {
+    url: url.toString(),
+    layer: PgClient.layer({ url: Redacted.make(url.toString()) }),
+    drop: () => run(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
+  }
+}
