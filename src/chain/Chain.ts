@@ -27,8 +27,8 @@ import { epochAnchorAbi, epochAnchorBytecode, testUsdcAbi, testUsdcBytecode } fr
 import { ChainError, fromViemError } from "./ChainError.ts"
 import { demoWalletAccounts, routerSignerAccount, treasuryAccount } from "./DevAccounts.ts"
 import type { TokenDomain } from "./Eip3009.ts"
-import { ensureUptoContracts, PERMIT2_ADDRESS, UPTO_PROXY_ADDRESS } from "./Permit2.ts"
 import { type EmbeddedContracts, prepareState, readContracts, writeContracts } from "./EmbeddedState.ts"
+import { ensureUptoContracts, PERMIT2_ADDRESS, UPTO_PROXY_ADDRESS } from "./Permit2.ts"
 
 export { ChainError, type ChainErrorReason } from "./ChainError.ts"
 export {
