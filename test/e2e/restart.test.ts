@@ -2,10 +2,11 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { ExactEvmScheme } from "@x402/evm/exact/client"
-import { wrapFetchWithPayment, x402Client } from "@x402/fetch"
+import { x402Client } from "@x402/fetch"
 import { afterAll, describe, expect, it } from "vitest"
 import { demoWalletAccounts } from "../../src/chain/DevAccounts.ts"
 import { isAlive } from "../../src/process/ChildProcess.ts"
+import { officialPayingFetch } from "../support/Pay.ts"
 import {
   childrenOf,
   type RouterProcess,
@@ -80,7 +81,7 @@ describe("restart after a crash, on the same DATA_DIR", () => {
       const client = new x402Client()
         .register("eip155:31337", new ExactEvmScheme(account))
         .setSpendControls({ allowedAssets: true })
-      const paid = await wrapFetchWithPayment(fetch, client)(`${first.base}/v1/chat/completions`, {
+      const paid = await officialPayingFetch(client)(`${first.base}/v1/chat/completions`, {
         method: "POST",
         headers: { "content-type": "application/json" },
         body: JSON.stringify({ model: "auto", max_tokens: 30, messages: [{ role: "user", content: "hi" }] })

@@ -8,15 +8,56 @@ import { randomAuthorizationNonce, signTransferAuthorization } from "../../src/c
 import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
 import { call, RouterUrl } from "./Router.ts"
 
+/** What the router answers when the quote moved between its 402 and the signed retry (spec 5.2). */
+const REPRICED = "signed amount below the quoted maximum"
+
+const repriced = (response: Response): boolean => {
+  const header = response.headers.get("payment-required")
+  if (response.status !== 402 || header === null) return false
+  try {
+    return (
+      (JSON.parse(Buffer.from(header, "base64").toString("utf8")) as { error?: unknown }).error === REPRICED
+    )
+  } catch {
+    return false
+  }
+}
+
+/**
+ * The official `@x402/fetch` wrapper, used as an application uses it. The wrapper signs the quote of the
+ * first 402 and retries once. Against the live fleet the quote can move in between (the fleet refreshes
+ * its quotes, the auction's latency scores move with every request served): the router then refuses the
+ * signature, before any inference and with no money moved, with a second 402 carrying the new quote, and
+ * the wrapper hands that 402 back (it never retries twice). An application calls again, and the client
+ * signs the new quote; so does this, up to `calls` calls. Any other 402 goes back to the test as it came.
+ */
+export const officialPayingFetch = (client: x402Client, calls = 3) => {
+  const paying = wrapFetchWithPayment(fetch, client)
+  return async (input: string | URL | Request, init?: RequestInit): Promise<Response> => {
+    const request = new Request(input, init)
+    for (let call = 1; ; call++) {
+      const response = await paying(request.clone())
+      if (call >= calls || !repriced(response)) return response
+      await response.body?.cancel()
+    }
+  }
+}
+
+/** An official x402 client paying from `account` on the local chain (its token allowed, 10 USDC a call). */
+export const exactClient = (
+  chain: { readonly network: `${string}:${string}`; readonly token: string },
+  account: PrivateKeyAccount
+) =>
+  new x402Client().register(chain.network, new ExactEvmScheme(account)).setSpendControls({
+    allowedAssets: [{ network: chain.network, asset: chain.token, maxAmountPerPayment: "10000000" }]
+  })
+
 /** A demo wallet of the local chain and an official x402 client paying from it. */
 export const payer = (index = 0) =>
   Effect.gen(function* () {
     const chain = yield* Chain
     const account = privateKeyToAccount(chain.demoWallets[index]!.privateKey!)
-    const client = new x402Client().register(chain.network, new ExactEvmScheme(account)).setSpendControls({
-      allowedAssets: [{ network: chain.network, asset: chain.token, maxAmountPerPayment: "10000000" }]
-    })
-    return { chain, account, payingFetch: wrapFetchWithPayment(fetch, client) }
+    return { chain, account, payingFetch: officialPayingFetch(exactClient(chain, account)) }
   })
 
 /** A hand-built x402 v2 envelope for negative tests (the official client only signs what it is asked). */
