@@ -70,6 +70,22 @@ export interface CaptureRecord {
 
 const X402Source: PaymentSource = { _tag: "X402" }
 
+/** A reservation still open: what the reaper needs to release it. */
+export const StaleReservation = Schema.Struct({
+  request_id: Schema.String,
+  payment_kind: Schema.Literals(["x402", "credit", "session"]),
+  payer: Schema.String,
+  authorized: Schema.NumberFromString,
+  key_id: Schema.NullOr(Schema.String),
+  session_id: Schema.NullOr(Schema.String),
+  opens_session: Schema.Boolean,
+  model_class: Schema.String,
+  provider_id: Schema.String,
+  created_at: Schema.Number
+})
+export type StaleReservation = typeof StaleReservation.Type
+const decodeStale = Schema.decodeUnknownEffect(Schema.Array(StaleReservation))
+
 const decodeReceipt = Schema.decodeUnknownEffect(ReceiptBody)
 
 const isUniqueViolation = (error: SqlError.SqlError) => error.reason._tag === "UniqueViolation"
@@ -108,6 +124,8 @@ export class Ledger extends Context.Service<
       { readonly body: ReceiptBody; readonly signature: string | null; readonly final: boolean } | undefined
     >
     readonly economics: (requestId: string) => Effect.Effect<unknown | undefined>
+    /** Reservations older than `afterSeconds`, oldest first (at most 100). */
+    readonly staleReservations: (afterSeconds: number) => Effect.Effect<ReadonlyArray<StaleReservation>>
   }
 >()("router/ledger/Ledger") {
   static readonly layer = Layer.effect(
@@ -449,7 +467,18 @@ export class Ledger extends Context.Service<
           Effect.orDie
         )
 
+      const staleReservations = (afterSeconds: number) =>
+        sql`
+          SELECT r.request_id, r.payment_kind, r.payer, r.authorized::text, r.key_id, r.session_id,
+                 EXISTS (SELECT 1 FROM sessions s WHERE s.funding_request_id = r.request_id) AS opens_session,
+                 r.model_class, r.provider_id, (extract(epoch from r.created_at) * 1000)::float8 AS created_at
+          FROM requests r
+          WHERE r.status = 'reserved' AND r.created_at < now() - make_interval(secs => ${afterSeconds})
+          ORDER BY r.created_at LIMIT 100
+        `.pipe(Effect.flatMap(decodeStale), Effect.orDie)
+
       return Ledger.of({
+        staleReservations,
         reserveX402,
         reserveCredit,
         reserveSessionTurn,
