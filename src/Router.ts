@@ -12,6 +12,7 @@ import { Epochs, PayoutConfig } from "./ledger/Epochs.ts"
 import { Ledger } from "./ledger/Ledger.ts"
 import { Readiness } from "./ledger/Readiness.ts"
 import { Reconciliation } from "./ledger/Reconciliation.ts"
+import { Treasury } from "./ledger/Treasury.ts"
 import { Latency } from "./market/Latency.ts"
 import { Market } from "./market/Market.ts"
 import { ModelCatalog } from "./market/ModelCatalog.ts"
@@ -46,7 +47,7 @@ export const PaymentsLive = Layer.mergeAll(
   Credits.layer
 ).pipe(
   Layer.provideMerge(Layer.mergeAll(PaymentVerifier.layer, Keys.layer)),
-  Layer.provideMerge(Ledger.layer),
+  Layer.provideMerge(Layer.mergeAll(Ledger.layer, Treasury.layer)),
   Layer.provideMerge(Layer.mergeAll(X402Config.layer, PayoutConfig.layer))
 )
 

@@ -9,6 +9,7 @@ import { Ledger } from "./Ledger.ts"
 import { buildTree, compareRequestIds, type MerkleTree, proofOf, receiptLeaf } from "./Merkle.ts"
 import { makeProviderPayouts } from "./Payouts.ts"
 import { ReceiptBody } from "./Receipt.ts"
+import { Treasury } from "./Treasury.ts"
 
 /**
  * Refunds below this (base units) are credited to the payer's balance instead of broadcast; provider
@@ -130,6 +131,7 @@ export class Epochs extends Context.Service<
     const sql = yield* SqlClient.SqlClient
     const chain = yield* Chain
     const ledger = yield* Ledger
+    const treasury = yield* Treasury
     const { epochSeconds } = yield* RouterConfig
     const { payoutFloor } = yield* PayoutConfig
     const payouts = yield* makeProviderPayouts({ payoutFloor })
@@ -190,7 +192,7 @@ export class Epochs extends Context.Service<
         WHERE status = 'paying' AND tx_hash IS NOT NULL GROUP BY payer, tx_hash
       `.pipe(Effect.flatMap(decodePaying), Effect.orDie)
       for (const row of rows) {
-        const outcome = yield* chain.waitForReceipt(row.tx_hash as Hex)
+        const outcome = yield* treasury.confirm(row.tx_hash as Hex)
         if (outcome.status === "success") yield* markPaid(row.payer, row.tx_hash as Hex, row.request_ids)
         else yield* backToDue(row.request_ids)
       }
@@ -242,10 +244,17 @@ export class Epochs extends Context.Service<
         }
         // Each batch stands alone: a send that fails puts only its own refunds back to `due`
         // (the next pass retries them) and the other payers' batches still go out.
-        const sent = yield* chain.transferFromTreasury(getAddress(group.payer), BigInt(group.total)).pipe(
-          Effect.tapError((e) => Effect.logWarning("refund batch not sent; back to due", e.message)),
-          Effect.option
-        )
+        const sent = yield* treasury
+          .send({
+            _tag: "RefundBatch",
+            to: getAddress(group.payer),
+            amount: BigInt(group.total),
+            requestIds: group.request_ids
+          })
+          .pipe(
+            Effect.tapError((e) => Effect.logWarning("refund batch not sent; back to due", e.message)),
+            Effect.option
+          )
         if (Option.isNone(sent)) {
           yield* backToDue(group.request_ids)
           continue
@@ -255,7 +264,7 @@ export class Epochs extends Context.Service<
           Effect.orDie
         )
         // A failed wait leaves the batch `paying` with its hash: the next pass confirms it.
-        const outcome = yield* chain.waitForReceipt(hash).pipe(Effect.option)
+        const outcome = yield* treasury.confirm(hash).pipe(Effect.option)
         if (Option.isNone(outcome)) continue
         if (outcome.value.status === "success") yield* markPaid(group.payer, hash, group.request_ids)
         else yield* backToDue(group.request_ids)
@@ -415,8 +424,8 @@ export class Epochs extends Context.Service<
       Effect.gen(function* () {
         const epochId = BigInt(row.epoch_id)
         if (row.anchor_tx !== null) {
-          const outcome = yield* chain
-            .waitForReceipt(row.anchor_tx as Hash)
+          const outcome = yield* treasury
+            .confirm(row.anchor_tx as Hash)
             .pipe(
               Effect.catchTag("ChainError", (e) =>
                 e.reason === "Timeout" ? Effect.succeed(undefined) : Effect.fail(e)
@@ -443,9 +452,9 @@ export class Epochs extends Context.Service<
           })
           return false
         }
-        const hash = yield* chain.anchorEpoch(epochId, row.root as Hex)
+        const hash = yield* treasury.send({ _tag: "EpochAnchor", epochId, root: row.root as Hex })
         yield* sql`UPDATE epochs SET anchor_tx = ${hash} WHERE epoch_id = ${row.epoch_id}`.pipe(Effect.orDie)
-        const outcome = yield* chain.waitForReceipt(hash)
+        const outcome = yield* treasury.confirm(hash)
         if (outcome.status === "success") return yield* markClosed(row.epoch_id, hash)
         yield* clearAnchorTx(row.epoch_id)
         return false

@@ -14,6 +14,7 @@ import { Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized } from "../
 import type { PaymentRequired } from "../domain/Payment.ts"
 import { PayoutConfig } from "../ledger/Epochs.ts"
 import { Ledger } from "../ledger/Ledger.ts"
+import { Treasury } from "../ledger/Treasury.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { formatUsdc, Keys } from "./Keys.ts"
 import { PaymentVerifier } from "./PaymentVerifier.ts"
@@ -147,6 +148,7 @@ export class Credits extends Context.Service<
     const sql = yield* SqlClient.SqlClient
     const chain = yield* Chain
     const ledger = yield* Ledger
+    const treasury = yield* Treasury
     const verifier = yield* PaymentVerifier
     const keys = yield* Keys
     const config = yield* RouterConfig
@@ -463,7 +465,12 @@ export class Credits extends Context.Service<
           if (state === "pending") return yield* retryLater(row, "transfer still pending", false)
         }
         const sent = yield* Effect.result(
-          chain.transferFromTreasury(getAddress(row.to_address), BigInt(row.amount))
+          treasury.send({
+            _tag: "Withdrawal",
+            withdrawalId: row.withdrawal_id,
+            to: getAddress(row.to_address),
+            amount: BigInt(row.amount)
+          })
         )
         if (Result.isFailure(sent)) return yield* retryLater(row, sent.failure.message, true)
         const hash = sent.success
@@ -471,7 +478,7 @@ export class Credits extends Context.Service<
         yield* sql`UPDATE withdrawals SET tx_hash = ${hash} WHERE withdrawal_id = ${row.withdrawal_id}`.pipe(
           Effect.orDie
         )
-        const outcome = yield* Effect.result(chain.waitForReceipt(hash))
+        const outcome = yield* Effect.result(treasury.confirm(hash))
         if (Result.isFailure(outcome)) return yield* retryLater(row, outcome.failure.message, false)
         if (outcome.success.status === "success") return yield* markPaid(row, hash)
         return yield* retryLater(row, "payout transfer reverted", true)

@@ -3,6 +3,7 @@ import { SqlClient } from "effect/sql"
 import { getAddress, type Hex } from "viem"
 import { Chain } from "../chain/Chain.ts"
 import { Ledger } from "../ledger/Ledger.ts"
+import { Treasury } from "../ledger/Treasury.ts"
 import { creditLandedDeposit } from "./Credits.ts"
 
 const Claimed = Schema.Struct({
@@ -39,6 +40,7 @@ export class Settlement extends Context.Service<
     const sql = yield* SqlClient.SqlClient
     const chain = yield* Chain
     const ledger = yield* Ledger
+    const treasury = yield* Treasury
 
     const claim = sql`
       UPDATE x402_authorizations SET status = 'submitted', attempts = attempts + 1, updated_at = now()
@@ -115,11 +117,15 @@ export class Settlement extends Context.Service<
           nonce: row.nonce as Hex,
           signature: row.signature as Hex
         }
-        const hash = yield* chain.submitTransferWithAuthorization(authorization)
+        const hash = yield* treasury.send({
+          _tag: "X402Settlement",
+          requestId: row.request_id,
+          authorization
+        })
         yield* sql`UPDATE x402_authorizations SET tx_hash = ${hash} WHERE payer = ${row.payer} AND nonce = ${row.nonce}`.pipe(
           Effect.orDie
         )
-        const outcome = yield* chain.waitForReceipt(hash)
+        const outcome = yield* treasury.confirm(hash)
         if (outcome.status === "success") return yield* landed(row, hash)
         // A revert after an earlier attempt may mean that attempt landed: the token says which.
         if (yield* alreadyUsed(row)) return yield* landed(row, (row.tx_hash ?? hash) as Hex)
