@@ -8,11 +8,14 @@ import { Completions } from "./inference/Completions.ts"
 import { LiveStreams } from "./inference/LiveStreams.ts"
 import { Reaper } from "./inference/Reaper.ts"
 import { Upstream } from "./inference/upstream/Upstream.ts"
+import { Authorizations } from "./ledger/Authorizations.ts"
 import { Epochs, PayoutConfig } from "./ledger/Epochs.ts"
 import { Ledger } from "./ledger/Ledger.ts"
 import { Readiness } from "./ledger/Readiness.ts"
 import { Reconciliation } from "./ledger/Reconciliation.ts"
 import { Treasury } from "./ledger/Treasury.ts"
+import { Wallets } from "./ledger/Wallets.ts"
+import { Withdrawals } from "./ledger/Withdrawals.ts"
 import { Latency } from "./market/Latency.ts"
 import { Market } from "./market/Market.ts"
 import { ModelCatalog } from "./market/ModelCatalog.ts"
@@ -44,9 +47,10 @@ export const PaymentsLive = Layer.mergeAll(
   Reconciliation.layer,
   Idempotency.layer,
   KeysAuth.layer,
-  Credits.layer
+  Credits.layer,
+  Withdrawals.layer
 ).pipe(
-  Layer.provideMerge(Layer.mergeAll(PaymentVerifier.layer, Keys.layer)),
+  Layer.provideMerge(Layer.mergeAll(PaymentVerifier.layer, Keys.layer, Wallets.layer, Authorizations.layer)),
   Layer.provideMerge(Layer.mergeAll(Ledger.layer, Treasury.layer)),
   Layer.provideMerge(Layer.mergeAll(X402Config.layer, PayoutConfig.layer))
 )

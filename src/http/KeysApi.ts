@@ -1,7 +1,7 @@
 import { Schema } from "effect"
 import { HttpApiEndpoint, HttpApiGroup, HttpApiSchema } from "effect/http-api"
+import { WithdrawalRequest, WithdrawalView } from "../domain/Credits.ts"
 import { Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized } from "../domain/Errors.ts"
-import { WithdrawalRequest, WithdrawalView } from "../payment/Credits.ts"
 import { KeyKind } from "../payment/Keys.ts"
 import { OperatorAuth } from "./AdminAuth.ts"
 import { openAi, PaymentRequiredWire } from "./ErrorWire.ts"

@@ -1,4 +1,5 @@
-import { Config, Context, Effect, Layer, Schedule } from "effect"
+import { Config, Context, Effect, Layer } from "effect"
+import { repeatInBackground } from "../Background.ts"
 import { epochOf } from "../ledger/Epochs.ts"
 import { Ledger, type PaymentSource, type StaleReservation } from "../ledger/Ledger.ts"
 import type { ReceiptBody } from "../ledger/Receipt.ts"
@@ -94,11 +95,7 @@ export class Reaper extends Context.Service<Reaper, { readonly runOnce: Effect.E
     Reaper,
     Effect.gen(function* () {
       const reaper = yield* Reaper.make
-      yield* reaper.runOnce.pipe(
-        Effect.catchCause((cause) => Effect.logError("reaper pass failed", cause)),
-        Effect.repeat(Schedule.spaced("1 minute")),
-        Effect.forkScoped
-      )
+      yield* repeatInBackground(reaper.runOnce, { every: "1 minute", failure: "reaper pass failed" })
       return reaper
     })
   )

@@ -1,6 +1,7 @@
-import { Clock, Config, Context, Effect, Layer, Option, Schedule, Schema } from "effect"
+import { Clock, Config, Context, Effect, Layer, Option, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import { type Address, getAddress, type Hash, type Hex, zeroHash } from "viem"
+import { repeatInBackground } from "../Background.ts"
 import { epochAnchorAbi } from "../chain/artifacts.ts"
 import { Chain, type ChainError } from "../chain/Chain.ts"
 import { fromViemError } from "../chain/ChainError.ts"
@@ -576,11 +577,7 @@ export class Epochs extends Context.Service<
     Epochs,
     Effect.gen(function* () {
       const epochs = yield* Epochs.make
-      yield* epochs.closeEnded.pipe(
-        Effect.catchCause((cause) => Effect.logError("epoch close failed", cause)),
-        Effect.repeat(Schedule.spaced("1 second")),
-        Effect.forkScoped
-      )
+      yield* repeatInBackground(epochs.closeEnded, { every: "1 second", failure: "epoch close failed" })
       return epochs
     })
   )

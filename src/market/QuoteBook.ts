@@ -1,6 +1,7 @@
-import { Clock, Context, Effect, Layer, Schedule, Schema, type Scope } from "effect"
+import { Clock, Context, Effect, Layer, Schema, type Scope } from "effect"
 import { SqlClient } from "effect/sql"
 import { type Hex, recoverMessageAddress } from "viem"
+import { repeatInBackground } from "../Background.ts"
 import { Conflict, Forbidden, InvalidRequest, ServiceUnavailable, Unauthorized } from "../domain/Errors.ts"
 import { quoteSigningString, SignedQuote } from "../domain/Quote.ts"
 import type { LiveQuote } from "./Auction.ts"
@@ -194,11 +195,11 @@ export class QuoteBook extends Context.Service<
       })
 
       yield* sync
-      yield* sync.pipe(
-        Effect.catchCause((cause) => Effect.logWarning("quote book sync failed", cause)),
-        Effect.repeat(Schedule.spaced("1 second")),
-        Effect.forkScoped
-      )
+      yield* repeatInBackground(sync, {
+        every: "1 second",
+        failure: "quote book sync failed",
+        level: "warning"
+      })
 
       return QuoteBook.of({ ingest, live, acquireSlot, sync })
     })

@@ -3,6 +3,7 @@ import { Clock, Config, Context, Effect, Layer, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import { Conflict, NotFound, Unauthorized } from "../domain/Errors.ts"
 import { epochOf } from "../ledger/Epochs.ts"
+import { Ledger } from "../ledger/Ledger.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 
 export const SessionRow = Schema.Struct({
@@ -108,6 +109,7 @@ export class Sessions extends Context.Service<
     Effect.gen(function* () {
       const sql = yield* SqlClient.SqlClient
       const config = yield* RouterConfig
+      const ledger = yield* Ledger
       const settings: SessionSettings = {
         minBudget: yield* Config.Int("SESSION_MIN_BUDGET").pipe(Config.withDefault(100_000)),
         keyBudget: yield* Config.Int("SESSION_KEY_BUDGET").pipe(Config.withDefault(1_000_000)),
@@ -217,55 +219,16 @@ export class Sessions extends Context.Service<
         return row
       })
 
-      /**
-       * Closing settles the remainder by the same rules as any overage: an x402-funded budget
-       * becomes a refund of the opening request, paid at epoch close (on chain at or above the
-       * payout floor, else credited to the balance); a key-funded budget returns to the key
-       * and the owner's balance at once.
-       */
-      /** Closes an open session with nothing in flight and settles its remainder, in one transaction. */
+      /** Closes an open, idle session and settles its remainder (ledger/SessionClose.ts). */
       const settleClose = (sessionId: string, onlyExpired: boolean) =>
-        Effect.gen(function* () {
-          const epoch = epochOf(yield* Clock.currentTimeMillis, config.epochSeconds)
-          return yield* sql
-            .withTransaction(
-              Effect.gen(function* () {
-                const rows = yield* sql
-                  .unsafe(
-                    `UPDATE sessions SET status = 'closed', closed_at = now()
-                   WHERE session_id = $1 AND status = 'open' AND in_flight IS NULL
-                     AND ($2::boolean = false OR expires_at <= now())
-                   RETURNING ${columns}`,
-                    [sessionId, onlyExpired]
-                  )
-                  .pipe(Effect.flatMap(decodeRows))
-                const row = rows[0]
-                if (row === undefined) return undefined
-                const unspent = row.budget - row.spent
-                if (row.funding_kind === "credit" && row.key_id !== null) {
-                  yield* sql`UPDATE api_keys SET reserved = reserved - ${row.budget}, spent = spent + ${row.spent}
-                           WHERE key_id = ${row.key_id}`
-                  yield* sql`UPDATE wallet_balances SET reserved = reserved - ${row.budget},
-                             available = available + ${unspent}, updated_at = now() WHERE wallet = ${row.payer}`
-                  yield* sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
-                           VALUES (${row.funding_request_id}, ${row.payer}, 'session_released', ${unspent}, ${sessionId})`
-                  yield* sql`UPDATE sessions SET refund_ref = ${"balance"} WHERE session_id = ${sessionId}`
-                } else if (unspent > 0) {
-                  yield* sql`INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
-                           VALUES (${row.funding_request_id}, ${row.payer}, ${unspent}, ${epoch}, 'due')`
-                  yield* sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
-                           VALUES (${row.funding_request_id}, ${row.payer}, 'refund_due', ${unspent}, ${sessionId})`
-                }
-                return row
-              })
-            )
-            .pipe(Effect.orDie)
-        })
+        Effect.flatMap(Clock.currentTimeMillis, (now) =>
+          ledger.closeSession(sessionId, onlyExpired, epochOf(now, config.epochSeconds))
+        )
 
       const close = Effect.fn("Sessions.close")(function* (sessionId: string, token: string | undefined) {
         yield* authorize(sessionId, token)
         const closed = yield* settleClose(sessionId, false)
-        if (closed === undefined) {
+        if (!closed) {
           const row = yield* find(sessionId)
           return yield* new Conflict({
             code: "session_used",
@@ -285,7 +248,7 @@ export class Sessions extends Context.Service<
         `.pipe(Effect.orDie)
         let closed = 0
         for (const { session_id } of due) {
-          if ((yield* settleClose(session_id, true)) !== undefined) closed++
+          if (yield* settleClose(session_id, true)) closed++
         }
         return closed
       }).pipe(Effect.withSpan("Sessions.expireDue"))
