@@ -4,23 +4,25 @@ import { Chain } from "./chain/Chain.ts"
 import { DatabaseLive } from "./db/Database.ts"
 import { Fleet } from "./devnet/fleet/Fleet.ts"
 import { HttpServerLive } from "./http/Server.ts"
-import { Completions } from "./inference/Completions.ts"
 import { LiveStreams } from "./inference/LiveStreams.ts"
+import { Pipeline } from "./inference/Pipeline.ts"
 import { Reaper } from "./inference/Reaper.ts"
+import { Serve } from "./inference/Serve.ts"
 import { Upstream } from "./inference/upstream/Upstream.ts"
 import { Authorizations } from "./ledger/Authorizations.ts"
 import { Epochs, PayoutConfig } from "./ledger/Epochs.ts"
 import { Ledger } from "./ledger/Ledger.ts"
 import { Readiness } from "./ledger/Readiness.ts"
 import { Reconciliation } from "./ledger/Reconciliation.ts"
+import { Settle } from "./ledger/Settle.ts"
 import { Treasury } from "./ledger/Treasury.ts"
 import { Wallets } from "./ledger/Wallets.ts"
 import { Withdrawals } from "./ledger/Withdrawals.ts"
 import { Latency } from "./market/Latency.ts"
-import { Market } from "./market/Market.ts"
 import { ModelCatalog } from "./market/ModelCatalog.ts"
 import { Providers } from "./market/Providers.ts"
 import { QuoteBook } from "./market/QuoteBook.ts"
+import { Rfq } from "./market/Rfq.ts"
 import { CreditKeys } from "./payment/CreditKeys.ts"
 import { Credits } from "./payment/Credits.ts"
 import { FundingService } from "./payment/Funding.ts"
@@ -33,8 +35,8 @@ import { Settlement } from "./payment/Settlement.ts"
 import { X402Config } from "./payment/X402.ts"
 import { RouterConfig } from "./RouterConfig.ts"
 
-/** The market: registry, book, latency and the auction over them. */
-export const MarketLive = Market.layer.pipe(
+/** The market: registry, book, latency and the RFQ over them (the auction itself is pure). */
+export const MarketLive = Rfq.layer.pipe(
   Layer.provideMerge(QuoteBook.layer),
   Layer.provideMerge(Providers.layer),
   Layer.provideMerge(Layer.mergeAll(ModelCatalog.layer, Latency.layer))
@@ -56,8 +58,9 @@ export const PaymentsLive = Layer.mergeAll(
 )
 
 /** Serving: the lifecycle over the market and payments, upstream clients and live streams. */
-export const InferenceLive = Layer.mergeAll(Completions.layer, Reaper.layer).pipe(
-  Layer.provideMerge(FundingService.layer),
+export const InferenceLive = Layer.mergeAll(Pipeline.layer, Reaper.layer).pipe(
+  Layer.provideMerge(Serve.layer),
+  Layer.provideMerge(Layer.mergeAll(FundingService.layer, Settle.layer)),
   Layer.provideMerge(
     Layer.mergeAll(LiveStreams.layer, Upstream.layerFetch, CreditKeys.layer, Sessions.layer)
   ),

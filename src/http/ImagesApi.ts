@@ -1,6 +1,6 @@
 import { Schema } from "effect"
 import { HttpApiEndpoint, HttpApiGroup } from "effect/http-api"
-import { ImageGenerationRequest } from "../inference/Images.ts"
+import { ImageGenerationRequest } from "../domain/Images.ts"
 import { PaidCallErrors } from "./ChatApi.ts"
 
 /** Image generation: x402 `exact` or a funded key, one image per request, priced up front. */

@@ -2,7 +2,7 @@ import { Config, Context, Effect, Layer } from "effect"
 import { repeatInBackground } from "../Background.ts"
 import { epochOf } from "../ledger/Epochs.ts"
 import { Ledger, type PaymentSource, type StaleReservation } from "../ledger/Ledger.ts"
-import type { ReceiptBody } from "../ledger/Receipt.ts"
+import { receiptOf } from "../ledger/Records.ts"
 import { Idempotency } from "../payment/Idempotency.ts"
 import { Sessions } from "../payment/Sessions.ts"
 import { RouterConfig } from "../RouterConfig.ts"
@@ -41,36 +41,30 @@ export class Reaper extends Context.Service<Reaper, { readonly runOnce: Effect.E
     // close's 30-minute dead-request rule, so a released receipt lands before its epoch closes.
     const afterSeconds = yield* Config.Int("REAP_AFTER_SECONDS").pipe(Config.withDefault(1200))
 
-    const release = (row: StaleReservation) => {
-      const receipt: ReceiptBody = {
-        request_id: row.request_id,
-        wallet: row.payer,
-        provider_id: row.provider_id,
-        model_class: row.model_class,
-        in_tokens: 0,
-        out_tokens: 0,
-        cached_tokens: 0,
-        price_in: 0,
-        price_out: 0,
-        price_in_cached: null,
-        charged: 0,
-        authorized: row.authorized,
-        payment_ref: "",
-        refund_ref: null,
-        ttft_ms: 0,
-        status: "released",
-        settlement: "none",
-        epoch_id: epochOf(row.created_at, epochSeconds),
-        session_id: row.session_id,
-        quotes_competing: 0,
-        created_at: Math.floor(row.created_at)
-      }
-      return ledger.release({
-        receipt,
+    /** Released in full, with zero tokens at no tariff: nothing anyone can prove was served. */
+    const release = (row: StaleReservation) =>
+      ledger.release({
+        receipt: receiptOf({
+          requestId: row.request_id,
+          createdAt: Math.floor(row.created_at),
+          epochId: epochOf(row.created_at, epochSeconds),
+          payer: row.payer,
+          providerId: row.provider_id,
+          modelClass: row.model_class,
+          tokens: { input: 0, cachedInput: 0, output: 0 },
+          tariff: { price_in: 0, price_out: 0 },
+          charged: 0,
+          authorized: row.authorized,
+          paymentRef: "",
+          settledOnCapture: false,
+          status: "released",
+          ttftMs: 0,
+          sessionId: row.session_id,
+          quotesCompeting: 0
+        }),
         economics: { request_id: row.request_id, reaped: true },
         source: sourceOf(row)
       })
-    }
 
     const runOnce = Effect.gen(function* () {
       const rows = yield* ledger.staleReservations(afterSeconds)

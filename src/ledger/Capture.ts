@@ -1,8 +1,8 @@
 import { Effect } from "effect"
 import type { SqlClient } from "effect/sql"
 import { feeSplit } from "../domain/Billing.ts"
+import type { ReceiptBody } from "../domain/Receipt.ts"
 import type { CaptureRecord, PaymentSource } from "./Ledger.ts"
-import type { ReceiptBody } from "./Receipt.ts"
 import type { ReceiptStore } from "./Receipts.ts"
 
 const X402Source: PaymentSource = { _tag: "X402" }

@@ -5,11 +5,11 @@ import { repeatInBackground } from "../Background.ts"
 import { epochAnchorAbi } from "../chain/artifacts.ts"
 import { Chain, type ChainError } from "../chain/Chain.ts"
 import { fromViemError } from "../chain/ChainError.ts"
+import { ReceiptBody } from "../domain/Receipt.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { Ledger } from "./Ledger.ts"
 import { buildTree, compareRequestIds, type MerkleTree, proofOf, receiptLeaf } from "./Merkle.ts"
 import { makeProviderPayouts } from "./Payouts.ts"
-import { ReceiptBody } from "./Receipt.ts"
 import { Treasury } from "./Treasury.ts"
 
 /**

@@ -2,8 +2,9 @@ import { Context, Effect, Layer, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import type { Hex } from "viem"
 import { Chain } from "../chain/Chain.ts"
+import type { EconomicsRecord } from "../domain/Economics.ts"
+import type { ReceiptBody } from "../domain/Receipt.ts"
 import { makeCapture } from "./Capture.ts"
-import type { ReceiptBody } from "./Receipt.ts"
 import { makeReceiptStore } from "./Receipts.ts"
 import { makeReservations } from "./Reserve.ts"
 import { makeSessionClose } from "./SessionClose.ts"
@@ -66,7 +67,7 @@ export interface X402Hold {
 
 export interface CaptureRecord {
   readonly receipt: ReceiptBody
-  readonly economics: unknown
+  readonly economics: EconomicsRecord
   /** Defaults to an x402 authorization. */
   readonly source?: PaymentSource | undefined
 }

@@ -1,7 +1,7 @@
 import { Effect, Schema } from "effect"
 import type { SqlClient } from "effect/sql"
 import type { ChainShape } from "../chain/Chain.ts"
-import { ReceiptBody, receiptTypedData } from "./Receipt.ts"
+import { ReceiptBody, receiptTypedData } from "../domain/Receipt.ts"
 
 const decodeReceipt = Schema.decodeUnknownEffect(ReceiptBody)
 

@@ -35,7 +35,7 @@ const columns = `session_id, payer, funding_kind, funding_request_id, key_id, bu
 
 export const hashSessionToken = (token: string) => createHash("sha256").update(token).digest("hex")
 
-/** Why a turn could not take its session (each maps to the spec's answer in Completions). */
+/** Why a turn could not take its session (each maps to the spec's answer in Funding). */
 export type TurnRefusal =
   | { readonly _tag: "Unknown" }
   | { readonly _tag: "BadToken" }

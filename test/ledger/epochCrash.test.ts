@@ -4,12 +4,13 @@ import { SqlClient } from "effect/sql"
 import { decodeFunctionData, type Hash, type Hex, zeroHash } from "viem"
 import { epochAnchorAbi } from "../../src/chain/artifacts.ts"
 import { Chain, ChainError, randomAuthorizationNonce } from "../../src/chain/Chain.ts"
+import type { ReceiptBody } from "../../src/domain/Receipt.ts"
 import { Epochs, epochOf, PayoutConfig } from "../../src/ledger/Epochs.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
-import type { ReceiptBody } from "../../src/ledger/Receipt.ts"
 import { Treasury } from "../../src/ledger/Treasury.ts"
 import { RouterConfig } from "../../src/RouterConfig.ts"
 import { TestDatabase } from "../support/Database.ts"
+import { seededEconomics } from "./support.ts"
 
 const EPOCH_SECONDS = 2
 const WALLET = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8"
@@ -75,7 +76,7 @@ const seed = (epochId: number, landed: number, released: number) =>
       )
       const body = receiptBody(requestId, epochId)
       if (i < landed) {
-        yield* ledger.capture({ receipt: body, economics: {} })
+        yield* ledger.capture({ receipt: body, economics: seededEconomics(requestId) })
         yield* ledger.finalizeReceipt(requestId, {
           payment_ref: `0x${"ab".repeat(32)}`,
           settlement: "landed"
@@ -83,7 +84,7 @@ const seed = (epochId: number, landed: number, released: number) =>
       } else {
         yield* ledger.release({
           receipt: { ...body, charged: 0, out_tokens: 0, status: "released", settlement: "none" },
-          economics: {}
+          economics: seededEconomics(requestId)
         })
       }
     }
@@ -318,7 +319,10 @@ describe("epoch close: crashes and restarts complete it exactly once", () => {
               signature: `0x${"11".repeat(65)}`
             }
           )
-          yield* ledger.capture({ receipt: receiptBody(pendingId, epochId), economics: {} })
+          yield* ledger.capture({
+            receipt: receiptBody(pendingId, epochId),
+            economics: seededEconomics(pendingId)
+          })
           // A request reserved during the epoch and still being served.
           const inFlightId = `req_e${epochId}_inflight`
           yield* ledger.reserveX402(
@@ -358,7 +362,7 @@ describe("epoch close: crashes and restarts complete it exactly once", () => {
               status: "released",
               settlement: "none"
             },
-            economics: {}
+            economics: seededEconomics(inFlightId)
           })
           assert.deepStrictEqual((yield* epochs.closeEnded).closed, [epochId])
           yield* assertClosedOnce(epochId, [...ids, pendingId, inFlightId])

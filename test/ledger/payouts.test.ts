@@ -6,15 +6,15 @@ import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
 import { testUsdcAbi } from "../../src/chain/artifacts.ts"
 import { Chain, randomAuthorizationNonce } from "../../src/chain/Chain.ts"
 import { feeSplit } from "../../src/domain/Billing.ts"
+import type { ReceiptBody } from "../../src/domain/Receipt.ts"
 import { Epochs, epochOf, PayoutConfig } from "../../src/ledger/Epochs.ts"
 import { Ledger, type PaymentSource } from "../../src/ledger/Ledger.ts"
-import type { ReceiptBody } from "../../src/ledger/Receipt.ts"
 import { type Discrepancy, Reconciliation } from "../../src/ledger/Reconciliation.ts"
 import { type OutgoingTransfer, Treasury } from "../../src/ledger/Treasury.ts"
 import { RouterConfig } from "../../src/RouterConfig.ts"
 import { TestDatabase } from "../support/Database.ts"
 import { routerWithFleet } from "../support/Router.ts"
-import { paidCompletion, receiptWhere, waitFor, waitForBook } from "./support.ts"
+import { paidCompletion, receiptWhere, seededEconomics, waitFor, waitForBook } from "./support.ts"
 
 interface PayoutRow {
   readonly payout_id: string
@@ -267,7 +267,7 @@ const seedRequest = (
         signature: `0x${"11".repeat(65)}`
       })
     }
-    yield* ledger.capture({ receipt, economics: {}, source })
+    yield* ledger.capture({ receipt, economics: seededEconomics(requestId), source })
     if (payment === "landed") yield* landed(requestId)
     return requestId
   }).pipe(Effect.orDie)

@@ -28,15 +28,15 @@ import {
   responsesToChatRequest
 } from "../../inference/adapters/ResponsesRequest.ts"
 import { paidHeaders, svcEnvelope } from "../../inference/ChatEncoding.ts"
-import type { ServeEvent, ServeSummary } from "../../inference/Completions.ts"
 import { type LiveStream, LiveStreams } from "../../inference/LiveStreams.ts"
+import type { ServeEvent, ServeSummary } from "../../inference/Paid.ts"
 import { estimatePromptTokens } from "../../inference/Tokens.ts"
 import { Api } from "../Api.ts"
 import { type Original, PaidCalls } from "../PaidCall.ts"
 
 /**
  * `/v1/responses` and `/v1/messages`: decode the harness's dialect, translate it to the chat
- * request, and enter the one paid lifecycle (`Completions.admit`) exactly as chat completions
+ * request, and enter the one paid lifecycle (`Pipeline.admit`) exactly as chat completions
  * do — same headers, same idempotency — then encode the served events back into the dialect.
  */
 

@@ -5,7 +5,7 @@ import { HttpApiBuilder } from "effect/http-api"
 import { SqlClient } from "effect/sql"
 import { charge } from "../../domain/Billing.ts"
 import { Unauthorized } from "../../domain/Errors.ts"
-import { ReceiptBody } from "../../ledger/Receipt.ts"
+import { ReceiptBody } from "../../domain/Receipt.ts"
 import { Keys } from "../../payment/Keys.ts"
 import { Api } from "../Api.ts"
 

@@ -3,10 +3,10 @@ import { HttpApiBuilder } from "effect/http-api"
 import { marketRequestOf } from "../../inference/Requirements.ts"
 import { estimatePromptTokens } from "../../inference/Tokens.ts"
 import { type AuctionOutcome, PROFILES, ROUTING_PROFILES } from "../../market/Auction.ts"
-import { Market, type MarketRequest } from "../../market/Market.ts"
 import { ModelCatalog } from "../../market/ModelCatalog.ts"
 import { Providers } from "../../market/Providers.ts"
 import { QuoteBook } from "../../market/QuoteBook.ts"
+import { type MarketRequest, Rfq } from "../../market/Rfq.ts"
 import { Api } from "../Api.ts"
 
 const UNIT = "base units (6 decimals) per 1,000,000 tokens"
@@ -170,7 +170,7 @@ export const RoutingHandlers = HttpApiBuilder.group(
   Api,
   "routing",
   Effect.fn(function* (handlers) {
-    const market = yield* Market
+    const rfq = yield* Rfq
     return handlers.handle("preview", ({ payload }) =>
       Effect.gen(function* () {
         const promptTokens = estimatePromptTokens(payload.messages)
@@ -181,7 +181,7 @@ export const RoutingHandlers = HttpApiBuilder.group(
           ["as-sent-without-latency-slo", { ...asSent, latencySlo: undefined }]
         ]
         const profiles = yield* Effect.forEach(variants, ([name, request]) =>
-          Effect.map(market.clear(request), (outcome) => previewOf(name, request, outcome))
+          Effect.map(rfq.run(request), (outcome) => previewOf(name, request, outcome))
         )
         return {
           object: "routing.preview" as const,

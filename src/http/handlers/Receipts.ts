@@ -2,9 +2,9 @@ import { Effect } from "effect"
 import { HttpApiBuilder } from "effect/http-api"
 import { Chain } from "../../chain/Chain.ts"
 import { NotFound } from "../../domain/Errors.ts"
+import { receiptTypedDataJson } from "../../domain/Receipt.ts"
 import { Epochs } from "../../ledger/Epochs.ts"
 import { Ledger } from "../../ledger/Ledger.ts"
-import { receiptTypedDataJson } from "../../ledger/Receipt.ts"
 import { Api } from "../Api.ts"
 
 export const ReceiptHandlers = HttpApiBuilder.group(

@@ -3,7 +3,7 @@ import { HttpApiBuilder } from "effect/http-api"
 import { SqlClient } from "effect/sql"
 import { charge } from "../../domain/Billing.ts"
 import { NotFound } from "../../domain/Errors.ts"
-import { ReceiptBody } from "../../ledger/Receipt.ts"
+import { ReceiptBody } from "../../domain/Receipt.ts"
 import { type SessionRow, Sessions } from "../../payment/Sessions.ts"
 import { Api } from "../Api.ts"
 

@@ -1,5 +1,5 @@
-import type { MeteredUsage, ServeEvent, ServeSummary } from "../Completions.ts"
 import type { UpstreamSource } from "../Events.ts"
+import type { MeteredUsage, ServeEvent, ServeSummary } from "../Paid.ts"
 import { citationAnnotations, type UrlCitation } from "./Citations.ts"
 import type { ResponsesRequest } from "./ResponsesRequest.ts"
 
