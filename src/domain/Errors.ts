@@ -1,5 +1,5 @@
 import { Schema } from "effect"
-import type { PaymentRequired } from "./Payment.ts"
+import type { PaymentRequired } from "./X402.ts"
 
 /**
  * Every failure a caller can cause, each carrying its HTTP status. Bodies are rendered in

@@ -1,7 +1,7 @@
 import { Schema, SchemaTransformation } from "effect"
 import { HttpApiSchema } from "effect/http-api"
 import { type DialectError, type DialectErrors, errorTypes } from "../domain/Errors.ts"
-import { PaymentRequired } from "../domain/Payment.ts"
+import { PaymentRequired, paymentRequiredHeader } from "../domain/X402.ts"
 
 /**
  * The one place that knows how each dialect spells an error. Endpoint definitions list
@@ -83,13 +83,6 @@ export const anthropic = <C extends ErrorClass>(cls: C) => {
 const { _tag: _, ...paymentFields } = PaymentRequired.fields
 const PaymentRequiredBody = Schema.Struct(paymentFields).pipe(HttpApiSchema.status(402))
 
-const toBase64 = (value: unknown) => Buffer.from(JSON.stringify(value)).toString("base64")
-const fromBase64 = (value: string): unknown => JSON.parse(Buffer.from(value, "base64").toString("utf8"))
-
-/** x402 v2 `PaymentRequired` as the official client reads it from the header. */
-export const paymentRequiredHeader = (e: typeof PaymentRequiredBody.Type) =>
-  toBase64({ x402Version: 2, error: e.error, resource: e.resource, accepts: e.accepts })
-
 /** 402 with the spec 2.7 body in every dialect, and the same requirements base64 in `PAYMENT-REQUIRED`. */
 export const PaymentRequiredWire = PaymentRequired.pipe(
   HttpApiSchema.encodeToWithHeaders(
@@ -103,5 +96,3 @@ export const PaymentRequiredWire = PaymentRequired.pipe(
     }
   )
 )
-
-export const decodePaymentHeader = fromBase64

@@ -1,5 +1,5 @@
+import { paymentResponseHeader } from "../domain/X402.ts"
 import { anonymizeBids } from "../market/Auction.ts"
-import { paymentResponseHeader } from "../payment/X402.ts"
 import type { UpstreamSource } from "./Events.ts"
 import type { Indexed } from "./LiveStreams.ts"
 import type { Admitted, AgentHeaders, MeteredUsage, ServeEvent, ServeSummary } from "./Paid.ts"

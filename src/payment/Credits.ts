@@ -9,7 +9,7 @@ import {
   withdrawalTypes
 } from "../domain/Credits.ts"
 import { Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized } from "../domain/Errors.ts"
-import type { PaymentRequired } from "../domain/Payment.ts"
+import type { PaymentRequired } from "../domain/X402.ts"
 import { PayoutConfig } from "../ledger/Epochs.ts"
 import { Ledger } from "../ledger/Ledger.ts"
 import { type Balance, Wallets } from "../ledger/Wallets.ts"

@@ -1,6 +1,6 @@
 import { Context, Effect, Layer } from "effect"
 import { Conflict, type Forbidden, NotFound, Unauthorized } from "../domain/Errors.ts"
-import { PaymentRequired, type PaymentRequiredCode } from "../domain/Payment.ts"
+import { PaymentRequired, type PaymentRequiredCode } from "../domain/X402.ts"
 import { Ledger, type ReservationRecord } from "../ledger/Ledger.ts"
 import { CreditKeys } from "./CreditKeys.ts"
 import { PaymentVerifier, type VerifiedPayment } from "./PaymentVerifier.ts"
