@@ -11,8 +11,8 @@ import {
   Unauthorized,
   UpstreamFailed
 } from "../domain/Errors.ts"
-import { CountTokensRequest, MessagesRequest } from "../inference/adapters/MessagesRequest.ts"
-import { ResponsesRequest } from "../inference/adapters/ResponsesRequest.ts"
+import { CountTokensRequest, MessagesRequest } from "../domain/Messages.ts"
+import { ResponsesRequest } from "../domain/Responses.ts"
 import { PaidCallErrors } from "./ChatApi.ts"
 import { anthropic, PaymentRequiredWire } from "./ErrorWire.ts"
 

@@ -1,6 +1,8 @@
 import { Schema, SchemaTransformation } from "effect"
 import { HttpApiSchema } from "effect/http-api"
+import { OpenAiErrorBody } from "../domain/Chat.ts"
 import { type DialectError, type DialectErrors, errorTypes } from "../domain/Errors.ts"
+import { MessagesErrorBody as AnthropicErrorBody } from "../domain/Messages.ts"
 import { PaymentRequired, paymentRequiredHeader } from "../domain/X402.ts"
 
 /**
@@ -9,20 +11,6 @@ import { PaymentRequired, paymentRequiredHeader } from "../domain/X402.ts"
  * the body on the wire is the dialect's own.
  */
 export type Dialect = "openai" | "anthropic"
-
-export const OpenAiErrorBody = Schema.Struct({
-  error: Schema.Struct({
-    message: Schema.String,
-    type: Schema.String,
-    code: Schema.NullOr(Schema.String),
-    param: Schema.NullOr(Schema.String)
-  })
-})
-
-export const AnthropicErrorBody = Schema.Struct({
-  type: Schema.Literal("error"),
-  error: Schema.Struct({ type: Schema.String, message: Schema.String })
-})
 
 type ErrorClass = (typeof DialectErrors)[number]
 type Encoded = {

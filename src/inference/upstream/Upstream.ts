@@ -7,6 +7,7 @@ import {
   type HttpClientResponse
 } from "effect/http"
 import type { ChatCompletionRequest } from "../../domain/Chat.ts"
+import type { MessagesRequest } from "../../domain/Messages.ts"
 import type { UpstreamEvent } from "../Events.ts"
 import {
   anthropicFrameToStep,
@@ -61,7 +62,9 @@ export const openAiCodec: DialectCodec<typeof initialOpenAiState> = {
 
 export const anthropicCodec: DialectCodec<typeof initialAnthropicState> = {
   path: "/v1/messages",
-  body: chatRequestToMessagesRequest,
+  // What is sent is a request of the one Messages wire schema (domain/Messages.ts).
+  body: (request, modelClass, maxTokens): MessagesRequest =>
+    chatRequestToMessagesRequest(request, modelClass, maxTokens),
   headers: (apiKey) => ({
     "anthropic-version": "2023-06-01",
     ...(apiKey === undefined ? {} : { "x-api-key": apiKey })
