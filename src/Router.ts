@@ -6,6 +6,7 @@ import { Fleet } from "./devnet/fleet/Fleet.ts"
 import { HttpServerLive } from "./http/Server.ts"
 import { LiveStreams } from "./inference/LiveStreams.ts"
 import { Pipeline } from "./inference/Pipeline.ts"
+import { RoutingPreview } from "./inference/Preview.ts"
 import { Reaper } from "./inference/Reaper.ts"
 import { Serve } from "./inference/Serve.ts"
 import { Upstream } from "./inference/upstream/Upstream.ts"
@@ -13,12 +14,14 @@ import { Authorizations } from "./ledger/Authorizations.ts"
 import { Epochs, PayoutConfig } from "./ledger/Epochs.ts"
 import { Ledger } from "./ledger/Ledger.ts"
 import { Readiness } from "./ledger/Readiness.ts"
+import { Receipts } from "./ledger/Receipts.ts"
 import { Reconciliation } from "./ledger/Reconciliation.ts"
 import { Settle } from "./ledger/Settle.ts"
 import { Treasury } from "./ledger/Treasury.ts"
 import { Wallets } from "./ledger/Wallets.ts"
 import { Withdrawals } from "./ledger/Withdrawals.ts"
 import { Latency } from "./market/Latency.ts"
+import { Listings } from "./market/Listings.ts"
 import { ModelCatalog } from "./market/ModelCatalog.ts"
 import { Providers } from "./market/Providers.ts"
 import { QuoteBook } from "./market/QuoteBook.ts"
@@ -27,6 +30,7 @@ import { CreditKeys } from "./payment/CreditKeys.ts"
 import { Credits } from "./payment/Credits.ts"
 import { FundingService } from "./payment/Funding.ts"
 import { Idempotency } from "./payment/Idempotency.ts"
+import { KeyAnalytics } from "./payment/KeyAnalytics.ts"
 import { Keys } from "./payment/Keys.ts"
 import { KeysAuth } from "./payment/KeysAuth.ts"
 import { PaymentVerifier } from "./payment/PaymentVerifier.ts"
@@ -36,29 +40,33 @@ import { X402Config } from "./payment/X402.ts"
 import { RouterConfig } from "./RouterConfig.ts"
 
 /** The market: registry, book, latency and the RFQ over them (the auction itself is pure). */
-export const MarketLive = Rfq.layer.pipe(
+export const MarketLive = Layer.mergeAll(Rfq.layer, Listings.layer).pipe(
   Layer.provideMerge(QuoteBook.layer),
   Layer.provideMerge(Providers.layer),
   Layer.provideMerge(Layer.mergeAll(ModelCatalog.layer, Latency.layer))
 )
 
 /** Payments: x402 verification, the ledger, settlement, epoch refunds, idempotency, keys and credits. */
-export const PaymentsLive = Layer.mergeAll(
-  Settlement.layer,
-  Epochs.layer,
-  Reconciliation.layer,
-  Idempotency.layer,
-  KeysAuth.layer,
-  Credits.layer,
-  Withdrawals.layer
-).pipe(
+export const PaymentsLive = Receipts.layer.pipe(
+  Layer.provideMerge(
+    Layer.mergeAll(
+      Settlement.layer,
+      Epochs.layer,
+      Reconciliation.layer,
+      Idempotency.layer,
+      KeysAuth.layer,
+      Credits.layer,
+      Withdrawals.layer,
+      KeyAnalytics.layer
+    )
+  ),
   Layer.provideMerge(Layer.mergeAll(PaymentVerifier.layer, Keys.layer, Wallets.layer, Authorizations.layer)),
   Layer.provideMerge(Layer.mergeAll(Ledger.layer, Treasury.layer)),
   Layer.provideMerge(Layer.mergeAll(X402Config.layer, PayoutConfig.layer))
 )
 
 /** Serving: the lifecycle over the market and payments, upstream clients and live streams. */
-export const InferenceLive = Layer.mergeAll(Pipeline.layer, Reaper.layer).pipe(
+export const InferenceLive = Layer.mergeAll(Pipeline.layer, Reaper.layer, RoutingPreview.layer).pipe(
   Layer.provideMerge(Serve.layer),
   Layer.provideMerge(Layer.mergeAll(FundingService.layer, Settle.layer)),
   Layer.provideMerge(

@@ -44,3 +44,25 @@ export const WithdrawalView = Schema.Struct({
   paid_at: Schema.NullOr(Schema.Number)
 })
 export type WithdrawalView = typeof WithdrawalView.Type
+
+/** `GET /v1/credits/balance`: the owner's balance and the spending key's own budget. */
+export const CreditBalance = Schema.Struct({
+  object: Schema.Literal("credit_balance"),
+  wallet: Schema.String,
+  unit: Schema.String,
+  available: Schema.Number,
+  reserved: Schema.Number,
+  pending: Schema.Number,
+  available_usdc: Schema.String,
+  reserved_usdc: Schema.String,
+  pending_usdc: Schema.String,
+  key: Schema.Struct({
+    id: Schema.String,
+    label: Schema.String,
+    budget: Schema.Number,
+    spent: Schema.Number,
+    reserved: Schema.Number,
+    remaining: Schema.Number
+  })
+})
+export type CreditBalance = typeof CreditBalance.Type

@@ -1,5 +1,5 @@
 import { Schema } from "effect"
-import { Routing } from "./Chat.ts"
+import { Routing, Svc } from "./Chat.ts"
 
 /** The images wire (OpenAI's `POST /v1/images/generations`): what callers send, what providers answer. */
 
@@ -35,3 +35,6 @@ export const ImagesResponse = Schema.Struct({
   data: Schema.Array(GeneratedImage).check(Schema.isMinLength(1))
 })
 export type ImagesResponse = typeof ImagesResponse.Type
+
+/** What the router answers: the images response plus its `svc` object (the auction, the charge). */
+export const ImagesReply = Schema.Struct({ ...ImagesResponse.fields, svc: Svc })

@@ -1,5 +1,5 @@
 import { Schema } from "effect"
-import { MAX_TOKENS_LIMIT, Routing } from "./Chat.ts"
+import { MAX_TOKENS_LIMIT, Routing, Svc, SvcSources } from "./Chat.ts"
 import { Int, Loose, optionalNullable } from "./Wire.ts"
 
 /**
@@ -104,3 +104,78 @@ export const ResponsesRequest = Schema.Struct({
   context: Schema.optionalKey(Schema.Unknown)
 })
 export type ResponsesRequest = typeof ResponsesRequest.Type
+
+// ---- the response object ----
+
+export const ResponseUsage = Schema.Struct({
+  input_tokens: Schema.Int,
+  input_tokens_details: Schema.Struct({ cached_tokens: Schema.Int }),
+  output_tokens: Schema.Int,
+  output_tokens_details: Schema.Struct({ reasoning_tokens: Schema.Int }),
+  total_tokens: Schema.Int,
+  cost: Schema.Number,
+  svc_estimates: Schema.optionalKey(Schema.Record(Schema.String, Schema.Boolean))
+})
+
+const ItemStatus = Schema.Literals(["in_progress", "completed", "incomplete"])
+
+export const OutputItem = Schema.Union([
+  Schema.Struct({
+    type: Schema.Literal("message"),
+    id: Schema.String,
+    status: ItemStatus,
+    role: Schema.Literal("assistant"),
+    content: Schema.Array(
+      Schema.Struct({
+        type: Schema.Literal("output_text"),
+        text: Schema.String,
+        annotations: Schema.Array(Schema.Unknown),
+        logprobs: Schema.Array(Schema.Unknown)
+      })
+    )
+  }),
+  Schema.Struct({
+    type: Schema.Literal("reasoning"),
+    id: Schema.String,
+    summary: Schema.Array(Schema.Unknown),
+    content: Schema.Array(Schema.Struct({ type: Schema.Literal("reasoning_text"), text: Schema.String })),
+    status: ItemStatus
+  }),
+  Schema.Struct({
+    type: Schema.Literal("function_call"),
+    id: Schema.String,
+    call_id: Schema.String,
+    name: Schema.String,
+    arguments: Schema.String,
+    status: ItemStatus
+  })
+])
+
+/** A response object: the non-streaming reply, and the `response` of the stream's lifecycle events. */
+export const ResponseObject = Schema.Struct({
+  id: Schema.String,
+  object: Schema.Literal("response"),
+  created_at: Schema.Int,
+  status: Schema.Literals(["in_progress", "completed", "incomplete", "failed"]),
+  error: Schema.NullOr(Schema.Struct({ code: Schema.String, message: Schema.String })),
+  incomplete_details: Schema.NullOr(Schema.Struct({ reason: Schema.String })),
+  model: Schema.String,
+  output: Schema.Array(OutputItem),
+  instructions: Schema.NullOr(Schema.String),
+  max_output_tokens: Schema.NullOr(Schema.Int),
+  parallel_tool_calls: Schema.Boolean,
+  previous_response_id: Schema.Null,
+  reasoning: Schema.Struct({ effort: Schema.NullOr(Schema.String), summary: Schema.NullOr(Schema.String) }),
+  store: Schema.Boolean,
+  temperature: Schema.NullOr(Schema.Number),
+  text: Schema.Struct({ format: Schema.Unknown }),
+  tool_choice: Schema.Unknown,
+  tools: Schema.Array(Schema.Unknown),
+  top_p: Schema.NullOr(Schema.Number),
+  truncation: Schema.String,
+  metadata: Schema.Record(Schema.String, Schema.Unknown),
+  usage: Schema.NullOr(ResponseUsage),
+  svc_sources: Schema.optionalKey(SvcSources),
+  svc: Svc
+})
+export type ResponseObject = typeof ResponseObject.Type

@@ -3,7 +3,7 @@ import type { SqlClient } from "effect/sql"
 import { feeSplit } from "../domain/Billing.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import type { CaptureRecord, PaymentSource } from "./Ledger.ts"
-import type { ReceiptStore } from "./Receipts.ts"
+import type { ReceiptStore } from "./ReceiptStore.ts"
 
 const X402Source: PaymentSource = { _tag: "X402" }
 

@@ -5,7 +5,7 @@ import { Chain } from "../chain/Chain.ts"
 import type { EconomicsRecord } from "../domain/Economics.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import { makeCapture } from "./Capture.ts"
-import { makeReceiptStore } from "./Receipts.ts"
+import { makeReceiptStore } from "./ReceiptStore.ts"
 import { makeReservations } from "./Reserve.ts"
 import { makeSessionClose } from "./SessionClose.ts"
 

@@ -1,62 +1,52 @@
-import { Effect, Schema } from "effect"
-import type { SqlClient } from "effect/sql"
-import type { ChainShape } from "../chain/Chain.ts"
-import { ReceiptBody, receiptTypedData } from "../domain/Receipt.ts"
+import { Context, Effect, Layer } from "effect"
+import { Chain } from "../chain/Chain.ts"
+import { NotFound } from "../domain/Errors.ts"
+import { type ReceiptReply, receiptTypedDataJson } from "../domain/Receipt.ts"
+import { Epochs } from "./Epochs.ts"
+import { Ledger } from "./Ledger.ts"
 
-const decodeReceipt = Schema.decodeUnknownEffect(ReceiptBody)
-
-export type ReceiptStore = ReturnType<typeof makeReceiptStore>
+const notFound = (id: string) => new NotFound({ code: "request_not_found", message: `No request ${id}` })
 
 /**
- * Where receipts are signed and kept: the router signer's EIP-712 signature, the stored body with its
- * economics, and the re-signing of a receipt once its settlement facts are final.
+ * The public reads of the book of record: a request's signed receipt (with the typed data a client
+ * verifies it with, and its inclusion proof once its epoch is anchored) and its economics.
  */
-export const makeReceiptStore = (sql: SqlClient.SqlClient, chain: ChainShape) => {
-  const sign = (receipt: ReceiptBody) => chain.signTypedData(receiptTypedData(receipt, chain.chainId))
+export class Receipts extends Context.Service<
+  Receipts,
+  {
+    readonly receipt: (requestId: string) => Effect.Effect<ReceiptReply, NotFound>
+    /** The economics record as stored (an `EconomicsRecord`, `domain/Economics.ts`). */
+    readonly economics: (requestId: string) => Effect.Effect<unknown, NotFound>
+  }
+>()("router/ledger/Receipts") {
+  static readonly layer = Layer.effect(
+    Receipts,
+    Effect.gen(function* () {
+      const ledger = yield* Ledger
+      const epochs = yield* Epochs
+      const chain = yield* Chain
 
-  const storeReceipt = (receipt: ReceiptBody, economics: unknown) =>
-    Effect.all([
-      sql`INSERT INTO receipts (request_id, epoch_id, body) VALUES (${receipt.request_id}, ${receipt.epoch_id},
-            ${JSON.stringify(receipt)}::jsonb)`,
-      sql`INSERT INTO economics (request_id, body) VALUES (${receipt.request_id}, ${JSON.stringify(economics)}::jsonb)`
-    ])
+      const receipt = Effect.fn("Receipts.receipt")(function* (requestId: string) {
+        const found = yield* ledger.receipt(requestId)
+        if (found === undefined) return yield* notFound(requestId)
+        const inclusion = yield* epochs.inclusion(requestId)
+        return {
+          receipt: found.body,
+          final: found.final,
+          signature: found.signature,
+          signer: chain.routerSigner,
+          typed_data: receiptTypedDataJson(found.body, chain.chainId),
+          inclusion: inclusion ?? null
+        } satisfies ReceiptReply
+      })
 
-  const readReceipt = (requestId: string) =>
-    sql<{ body: unknown; signature: string | null; final: boolean }>`
-      SELECT body, signature, final FROM receipts WHERE request_id = ${requestId}
-    `.pipe(
-      Effect.flatMap((rows) =>
-        rows[0] === undefined
-          ? Effect.succeed(undefined)
-          : Effect.map(decodeReceipt(rows[0].body), (body) => ({
-              body,
-              signature: rows[0]!.signature,
-              final: rows[0]!.final
-            }))
-      ),
-      Effect.orDie
-    )
+      const economics = Effect.fn("Receipts.economics")(function* (requestId: string) {
+        const body = yield* ledger.economics(requestId)
+        if (body === undefined) return yield* notFound(requestId)
+        return body
+      })
 
-  const finalizeReceipt = Effect.fn("Ledger.finalizeReceipt")(function* (
-    requestId: string,
-    patch: Partial<Pick<ReceiptBody, "payment_ref" | "settlement" | "refund_ref">>
-  ) {
-    const current = yield* readReceipt(requestId)
-    if (current === undefined) return
-    const body: ReceiptBody = { ...current.body, ...patch }
-    const signature = yield* Effect.orDie(sign(body))
-    yield* sql`
-      UPDATE receipts SET body = ${JSON.stringify(body)}::jsonb, signature = ${signature}, final = true,
-             updated_at = now()
-      WHERE request_id = ${requestId}
-    `.pipe(Effect.orDie)
-  })
-
-  const economics = (requestId: string) =>
-    sql<{ body: unknown }>`SELECT body FROM economics WHERE request_id = ${requestId}`.pipe(
-      Effect.map((rows) => rows[0]?.body),
-      Effect.orDie
-    )
-
-  return { sign, store: storeReceipt, read: readReceipt, finalize: finalizeReceipt, economics }
+      return Receipts.of({ receipt, economics })
+    })
+  )
 }

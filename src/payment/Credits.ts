@@ -3,6 +3,7 @@ import { Clock, Context, Effect, Layer } from "effect"
 import { getAddress, type Hex, verifyTypedData } from "viem"
 import { Chain } from "../chain/Chain.ts"
 import {
+  type CreditBalance,
   type WithdrawalRequest,
   type WithdrawalView,
   withdrawalDomain,
@@ -14,7 +15,7 @@ import { PayoutConfig } from "../ledger/Epochs.ts"
 import { Ledger } from "../ledger/Ledger.ts"
 import { type Balance, Wallets } from "../ledger/Wallets.ts"
 import { RouterConfig } from "../RouterConfig.ts"
-import { formatUsdc, Keys } from "./Keys.ts"
+import { BASE_UNIT, formatUsdc, Keys } from "./Keys.ts"
 import { PaymentVerifier } from "./PaymentVerifier.ts"
 import { paymentRequired } from "./X402.ts"
 
@@ -42,6 +43,10 @@ export class Credits extends Context.Service<
       readonly paymentHeader: string | undefined
     }) => Effect.Effect<Deposit, PaymentRequired | Forbidden | InvalidRequest>
     readonly balance: (wallet: string) => Effect.Effect<Balance>
+    /** The balance a spend-capable key (`x-credit-key`) draws on, with the key's own budget. */
+    readonly keyBalance: (
+      creditKey: string | undefined
+    ) => Effect.Effect<CreditBalance, Unauthorized | Forbidden>
     readonly withdraw: (
       request: WithdrawalRequest
     ) => Effect.Effect<WithdrawalView, InvalidRequest | Unauthorized | Conflict>
@@ -203,7 +208,35 @@ export class Credits extends Context.Service<
         return yield* Effect.orDie(withdrawal(id))
       })
 
-      return Credits.of({ deposit, balance: wallets.balance, withdraw, withdrawal })
+      const keyBalance = Effect.fn("Credits.keyBalance")(function* (creditKey: string | undefined) {
+        if (creditKey === undefined) {
+          return yield* new Unauthorized({
+            code: "invalid_credit_key",
+            message: "Send a spend-capable key in x-credit-key"
+          })
+        }
+        const key = yield* keys.resolveCreditKey(creditKey)
+        const balance = yield* wallets.balance(key.wallet)
+        return {
+          object: "credit_balance",
+          wallet: key.wallet,
+          unit: BASE_UNIT,
+          ...balance,
+          available_usdc: formatUsdc(balance.available),
+          reserved_usdc: formatUsdc(balance.reserved),
+          pending_usdc: formatUsdc(balance.pending),
+          key: {
+            id: key.keyId,
+            label: key.label,
+            budget: key.budget,
+            spent: key.spent,
+            reserved: key.reserved,
+            remaining: Math.max(0, key.budget - key.spent - key.reserved)
+          }
+        } satisfies CreditBalance
+      })
+
+      return Credits.of({ deposit, balance: wallets.balance, keyBalance, withdraw, withdrawal })
     })
   )
 }

@@ -1,7 +1,10 @@
 import { createHash, randomBytes } from "node:crypto"
 import { Clock, Config, Context, Effect, Layer, Schema } from "effect"
 import { SqlClient } from "effect/sql"
+import type { SessionTape } from "../domain/Analytics.ts"
+import { charge } from "../domain/Billing.ts"
 import { Conflict, NotFound, Unauthorized } from "../domain/Errors.ts"
+import { ReceiptBody } from "../domain/Receipt.ts"
 import { epochOf } from "../ledger/Epochs.ts"
 import { Ledger } from "../ledger/Ledger.ts"
 import { RouterConfig } from "../RouterConfig.ts"
@@ -32,6 +35,14 @@ const decodeRows = Schema.decodeUnknownEffect(Schema.Array(SessionRow))
 const columns = `session_id, payer, funding_kind, funding_request_id, key_id, budget::text, spent::text, provider_id,
   model_class, price_in::text, price_out::text, price_in_cached::text,
   (extract(epoch from expires_at) * 1000)::float8 AS expires_at, status, in_flight, turns, prefix_tokens, refund_ref`
+
+const TapeRow = Schema.Struct({
+  request_id: Schema.String,
+  status: Schema.String,
+  body: Schema.NullOr(ReceiptBody),
+  price_setter: Schema.NullOr(Schema.String)
+})
+const decodeTape = Schema.decodeUnknownEffect(Schema.Array(TapeRow))
 
 export const hashSessionToken = (token: string) => createHash("sha256").update(token).digest("hex")
 
@@ -102,6 +113,8 @@ export class Sessions extends Context.Service<
     ) => Effect.Effect<SessionRow, NotFound | Unauthorized | Conflict>
     /** Settles every expired session that nobody closed; returns how many. */
     readonly expireDue: Effect.Effect<number>
+    /** Every turn of a session with what its cached prefix saved (`/v1/analytics/sessions/:id`). */
+    readonly tape: (sessionId: string) => Effect.Effect<SessionTape, NotFound>
   }
 >()("router/payment/Sessions") {
   static readonly layer = Layer.effect(
@@ -253,7 +266,51 @@ export class Sessions extends Context.Service<
         return closed
       }).pipe(Effect.withSpan("Sessions.expireDue"))
 
+      const tape = Effect.fn("Sessions.tape")(function* (sessionId: string) {
+        const session = yield* find(sessionId)
+        if (session === undefined) {
+          return yield* new NotFound({ code: "session_not_found", message: `No session ${sessionId}` })
+        }
+        const rows = yield* sql`
+          SELECT r.request_id, r.status, rc.body, e.body ->> 'price_setter' AS price_setter
+          FROM requests r
+          LEFT JOIN receipts rc ON rc.request_id = r.request_id
+          LEFT JOIN economics e ON e.request_id = r.request_id
+          WHERE r.session_id = ${sessionId} ORDER BY r.created_at
+        `.pipe(Effect.flatMap(decodeTape), Effect.orDie)
+        const turns = rows.flatMap((row, i) => {
+          const receipt = row.body
+          if (receipt === null) return []
+          const uncached = charge(
+            { input: receipt.in_tokens, cachedInput: 0, output: receipt.out_tokens },
+            { price_in: receipt.price_in, price_out: receipt.price_out }
+          )
+          return [
+            {
+              turn: i + 1,
+              request_id: row.request_id,
+              created_at: receipt.created_at,
+              status: receipt.status,
+              in_tokens: receipt.in_tokens,
+              cached_tokens: receipt.cached_tokens,
+              out_tokens: receipt.out_tokens,
+              charged: receipt.charged,
+              cache_discount: Math.max(0, uncached - receipt.charged),
+              price_setter: row.price_setter
+            }
+          ]
+        })
+        return {
+          session_id: session.session_id,
+          model_class: session.model_class,
+          turns,
+          cache_discount_total: turns.reduce((n, t) => n + t.cache_discount, 0),
+          charged_total: turns.reduce((n, t) => n + t.charged, 0)
+        } satisfies SessionTape
+      })
+
       return Sessions.of({
+        tape,
         settings,
         find,
         open,
