@@ -25,7 +25,7 @@ export class PayoutConfig extends Context.Service<PayoutConfig, { readonly payou
       PayoutConfig.of({ payoutFloor })
     )
   )
-  static readonly test = (payoutFloor: number) =>
+  static readonly layerTest = (payoutFloor: number) =>
     Layer.succeed(PayoutConfig, PayoutConfig.of({ payoutFloor }))
 }
 

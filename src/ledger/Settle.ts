@@ -88,4 +88,8 @@ export class Settle extends Context.Service<
       return Settle.of({ request })
     })
   )
+
+  /** Hands every settlement to `record` instead of the ledger, for tests of what settles. */
+  static readonly layerTest = (record: (served: Served) => Effect.Effect<void>) =>
+    Layer.succeed(Settle, Settle.of({ request: record }))
 }

@@ -204,4 +204,38 @@ export class QuoteBook extends Context.Service<
       return QuoteBook.of({ ingest, live, acquireSlot, sync })
     })
   )
+
+  /**
+   * An in-memory book of the given quotes (already verified): `live` lists them, `acquireSlot` holds
+   * their signed capacity in this process only. For tests of what reads the book.
+   */
+  static readonly layerTest = (quotes: ReadonlyArray<SignedQuote>) =>
+    Layer.sync(QuoteBook, () => {
+      const inFlight = new Map<string, number>()
+      return QuoteBook.of({
+        ingest: () => Effect.die("QuoteBook.layerTest does not ingest"),
+        live: Effect.sync(() =>
+          quotes.map((quote) => ({
+            quote,
+            inFlight: inFlight.get(slotKey(quote.provider_id, quote.model_class)) ?? 0
+          }))
+        ),
+        acquireSlot: (quote) =>
+          Effect.gen(function* () {
+            const key = slotKey(quote.provider_id, quote.model_class)
+            const held = inFlight.get(key) ?? 0
+            if (held >= quote.capacity_rps) {
+              return yield* new ServiceUnavailable({
+                code: "capacity_exhausted",
+                message: `${quote.provider_id} is at its signed capacity for ${quote.model_class}`
+              })
+            }
+            inFlight.set(key, held + 1)
+            yield* Effect.addFinalizer(() =>
+              Effect.sync(() => inFlight.set(key, (inFlight.get(key) ?? 1) - 1))
+            )
+          }),
+        sync: Effect.void
+      })
+    })
 }

@@ -16,9 +16,9 @@ const EPOCH_SECONDS = 2
 const WALLET = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8"
 
 /** The ledger over a real database and chain, no background close: each test drives `Epochs` itself. */
-const TestLayer = Layer.mergeAll(Ledger.layer, Treasury.layer, PayoutConfig.test(5_000)).pipe(
+const TestLayer = Layer.mergeAll(Ledger.layer, Treasury.layer, PayoutConfig.layerTest(5_000)).pipe(
   Layer.provideMerge(Layer.mergeAll(TestDatabase, Chain.layer)),
-  Layer.provideMerge(RouterConfig.test({ epochSeconds: EPOCH_SECONDS }))
+  Layer.provideMerge(RouterConfig.layerTest({ epochSeconds: EPOCH_SECONDS }))
 )
 
 // Every scenario uses its own epoch, long ended.

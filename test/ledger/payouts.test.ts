@@ -156,9 +156,9 @@ const FLOOR = 5_000
 const CHARGE = 2_000
 const SHARE = BigInt(feeSplit(CHARGE).providerShare)
 
-const TestLayer = Layer.mergeAll(Ledger.layer, Treasury.layer, PayoutConfig.test(FLOOR)).pipe(
+const TestLayer = Layer.mergeAll(Ledger.layer, Treasury.layer, PayoutConfig.layerTest(FLOOR)).pipe(
   Layer.provideMerge(Layer.mergeAll(TestDatabase, Chain.layer)),
-  Layer.provideMerge(RouterConfig.test({ epochSeconds: EPOCH_SECONDS }))
+  Layer.provideMerge(RouterConfig.layerTest({ epochSeconds: EPOCH_SECONDS }))
 )
 
 const baseEpoch = epochOf(Date.now(), EPOCH_SECONDS) - 500

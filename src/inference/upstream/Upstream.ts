@@ -270,4 +270,8 @@ export class Upstream extends Context.Service<
   static readonly layerWith = (options: UpstreamOptions) => Layer.effect(Upstream, make(options))
   static readonly layer = Upstream.layerWith({})
   static readonly layerFetch = Upstream.layer.pipe(Layer.provide(FetchHttpClient.layer))
+
+  /** Scripted replies (by target and class), for tests of what serves through upstreams. */
+  static readonly layerTest = (stream: Upstream["Service"]["stream"]) =>
+    Layer.succeed(Upstream, Upstream.of({ stream }))
 }
