@@ -1,8 +1,10 @@
 import { Schema } from "effect"
 import { HttpApiEndpoint, HttpApiGroup, HttpApiSchema } from "effect/http-api"
 import { Health, NotReady, Readiness } from "../domain/System.ts"
+import { MECHANISM_VERSION } from "../market/Auction.ts"
 
-export const AUCTION_VERSION = "second-score/1"
+/** The mechanism version every reply names in `x-svc-auction-version`. */
+export const AUCTION_VERSION = MECHANISM_VERSION
 
 export class SystemApi extends HttpApiGroup.make("system", { topLevel: true }).add(
   HttpApiEndpoint.get("health", "/health", { success: Health }),

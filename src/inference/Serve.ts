@@ -33,6 +33,153 @@ const paidByOf = (funding: Funding): PaidBy =>
       ? { _tag: "Session", sessionId: funding.sessionId }
       : { _tag: "X402" }
 
+interface Deps {
+  readonly book: QuoteBook["Service"]
+  readonly providers: Providers["Service"]
+  readonly latency: Latency["Service"]
+  readonly upstream: Upstream["Service"]
+}
+
+/** One provider's attempt, holding one capacity slot of its quote for the call. */
+const attempt = (deps: Deps) => (input: Serving, meter: Meter, bid: RankedBid) =>
+  Effect.scoped(
+    Effect.gen(function* () {
+      const { book, providers, latency, upstream } = deps
+      const provider = providers.get(bid.provider_id)
+      const quote = (yield* book.live).find(
+        (q) => q.quote.provider_id === bid.provider_id && q.quote.model_class === bid.model_class
+      )
+      if (provider === undefined || !provider.enabled || quote === undefined) {
+        return yield* Effect.fail(
+          new UpstreamFailed({ code: "provider_unavailable", message: "provider left the market" })
+        )
+      }
+      yield* book
+        .acquireSlot(quote.quote)
+        .pipe(Effect.mapError((e) => new UpstreamFailed({ code: e.code, message: e.message })))
+      meter.servedBy = bid
+      meter.heldSources = undefined
+      const sentAt = yield* Clock.currentTimeMillis
+      yield* upstream
+        .stream(
+          { baseUrl: provider.base_url, dialect: provider.dialect },
+          input.request,
+          bid.model_class,
+          maxTokensOf(input.request)
+        )
+        .pipe(
+          Stream.runForEach((event) =>
+            Effect.gen(function* () {
+              if (event._tag === "Usage") {
+                meter.usage = event
+                return
+              }
+              if (event._tag === "Finish") {
+                meter.finish = event.reason
+                return
+              }
+              if (event._tag === "Sources") {
+                // Grounding arrives before the first token; it is held until a token
+                // proves this provider is serving (a fallback must not repeat it).
+                if (!meter.delivered) meter.heldSources = event
+                else yield* input.emit({ _tag: "Delta", event })
+                return
+              }
+              if (!meter.delivered) {
+                meter.delivered = true
+                meter.firstTokenAt = yield* Clock.currentTimeMillis
+                yield* latency.observe(bid.provider_id, bid.model_class, meter.firstTokenAt - sentAt)
+                if (meter.heldSources !== undefined)
+                  yield* input.emit({ _tag: "Delta", event: meter.heldSources })
+                yield* Deferred.succeed(input.started, undefined)
+              }
+              recordContent(meter, event)
+              yield* input.emit({ _tag: "Delta", event })
+            })
+          ),
+          Effect.mapError(
+            (e) =>
+              new UpstreamFailed({
+                code: `upstream_${e.reason}`,
+                message: `the provider failed: ${e.message}`
+              })
+          )
+        )
+    })
+  )
+
+/** Settles what was metered, then tells the readers (`End`) and the waiting admission. */
+const finish =
+  (settle: Settle["Service"]) => (input: Serving, meter: Meter, exit: Exit.Exit<void, UpstreamFailed>) =>
+    Effect.gen(function* () {
+      const { auction } = input
+      const usage = meteredUsage(meter, {
+        maxTokens: maxTokensOf(input.request),
+        promptEstimate: input.promptEstimate,
+        cachedEstimate: input.cachedEstimate
+      })
+      const tokens = billableTokens(usage)
+      const released = !meter.delivered
+      const charged = released ? 0 : Math.min(charge(tokens, auction.clear), input.authorized)
+      const interrupted = Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause)
+      const status: ServeSummary["status"] = released
+        ? "released"
+        : Exit.isSuccess(exit) && meter.finish !== null
+          ? "ok"
+          : "partial"
+      const error = interrupted ? { code: "stopped", message: "the request was stopped" } : meter.error
+      const ttftMs = meter.delivered ? meter.firstTokenAt - input.createdAt : 0
+      // A session remembers the whole conversation so far: the next turn's cached prefix.
+      const prefixTokens = usage.promptTokens + usage.completionTokens
+      yield* settle.request({
+        requestId: input.requestId,
+        createdAt: input.createdAt,
+        payer: input.payer,
+        auction,
+        servedBy: meter.servedBy,
+        tokens,
+        charged,
+        authorized: input.authorized,
+        status,
+        ttftMs,
+        paidBy: paidByOf(input.funding),
+        source:
+          input.source._tag === "SessionOpening" || input.source._tag === "SessionTurn"
+            ? { ...input.source, prefixTokens }
+            : input.source,
+        detail: {
+          _tag: "Tokens",
+          sessionId: input.request.routing?.session_id ?? null,
+          agent: input.agent
+        }
+      })
+      yield* input.emit({
+        _tag: "End",
+        summary: {
+          status,
+          finishReason: meter.finish,
+          providerId: meter.servedBy.provider_id,
+          modelClass: meter.servedBy.model_class,
+          usage,
+          charged,
+          authorized: input.authorized,
+          ttftMs,
+          error: status === "ok" ? null : error
+        }
+      })
+      if (released) {
+        const message = `${error?.message ?? "the provider failed"}; the reservation was released and nothing was charged`
+        // Every candidate at its signed capacity is a busy market (503, retry), not a provider fault.
+        yield* Deferred.fail(
+          input.started,
+          error?.code === "capacity_exhausted"
+            ? new ServiceUnavailable({ code: "capacity_exhausted", message })
+            : new UpstreamFailed({ code: error?.code ?? "upstream_failed", message })
+        )
+      }
+      yield* Deferred.succeed(input.started, undefined)
+    }).pipe(Effect.orDie, Effect.withSpan("Serve.finish"))
+
 /**
  * The serve step: an admitted, paid-for request is served in its own supervised fiber. The winner
  * (or, before the first token, one fallback whose ask fits the authorization) streams through its
@@ -57,72 +204,8 @@ export class Serve extends Context.Service<
       const upstream = yield* Upstream
       const settle = yield* Settle
 
-      /** One provider's attempt, holding one capacity slot of its quote for the call. */
-      const attempt = (input: Serving, meter: Meter, bid: RankedBid) =>
-        Effect.scoped(
-          Effect.gen(function* () {
-            const provider = providers.get(bid.provider_id)
-            const quote = (yield* book.live).find(
-              (q) => q.quote.provider_id === bid.provider_id && q.quote.model_class === bid.model_class
-            )
-            if (provider === undefined || !provider.enabled || quote === undefined) {
-              return yield* Effect.fail(
-                new UpstreamFailed({ code: "provider_unavailable", message: "provider left the market" })
-              )
-            }
-            yield* book
-              .acquireSlot(quote.quote)
-              .pipe(Effect.mapError((e) => new UpstreamFailed({ code: e.code, message: e.message })))
-            meter.servedBy = bid
-            meter.heldSources = undefined
-            const sentAt = yield* Clock.currentTimeMillis
-            yield* upstream
-              .stream(
-                { baseUrl: provider.base_url, dialect: provider.dialect },
-                input.request,
-                bid.model_class,
-                maxTokensOf(input.request)
-              )
-              .pipe(
-                Stream.runForEach((event) =>
-                  Effect.gen(function* () {
-                    if (event._tag === "Usage") {
-                      meter.usage = event
-                      return
-                    }
-                    if (event._tag === "Finish") {
-                      meter.finish = event.reason
-                      return
-                    }
-                    if (event._tag === "Sources") {
-                      // Grounding arrives before the first token; it is held until a token
-                      // proves this provider is serving (a fallback must not repeat it).
-                      if (!meter.delivered) meter.heldSources = event
-                      else yield* input.emit({ _tag: "Delta", event })
-                      return
-                    }
-                    if (!meter.delivered) {
-                      meter.delivered = true
-                      meter.firstTokenAt = yield* Clock.currentTimeMillis
-                      yield* latency.observe(bid.provider_id, bid.model_class, meter.firstTokenAt - sentAt)
-                      if (meter.heldSources !== undefined)
-                        yield* input.emit({ _tag: "Delta", event: meter.heldSources })
-                      yield* Deferred.succeed(input.started, undefined)
-                    }
-                    recordContent(meter, event)
-                    yield* input.emit({ _tag: "Delta", event })
-                  })
-                ),
-                Effect.mapError(
-                  (e) =>
-                    new UpstreamFailed({
-                      code: `upstream_${e.reason}`,
-                      message: `the provider failed: ${e.message}`
-                    })
-                )
-              )
-          })
-        )
+      const attemptOn = attempt({ book, providers, latency, upstream })
+      const settleServed = finish(settle)
 
       /** The winner, then a fallback while nothing was delivered; bounded by the serving deadline. */
       const serve = (input: Serving) => {
@@ -136,7 +219,7 @@ export class Serve extends Context.Service<
 
         const run = Effect.gen(function* () {
           for (let i = 0; i < candidates.length; i++) {
-            const exit = yield* Effect.exit(attempt(input, meter, candidates[i]!))
+            const exit = yield* Effect.exit(attemptOn(input, meter, candidates[i]!))
             if (Exit.isSuccess(exit)) return
             const failure = Cause.findErrorOption(exit.cause)
             const error = Option.isSome(failure)
@@ -165,82 +248,11 @@ export class Serve extends Context.Service<
           })
         )
         return Effect.interruptible(bounded).pipe(
-          Effect.onExit((exit) => finish(input, meter, exit)),
+          Effect.onExit((exit) => settleServed(input, meter, exit)),
           Effect.catchCause(() => Effect.void),
           Effect.withSpan("Serve.run", { attributes: { request_id: input.requestId } })
         )
       }
-
-      /** Settles what was metered, then tells the readers (`End`) and the waiting admission. */
-      const finish = (input: Serving, meter: Meter, exit: Exit.Exit<void, UpstreamFailed>) =>
-        Effect.gen(function* () {
-          const { auction } = input
-          const usage = meteredUsage(meter, {
-            maxTokens: maxTokensOf(input.request),
-            promptEstimate: input.promptEstimate,
-            cachedEstimate: input.cachedEstimate
-          })
-          const tokens = billableTokens(usage)
-          const released = !meter.delivered
-          const charged = released ? 0 : Math.min(charge(tokens, auction.clear), input.authorized)
-          const interrupted = Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause)
-          const status: ServeSummary["status"] = released
-            ? "released"
-            : Exit.isSuccess(exit) && meter.finish !== null
-              ? "ok"
-              : "partial"
-          const error = interrupted ? { code: "stopped", message: "the request was stopped" } : meter.error
-          const ttftMs = meter.delivered ? meter.firstTokenAt - input.createdAt : 0
-          // A session remembers the whole conversation so far: the next turn's cached prefix.
-          const prefixTokens = usage.promptTokens + usage.completionTokens
-          yield* settle.request({
-            requestId: input.requestId,
-            createdAt: input.createdAt,
-            payer: input.payer,
-            auction,
-            servedBy: meter.servedBy,
-            tokens,
-            charged,
-            authorized: input.authorized,
-            status,
-            ttftMs,
-            paidBy: paidByOf(input.funding),
-            source:
-              input.source._tag === "SessionOpening" || input.source._tag === "SessionTurn"
-                ? { ...input.source, prefixTokens }
-                : input.source,
-            detail: {
-              _tag: "Tokens",
-              sessionId: input.request.routing?.session_id ?? null,
-              agent: input.agent
-            }
-          })
-          yield* input.emit({
-            _tag: "End",
-            summary: {
-              status,
-              finishReason: meter.finish,
-              providerId: meter.servedBy.provider_id,
-              modelClass: meter.servedBy.model_class,
-              usage,
-              charged,
-              authorized: input.authorized,
-              ttftMs,
-              error: status === "ok" ? null : error
-            }
-          })
-          if (released) {
-            const message = `${error?.message ?? "the provider failed"}; the reservation was released and nothing was charged`
-            // Every candidate at its signed capacity is a busy market (503, retry), not a provider fault.
-            yield* Deferred.fail(
-              input.started,
-              error?.code === "capacity_exhausted"
-                ? new ServiceUnavailable({ code: "capacity_exhausted", message })
-                : new UpstreamFailed({ code: error?.code ?? "upstream_failed", message })
-            )
-          }
-          yield* Deferred.succeed(input.started, undefined)
-        }).pipe(Effect.orDie, Effect.withSpan("Serve.finish"))
 
       const launch = Effect.fn("Serve.launch")(function* (input: Launch) {
         const { requestId, createdAt, request, auction, funding } = input
