@@ -1,9 +1,30 @@
 import { Effect } from "effect"
 import type { SqlClient } from "effect/sql"
 import { feeSplit } from "../domain/Billing.ts"
+import type { EconomicsRecord } from "../domain/Economics.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
-import type { CaptureRecord, PaymentSource } from "./Ledger.ts"
 import type { ReceiptStore } from "./ReceiptStore.ts"
+
+/** How a captured request was paid: an x402 authorization, or a funded key's reservation. */
+export type PaymentSource =
+  | { readonly _tag: "X402" }
+  | { readonly _tag: "Credit"; readonly keyId: string }
+  /** The call that opened a session: its authorization or key reservation is the session budget. */
+  | {
+      readonly _tag: "SessionOpening"
+      readonly sessionId: string
+      readonly funding: { readonly _tag: "X402" } | { readonly _tag: "Credit"; readonly keyId: string }
+      readonly prefixTokens: number
+    }
+  /** A later turn, drawn on its session's budget. */
+  | { readonly _tag: "SessionTurn"; readonly sessionId: string; readonly prefixTokens: number }
+
+export interface CaptureRecord {
+  readonly receipt: ReceiptBody
+  readonly economics: EconomicsRecord
+  /** Defaults to an x402 authorization. */
+  readonly source?: PaymentSource | undefined
+}
 
 const X402Source: PaymentSource = { _tag: "X402" }
 

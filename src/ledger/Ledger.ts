@@ -2,75 +2,20 @@ import { Context, Effect, Layer, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import type { Hex } from "viem"
 import { Chain } from "../chain/Chain.ts"
-import type { EconomicsRecord } from "../domain/Economics.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
-import { makeCapture } from "./Capture.ts"
+import { type CaptureRecord, makeCapture } from "./Capture.ts"
 import { makeReceiptStore } from "./ReceiptStore.ts"
-import { makeReservations } from "./Reserve.ts"
+import {
+  type CreditRefused,
+  makeReservations,
+  type NonceReplay,
+  type ReservationRecord,
+  type X402Hold
+} from "./Reserve.ts"
 import { makeSessionClose } from "./SessionClose.ts"
 
-/** An x402 authorization that cannot be reserved: its nonce was seen, or the payer's balance is spoken for. */
-export class NonceReplay extends Schema.TaggedError<NonceReplay>()("NonceReplay", {
-  payer: Schema.String,
-  reason: Schema.optionalKey(Schema.Literals(["nonce_replay", "overcommitted"]))
-}) {
-  get refusal() {
-    return this.reason === "overcommitted"
-      ? "the payer's balance is already committed to authorizations not yet settled"
-      : "authorization already used"
-  }
-}
-
-/** A funded key could not cover a reservation: its cap, or its owner's balance. */
-export class CreditRefused extends Schema.TaggedError<CreditRefused>()("CreditRefused", {
-  code: Schema.Literals(["key_budget_exhausted", "key_unfunded"])
-}) {}
-
-/** How a captured request was paid: an x402 authorization, or a funded key's reservation. */
-export type PaymentSource =
-  | { readonly _tag: "X402" }
-  | { readonly _tag: "Credit"; readonly keyId: string }
-  /** The call that opened a session: its authorization or key reservation is the session budget. */
-  | {
-      readonly _tag: "SessionOpening"
-      readonly sessionId: string
-      readonly funding: { readonly _tag: "X402" } | { readonly _tag: "Credit"; readonly keyId: string }
-      readonly prefixTokens: number
-    }
-  /** A later turn, drawn on its session's budget. */
-  | { readonly _tag: "SessionTurn"; readonly sessionId: string; readonly prefixTokens: number }
-
-export interface ReservationRecord {
-  readonly requestId: string
-  readonly dialect: string
-  readonly payer: string
-  readonly requestedModel: string
-  readonly modelClass: string
-  readonly providerId: string
-  readonly authorized: number
-  readonly agent: Record<string, string>
-  readonly sessionId?: string | undefined
-}
-
-export interface X402Hold {
-  readonly nonce: Hex
-  readonly validAfter: bigint
-  readonly validBefore: bigint
-  readonly signature: Hex
-  /**
-   * The payer's on-chain balance read during verification. With it, the reservation refuses an
-   * authorization that, with the payer's others not yet settled, would exceed the balance: one
-   * balance never pays for two requests.
-   */
-  readonly balance?: bigint | undefined
-}
-
-export interface CaptureRecord {
-  readonly receipt: ReceiptBody
-  readonly economics: EconomicsRecord
-  /** Defaults to an x402 authorization. */
-  readonly source?: PaymentSource | undefined
-}
+export type { CaptureRecord, PaymentSource } from "./Capture.ts"
+export { CreditRefused, NonceReplay, type ReservationRecord, type X402Hold } from "./Reserve.ts"
 
 /** A reservation still open: what the reaper needs to release it. */
 export const StaleReservation = Schema.Struct({

@@ -1,7 +1,48 @@
-import { Effect } from "effect"
+import { Effect, Schema } from "effect"
 import type { SqlClient, SqlError } from "effect/sql"
 import type { Hex } from "viem"
-import { CreditRefused, NonceReplay, type ReservationRecord, type X402Hold } from "./Ledger.ts"
+
+/** An x402 authorization that cannot be reserved: its nonce was seen, or the payer's balance is spoken for. */
+export class NonceReplay extends Schema.TaggedError<NonceReplay>()("NonceReplay", {
+  payer: Schema.String,
+  reason: Schema.optionalKey(Schema.Literals(["nonce_replay", "overcommitted"]))
+}) {
+  get refusal() {
+    return this.reason === "overcommitted"
+      ? "the payer's balance is already committed to authorizations not yet settled"
+      : "authorization already used"
+  }
+}
+
+/** A funded key could not cover a reservation: its cap, or its owner's balance. */
+export class CreditRefused extends Schema.TaggedError<CreditRefused>()("CreditRefused", {
+  code: Schema.Literals(["key_budget_exhausted", "key_unfunded"])
+}) {}
+
+export interface ReservationRecord {
+  readonly requestId: string
+  readonly dialect: string
+  readonly payer: string
+  readonly requestedModel: string
+  readonly modelClass: string
+  readonly providerId: string
+  readonly authorized: number
+  readonly agent: Record<string, string>
+  readonly sessionId?: string | undefined
+}
+
+export interface X402Hold {
+  readonly nonce: Hex
+  readonly validAfter: bigint
+  readonly validBefore: bigint
+  readonly signature: Hex
+  /**
+   * The payer's on-chain balance read during verification. With it, the reservation refuses an
+   * authorization that, with the payer's others not yet settled, would exceed the balance: one
+   * balance never pays for two requests.
+   */
+  readonly balance?: bigint | undefined
+}
 
 const isUniqueViolation = (error: SqlError.SqlError) => error.reason._tag === "UniqueViolation"
 

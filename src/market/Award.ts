@@ -4,7 +4,7 @@
  * deadline mechanism's cheapest feasible class), and bids are ranked with one bid per provider.
  */
 import type { SignedQuote } from "../domain/Quote.ts"
-import type { Exclusion, ExclusionReason, RankedBid, ScoreBreakdown } from "./Auction.ts"
+import type { Exclusion, ExclusionReason, RankedBid, ScoreBreakdown } from "./AuctionRecords.ts"
 import type { ModelClass } from "./Catalog.ts"
 import type { LatencyEstimate } from "./LatencyStats.ts"
 import { DEADLINE_MECHANISM_VERSION, PROFILES, type ProfileWeights, type Route } from "./Route.ts"

@@ -5,7 +5,7 @@
  * A session turn clears at the session's locked tariff.
  */
 import { charge, chargeNumerator, type Tariff, type TokenCounts } from "../domain/Billing.ts"
-import type { ClearingTariff, PriceSetter, ScoringTokens } from "./Auction.ts"
+import type { ClearingTariff, PriceSetter, ScoringTokens } from "./AuctionRecords.ts"
 import type { Candidate } from "./Award.ts"
 
 /** Upper bound on promptTokens and maxTokens; the exact clearing construction relies on maxTokens <= 1e6. */

@@ -14,7 +14,7 @@ import type {
   NoEligibleReason,
   ScoringTokens,
   SessionLock
-} from "./Auction.ts"
+} from "./AuctionRecords.ts"
 import { compareStrings } from "./Award.ts"
 import { type ModelClass, missingCapabilities } from "./Catalog.ts"
 import type { LatencyEstimate } from "./LatencyStats.ts"

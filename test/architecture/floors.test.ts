@@ -43,9 +43,29 @@ const imports = sourceFiles(SRC).flatMap((file) =>
     from: placeOf(file),
     to: placeOf(normalize(join(dirname(file), match[1]!))),
     file: relative(SRC, file),
-    target: match[1]!
+    target: match[1]!,
+    targetFile: relative(SRC, normalize(join(dirname(file), match[1]!)))
   }))
 )
+
+/** Every circle in a graph, each as the path that closes it. */
+const circlesOf = (edges: ReadonlyMap<string, ReadonlySet<string>>) => {
+  const circles: Array<string> = []
+  const visit = (node: string, path: ReadonlyArray<string>) => {
+    for (const next of edges.get(node) ?? []) {
+      if (next === path[0]) circles.push([...path, next].join(" -> "))
+      else if (!path.includes(next) && next > path[0]!) visit(next, [...path, next])
+    }
+  }
+  for (const node of edges.keys()) visit(node, [node])
+  return circles
+}
+
+const graph = (pairs: ReadonlyArray<readonly [string, string]>) => {
+  const edges = new Map<string, Set<string>>()
+  for (const [from, to] of pairs) if (from !== to) edges.set(from, (edges.get(from) ?? new Set()).add(to))
+  return edges
+}
 
 describe("floors", () => {
   it("every place in src/ has a floor", () => {
@@ -64,19 +84,10 @@ describe("floors", () => {
   })
 
   it("folders on one floor never import each other in a circle", () => {
-    const edges = new Map<string, Set<string>>()
-    for (const i of imports) {
-      if (i.from === i.to) continue
-      edges.set(i.from, (edges.get(i.from) ?? new Set()).add(i.to))
-    }
-    const circles: Array<string> = []
-    const visit = (place: string, path: ReadonlyArray<string>) => {
-      for (const next of edges.get(place) ?? []) {
-        if (next === path[0]) circles.push([...path, next].join(" -> "))
-        else if (!path.includes(next)) visit(next, [...path, next])
-      }
-    }
-    for (const place of edges.keys()) visit(place, [place])
-    assert.deepStrictEqual(circles, [])
+    assert.deepStrictEqual(circlesOf(graph(imports.map((i) => [i.from, i.to] as const))), [])
+  })
+
+  it("no module imports itself back through others", () => {
+    assert.deepStrictEqual(circlesOf(graph(imports.map((i) => [i.file, i.targetFile] as const))), [])
   })
 })
