@@ -29,9 +29,9 @@ describe("provider faults", () => {
       const url = `${server.baseUrl}/v1/chat/completions`
       const normal = yield* postAndRead(url, chat("hello"))
       const slow = yield* postAndRead(url, chat("hello [[sim:slow]]"))
+      // Lower bounds only (a loaded machine makes any call slower, never faster): ttftMs 40, slowed 10x.
       assert.isAtLeast(normal.firstByteMs!, 30)
       assert.isAtLeast(slow.firstByteMs!, 390)
-      assert.isAbove(slow.firstByteMs! - normal.firstByteMs!, 250)
       assert.strictEqual(dataLines(slow.text).at(-1), "[DONE]")
       assert.strictEqual((yield* server.counters).faults.slow, 1)
     }).pipe(Effect.scoped)

@@ -6,6 +6,7 @@ import { type PrivateKeyAccount, privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
 import { randomAuthorizationNonce, signTransferAuthorization } from "../../src/chain/Eip3009.ts"
 import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
+import { paymentSignatureHeader } from "../../src/domain/X402.ts"
 import { call, RouterUrl } from "./Router.ts"
 
 /** A demo wallet of the local chain and an official x402 client paying from it. */
@@ -43,16 +44,12 @@ export const handSignedHeader = (
         ...authorization
       })
     )
-    const envelope = {
+    return paymentSignatureHeader({
       x402Version: 2,
       scheme: options.scheme ?? "exact",
       network: chain.network,
-      payload: {
-        authorization: Object.fromEntries(Object.entries(authorization).map(([k, v]) => [k, String(v)])),
-        signature
-      }
-    }
-    return Buffer.from(JSON.stringify(envelope)).toString("base64")
+      payload: { authorization, signature }
+    })
   })
 
 /** Total requests the simulated providers have seen (to prove "no provider work"). */
