@@ -1,4 +1,5 @@
 import { Schema } from "effect"
+import { Hex32, SignatureHex, WalletAddress } from "./Wire.ts"
 
 /** EIP-712 typed data of a credit withdrawal intent (docs/protocol.md section 4). */
 export const withdrawalTypes = {
@@ -13,22 +14,16 @@ export const withdrawalTypes = {
 
 export const withdrawalDomain = (chainId: number) => ({ name: "svc Credits", version: "1", chainId }) as const
 
-const EvmAddress = Schema.String.check(
-  Schema.isPattern(/^0x[0-9a-fA-F]{40}$/, { message: "expected a 0x-prefixed 20-byte address" })
-)
-
 /** `POST /v1/credits/withdrawals`: the intent and the owner's signature over it. */
 export const WithdrawalRequest = Schema.Struct({
-  wallet: EvmAddress,
-  to: EvmAddress,
+  wallet: WalletAddress,
+  to: WalletAddress,
   amount: Schema.String.check(
     Schema.isPattern(/^[1-9]\d{0,14}$/, { message: "expected a positive integer of base units" })
   ),
-  nonce: Schema.String.check(
-    Schema.isPattern(/^0x[0-9a-fA-F]{64}$/, { message: "expected 32 bytes of 0x-prefixed hex" })
-  ),
+  nonce: Hex32,
   deadline: Schema.Int.check(Schema.isGreaterThan(0)),
-  signature: Schema.String.check(Schema.isPattern(/^0x[0-9a-fA-F]+$/, { message: "expected 0x hex" }))
+  signature: SignatureHex
 })
 export type WithdrawalRequest = typeof WithdrawalRequest.Type
 

@@ -2,13 +2,10 @@ import { Schema } from "effect"
 import { HttpApiEndpoint, HttpApiGroup, HttpApiSchema } from "effect/http-api"
 import { CreditBalance, WithdrawalRequest, WithdrawalView } from "../domain/Credits.ts"
 import { Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized } from "../domain/Errors.ts"
+import { WalletAddress as Address } from "../domain/Wire.ts"
 import { KeyKind } from "../payment/Keys.ts"
 import { OperatorAuth } from "./AdminAuth.ts"
 import { openAi, PaymentRequiredWire } from "./ErrorWire.ts"
-
-const Address = Schema.String.check(
-  Schema.isPattern(/^0x[0-9a-fA-F]{40}$/, { message: "expected a 0x-prefixed 20-byte address" })
-)
 
 export class WalletsAdminApi extends HttpApiGroup.make("walletsAdmin")
   .add(

@@ -107,6 +107,31 @@ describe("success schemas match the replies", () => {
       })
     )
 
+    it.effect("points, the integrity program's public reads and an agent setup", () =>
+      Effect.gen(function* () {
+        yield* waitForBook
+        const key = yield* fundedKey({ budget: 50_000_000, balance: 50_000_000 })
+        const chat = yield* postJson("/v1/chat/completions", ask, { "x-credit-key": key.secret })
+        assert.strictEqual(chat.status, 200, chat.text)
+        const receipt = (yield* call(`/v1/receipts/${chat.headers.get("x-request-id")}`)).json as {
+          readonly receipt: { readonly provider_id: string }
+        }
+
+        assertDecodes("points", "leaderboard", (yield* call("/v1/points/leaderboard")).json)
+        assertDecodes("points", "account", (yield* call(`/v1/points/${key.wallet}`)).json)
+        const provider = yield* call(`/v1/points/provider/${receipt.receipt.provider_id}`)
+        assertDecodes("points", "providerPoints", provider.json)
+        const challenger = yield* call(`/v1/model-integrity/challengers/${key.wallet}`)
+        assertDecodes("integrity", "challenger", challenger.json)
+
+        const started = yield* postJson("/v1/agent-setup/sessions", { harness: "codex", budget_usdc: "1" })
+        assert.strictEqual(started.status, 201, started.text)
+        assertDecodes("agentSetup", "startSetup", started.json)
+        const code = (started.json as { readonly user_code: string }).user_code
+        assertDecodes("agentSetup", "viewSetup", (yield* call(`/v1/agent-setup/sessions/${code}`)).json)
+      })
+    )
+
     it.effect("/openapi.json gives every JSON success response a schema", () =>
       Effect.gen(function* () {
         const spec = (yield* call("/openapi.json")).json as {
