@@ -96,7 +96,7 @@ const spanTable = (exporter: InMemorySpanExporter) => {
 const main = async () => {
   const dataDir = mkdtempSync(join(tmpdir(), "svc-bench-"))
   const port = await Effect.runPromise(freePort)
-  const config = RouterConfig.test({
+  const config = RouterConfig.layerTest({
     port,
     publicUrl: `http://127.0.0.1:${port}`,
     operatorToken: Redacted.make(TOKEN),

@@ -4,26 +4,37 @@ import { Chain } from "./chain/Chain.ts"
 import { DatabaseLive } from "./db/Database.ts"
 import { Fleet } from "./devnet/fleet/Fleet.ts"
 import { HttpServerLive } from "./http/Server.ts"
-import { Completions } from "./inference/Completions.ts"
 import { LiveStreams } from "./inference/LiveStreams.ts"
+import { Pipeline } from "./inference/Pipeline.ts"
+import { RoutingPreview } from "./inference/Preview.ts"
+import { Reaper } from "./inference/Reaper.ts"
+import { Serve } from "./inference/Serve.ts"
 import { Upstream } from "./inference/upstream/Upstream.ts"
 import { Challengers } from "./integrity/Challengers.ts"
 import { Challenges } from "./integrity/Challenges.ts"
 import { Claims } from "./integrity/Claims.ts"
 import { IntegrityConfig } from "./integrity/IntegrityConfig.ts"
+import { Authorizations } from "./ledger/Authorizations.ts"
 import { Epochs, PayoutConfig } from "./ledger/Epochs.ts"
 import { Ledger } from "./ledger/Ledger.ts"
-import { Reaper } from "./ledger/Reaper.ts"
+import { Readiness } from "./ledger/Readiness.ts"
+import { Receipts } from "./ledger/Receipts.ts"
 import { Reconciliation } from "./ledger/Reconciliation.ts"
+import { Settle } from "./ledger/Settle.ts"
+import { Treasury } from "./ledger/Treasury.ts"
+import { Wallets } from "./ledger/Wallets.ts"
+import { Withdrawals } from "./ledger/Withdrawals.ts"
 import { Latency } from "./market/Latency.ts"
-import { Market } from "./market/Market.ts"
+import { Listings } from "./market/Listings.ts"
 import { ModelCatalog } from "./market/ModelCatalog.ts"
 import { Providers } from "./market/Providers.ts"
 import { QuoteBook } from "./market/QuoteBook.ts"
+import { Rfq } from "./market/Rfq.ts"
 import { CreditKeys } from "./payment/CreditKeys.ts"
 import { Credits } from "./payment/Credits.ts"
 import { FundingService } from "./payment/Funding.ts"
 import { Idempotency } from "./payment/Idempotency.ts"
+import { KeyAnalytics } from "./payment/KeyAnalytics.ts"
 import { Keys } from "./payment/Keys.ts"
 import { KeysAuth } from "./payment/KeysAuth.ts"
 import { PaymentVerifier } from "./payment/PaymentVerifier.ts"
@@ -34,36 +45,41 @@ import { Points } from "./points/Points.ts"
 import { Rewards } from "./points/Rewards.ts"
 import { DataDirLockLive } from "./process/DataDirLock.ts"
 import { Drain } from "./process/Drain.ts"
-import { Readiness } from "./Readiness.ts"
 import { RouterConfig } from "./RouterConfig.ts"
 import { AgentSetups } from "./setup/AgentSetups.ts"
 import { ApprovalPage } from "./setup/ApprovalPage.ts"
 import { SetupSettings } from "./setup/SetupSettings.ts"
 
-/** The market: registry, book, latency and the auction over them. */
-export const MarketLive = Market.layer.pipe(
+/** The market: registry, book, latency and the RFQ over them (the auction itself is pure). */
+export const MarketLive = Layer.mergeAll(Rfq.layer, Listings.layer).pipe(
   Layer.provideMerge(QuoteBook.layer),
   Layer.provideMerge(Providers.layer),
   Layer.provideMerge(Layer.mergeAll(ModelCatalog.layer, Latency.layer))
 )
 
 /** Payments: x402 verification, the ledger, settlement, epoch refunds, idempotency, keys and credits. */
-export const PaymentsLive = Layer.mergeAll(
-  Settlement.layer,
-  Epochs.layer,
-  Reconciliation.layer,
-  Idempotency.layer,
-  KeysAuth.layer,
-  Credits.layer
-).pipe(
-  Layer.provideMerge(Layer.mergeAll(PaymentVerifier.layer, Keys.layer)),
-  Layer.provideMerge(Ledger.layer),
+export const PaymentsLive = Receipts.layer.pipe(
+  Layer.provideMerge(
+    Layer.mergeAll(
+      Settlement.layer,
+      Epochs.layer,
+      Reconciliation.layer,
+      Idempotency.layer,
+      KeysAuth.layer,
+      Credits.layer,
+      Withdrawals.layer,
+      KeyAnalytics.layer
+    )
+  ),
+  Layer.provideMerge(Layer.mergeAll(PaymentVerifier.layer, Keys.layer, Wallets.layer, Authorizations.layer)),
+  Layer.provideMerge(Layer.mergeAll(Ledger.layer, Treasury.layer)),
   Layer.provideMerge(Layer.mergeAll(X402Config.layer, PayoutConfig.layer))
 )
 
 /** Serving: the lifecycle over the market and payments, upstream clients and live streams. */
-export const InferenceLive = Layer.mergeAll(Completions.layer, Reaper.layer).pipe(
-  Layer.provideMerge(FundingService.layer),
+export const InferenceLive = Layer.mergeAll(Pipeline.layer, Reaper.layer, RoutingPreview.layer).pipe(
+  Layer.provideMerge(Serve.layer),
+  Layer.provideMerge(Layer.mergeAll(FundingService.layer, Settle.layer)),
   Layer.provideMerge(
     Layer.mergeAll(LiveStreams.layer, Upstream.layerFetch, CreditKeys.layer, Sessions.layer)
   ),

@@ -45,7 +45,7 @@ export class RouterConfig extends Context.Service<RouterConfig, RouterSettings>(
     })
   )
 
-  static readonly test = (overrides: Partial<RouterSettings> = {}) =>
+  static readonly layerTest = (overrides: Partial<RouterSettings> = {}) =>
     Layer.succeed(
       RouterConfig,
       RouterConfig.of({

@@ -145,7 +145,7 @@ interface Sender {
 
 /**
  * A read a paid request waits on (x402 verification) or a readiness probe: one attempt, answered or given
- * up within this, so a stalled node costs a caller 2 s, not viem's 4 × 10 s (docs/decisions.md D59).
+ * up within this, so a stalled node costs a caller 2 s, not viem's 4 × 10 s (docs/decisions.md D79).
  */
 export const QUICK_READ_TIMEOUT_MS = 2_000
 /** Everything else (settlement, refunds, payouts, anchors, reconciliation): longer, and retried. */

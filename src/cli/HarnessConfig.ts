@@ -1,4 +1,4 @@
-import type { Harness } from "../setup/Harness.ts"
+import type { Harness } from "../domain/Setup.ts"
 
 /** The key travels in this header; each harness's own API-key variable only has to be non-empty. */
 const PLACEHOLDER_KEY = "svc-uses-x-credit-key"

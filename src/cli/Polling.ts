@@ -1,5 +1,6 @@
 import { Clock, Data, Duration, Effect } from "effect"
-import { type DeviceFlowError, SLOW_DOWN_STEP_S } from "../setup/DeviceFlow.ts"
+import type { DeviceFlowError } from "../domain/Setup.ts"
+import { SLOW_DOWN_STEP_S } from "../setup/DeviceFlow.ts"
 
 /** Why the setup command stops without a key; `message` is what it prints. */
 export class SetupFailed extends Data.TaggedError("SetupFailed")<{ readonly message: string }> {}

@@ -2,19 +2,20 @@ import { Context, Effect, Layer } from "effect"
 import { FetchHttpClient, HttpClient } from "effect/http"
 import { HttpApi, HttpApiClient } from "effect/http-api"
 import {
-  AgentSetupApi,
+  DEVICE_CODE_GRANT,
+  type DeviceFlowError,
   type SetupStarted,
   type StartSetupRequest,
   type TokenIssued
-} from "../http/SetupApi.ts"
-import { DEVICE_CODE_GRANT, type DeviceFlowError } from "../setup/DeviceFlow.ts"
+} from "../domain/Setup.ts"
+import { AgentSetupApi } from "../http/SetupApi.ts"
 import { SetupFailed, Unreachable } from "./Polling.ts"
 
 /** The setup group alone: the CLI's client is derived from the router's own endpoint definitions. */
 const SetupOnlyApi = HttpApi.make("svc-setup").add(AgentSetupApi)
 
 export type Started = typeof SetupStarted.Type
-export type Token = (typeof TokenIssued.Type)["body"]
+export type Token = typeof TokenIssued.Type
 
 /** The router's agent-setup endpoints as the CLI calls them. */
 export class SetupClient extends Context.Service<

@@ -1,4 +1,5 @@
 import { Schema } from "effect"
+import { optionalNullable } from "./Wire.ts"
 
 /** Decided in docs/decisions.md: omitted `max_tokens` means 1024; the ceiling is 131,072. */
 export const DEFAULT_MAX_TOKENS = 1024
@@ -93,3 +94,129 @@ export type ChatCompletionRequest = typeof ChatCompletionRequest.Type
 
 export const maxTokensOf = (request: ChatCompletionRequest) =>
   request.max_completion_tokens ?? request.max_tokens ?? DEFAULT_MAX_TOKENS
+
+// ---- parts of a request the request schema passes through as sent ----
+
+/** `tool_choice: {type: "function", function: {name}}`: one named tool is forced. */
+export const NamedToolChoice = Schema.Struct({ function: Schema.Struct({ name: Schema.String }) })
+
+/** `response_format` of the JSON kinds (`json_schema` with its schema, or `json_object`). */
+export const JsonResponseFormat = Schema.Union([
+  Schema.Struct({
+    type: Schema.Literal("json_schema"),
+    json_schema: Schema.Struct({ schema: Schema.optionalKey(Schema.Record(Schema.String, Schema.Unknown)) })
+  }),
+  Schema.Struct({ type: Schema.Literal("json_object") })
+])
+
+// ---- the reply ----
+
+/** Usage as a reader needs it (every count optional: a provider may leave any out). */
+export const ChatUsage = Schema.Struct({
+  prompt_tokens: optionalNullable(Schema.Int),
+  completion_tokens: optionalNullable(Schema.Int),
+  total_tokens: optionalNullable(Schema.Int),
+  prompt_tokens_details: optionalNullable(Schema.Struct({ cached_tokens: optionalNullable(Schema.Int) })),
+  completion_tokens_details: optionalNullable(
+    Schema.Struct({ reasoning_tokens: optionalNullable(Schema.Int) })
+  ),
+  /** The router's charge in whole units (spec 2.3). */
+  cost: Schema.optionalKey(Schema.Number),
+  /** Counts that are the router's tokenizer estimate (spec 2.3). */
+  svc_estimates: Schema.optionalKey(Schema.Record(Schema.String, Schema.Boolean))
+})
+export type ChatUsage = typeof ChatUsage.Type
+
+/** Provider-native grounding (`svc_sources`), preserved as sent. */
+export const SvcSources = Schema.Array(Schema.Unknown)
+
+/** The router's `svc` object (spec 2.3): routing, the auction as cleared, process, links, `rich`. */
+export const Svc = Schema.Record(Schema.String, Schema.Unknown)
+
+/** A non-streaming chat completion (spec 2.3). */
+export const ChatCompletion = Schema.Struct({
+  id: Schema.String,
+  object: Schema.Literal("chat.completion"),
+  created: Schema.Int,
+  model: Schema.String,
+  choices: Schema.Array(
+    Schema.Struct({
+      index: Schema.Int,
+      message: Schema.Struct({
+        role: Schema.Literal("assistant"),
+        content: Schema.NullOr(Schema.String),
+        refusal: optionalNullable(Schema.String),
+        reasoning_content: Schema.optionalKey(Schema.String),
+        tool_calls: Schema.optionalKey(Schema.Array(ToolCall))
+      }),
+      logprobs: optionalNullable(Schema.Unknown),
+      finish_reason: Schema.String
+    })
+  ),
+  usage: ChatUsage,
+  svc_sources: Schema.optionalKey(SvcSources),
+  svc: Schema.optionalKey(Svc)
+})
+export type ChatCompletion = typeof ChatCompletion.Type
+
+const ToolCallDelta = Schema.Struct({
+  index: optionalNullable(Schema.Int),
+  id: optionalNullable(Schema.String),
+  type: optionalNullable(Schema.String),
+  function: optionalNullable(
+    Schema.Struct({ name: optionalNullable(Schema.String), arguments: optionalNullable(Schema.String) })
+  )
+})
+
+const Delta = Schema.Struct({
+  role: optionalNullable(Schema.String),
+  content: optionalNullable(Schema.String),
+  reasoning_content: optionalNullable(Schema.String),
+  reasoning: optionalNullable(Schema.String),
+  refusal: optionalNullable(Schema.String),
+  tool_calls: optionalNullable(Schema.Array(ToolCallDelta))
+})
+
+/**
+ * One `chat.completion.chunk` of a stream (spec 2.4), as far as a reader needs it: a provider's
+ * chunks and the router's alike. An `error` chunk ends a stream that broke after its first token.
+ */
+export const ChatCompletionChunk = Schema.Struct({
+  id: optionalNullable(Schema.String),
+  object: optionalNullable(Schema.String),
+  created: optionalNullable(Schema.Int),
+  model: optionalNullable(Schema.String),
+  choices: optionalNullable(
+    Schema.Array(
+      Schema.Struct({
+        index: Schema.Int,
+        delta: optionalNullable(Delta),
+        logprobs: optionalNullable(Schema.Unknown),
+        finish_reason: optionalNullable(Schema.String)
+      })
+    )
+  ),
+  usage: optionalNullable(ChatUsage),
+  svc_sources: optionalNullable(SvcSources),
+  svc: Schema.optionalKey(Svc),
+  error: optionalNullable(
+    Schema.Struct({
+      message: optionalNullable(Schema.String),
+      type: optionalNullable(Schema.String),
+      // Some providers send numeric codes.
+      code: optionalNullable(Schema.Union([Schema.String, Schema.Number])),
+      param: optionalNullable(Schema.String)
+    })
+  )
+})
+export type ChatCompletionChunk = typeof ChatCompletionChunk.Type
+
+/** OpenAI's error body. */
+export const OpenAiErrorBody = Schema.Struct({
+  error: Schema.Struct({
+    message: Schema.String,
+    type: Schema.String,
+    code: Schema.NullOr(Schema.String),
+    param: Schema.NullOr(Schema.String)
+  })
+})

@@ -1,4 +1,5 @@
 import { Schema } from "effect"
+import type { PaymentRequired } from "./X402.ts"
 
 /**
  * Every failure a caller can cause, each carrying its HTTP status. Bodies are rendered in
@@ -109,3 +110,16 @@ export const errorTypes: Record<
   UpstreamFailed: { openai: "upstream_error", anthropic: "api_error" },
   ServiceUnavailable: { openai: "service_unavailable", anthropic: "overloaded_error" }
 }
+
+/** Every way a paid call (any dialect, images included) can fail, each with its status. */
+export type PaidCallError =
+  | Conflict
+  | Unauthorized
+  | Forbidden
+  | InvalidRequest
+  | CapabilityUnsupported
+  | FeatureGated
+  | NotFound
+  | PaymentRequired
+  | ServiceUnavailable
+  | UpstreamFailed

@@ -1,5 +1,5 @@
 import { Schema } from "effect"
-import { HttpApiEndpoint, HttpApiGroup } from "effect/http-api"
+import { HttpApiEndpoint, HttpApiGroup, OpenApi } from "effect/http-api"
 import {
   CapabilityUnsupported,
   Conflict,
@@ -11,8 +11,8 @@ import {
   Unauthorized,
   UpstreamFailed
 } from "../domain/Errors.ts"
-import { CountTokensRequest, MessagesRequest } from "../inference/adapters/MessagesRequest.ts"
-import { ResponsesRequest } from "../inference/adapters/ResponsesRequest.ts"
+import { CountTokensRequest, Message, MessagesRequest } from "../domain/Messages.ts"
+import { ResponseObject, ResponsesRequest } from "../domain/Responses.ts"
 import { PaidCallErrors } from "./ChatApi.ts"
 import { anthropic, PaymentRequiredWire } from "./ErrorWire.ts"
 
@@ -20,10 +20,12 @@ import { anthropic, PaymentRequiredWire } from "./ErrorWire.ts"
 export class ResponsesApi extends HttpApiGroup.make("responses").add(
   HttpApiEndpoint.post("createResponse", "/v1/responses", {
     payload: ResponsesRequest,
-    // A Responses object, or with `stream: true` the Responses event stream.
-    success: Schema.Unknown,
+    success: ResponseObject,
     error: PaidCallErrors
-  })
+  }).annotate(
+    OpenApi.Description,
+    "A response object. With `stream: true` the reply is `text/event-stream`: the Responses event stream, whose `response.completed` carries the same object."
+  )
 ) {}
 
 /** Every way a paid messages call can fail, in Anthropic's convention (402: x402, as everywhere). */
@@ -43,10 +45,12 @@ export const MessagesCallErrors = [
 export class MessagesApi extends HttpApiGroup.make("messages").add(
   HttpApiEndpoint.post("createMessage", "/v1/messages", {
     payload: MessagesRequest,
-    // A Messages object, or with `stream: true` the Messages event stream.
-    success: Schema.Unknown,
+    success: Message,
     error: MessagesCallErrors
-  }),
+  }).annotate(
+    OpenApi.Description,
+    "A message. With `stream: true` the reply is `text/event-stream`: the Messages event stream (the MessagesStreamEvent schema), preceded by an `svc.auction_cleared` event."
+  ),
   HttpApiEndpoint.post("countTokens", "/v1/messages/count_tokens", {
     payload: CountTokensRequest,
     success: Schema.Struct({ input_tokens: Schema.Int }),

@@ -1,6 +1,7 @@
 import { Schema } from "effect"
-import { HttpApiEndpoint, HttpApiGroup } from "effect/http-api"
-import { ChatCompletionRequest } from "../domain/Chat.ts"
+import { HttpApiEndpoint, HttpApiGroup, HttpApiSchema, OpenApi } from "effect/http-api"
+import { ChatCompletion, ChatCompletionRequest } from "../domain/Chat.ts"
+import { EconomicsRecord } from "../domain/Economics.ts"
 import {
   CapabilityUnsupported,
   Conflict,
@@ -12,6 +13,7 @@ import {
   Unauthorized,
   UpstreamFailed
 } from "../domain/Errors.ts"
+import { ReceiptReply } from "../domain/Receipt.ts"
 import { openAi, PaymentRequiredWire } from "./ErrorWire.ts"
 
 /** Every way a paid chat call can fail, each with its status, in OpenAI's convention (402: x402). */
@@ -32,17 +34,22 @@ export class ChatApi extends HttpApiGroup.make("chat")
   .add(
     HttpApiEndpoint.post("chatCompletions", "/v1/chat/completions", {
       payload: ChatCompletionRequest,
-      // A chat completion (spec 2.3) or, with `stream: true`, SSE chunks (spec 2.4).
-      success: Schema.Unknown,
+      success: ChatCompletion,
       error: PaidCallErrors
-    })
+    }).annotate(
+      OpenApi.Description,
+      "A chat completion (spec 2.3). With `stream: true` the reply is `text/event-stream`: an `auction_cleared` chunk, then `chat.completion.chunk` frames (the ChatCompletionChunk schema), a usage chunk and `data: [DONE]` (spec 2.4)."
+    )
   )
   .add(
     HttpApiEndpoint.get("resumeStream", "/v1/streams/:id", {
       params: { id: Schema.String },
-      success: Schema.Unknown,
+      success: Schema.String.pipe(HttpApiSchema.asText({ contentType: "text/event-stream" })),
       error: [openAi(NotFound), openAi(Unauthorized)]
-    }),
+    }).annotate(
+      OpenApi.Description,
+      "Reconnects to a live or recent stream (`x-stream-token`) after `Last-Event-ID`, in the dialect it was asked in."
+    ),
     HttpApiEndpoint.post("stopStream", "/v1/streams/:id/stop", {
       params: { id: Schema.String },
       success: Schema.Struct({ id: Schema.String, stopped: Schema.Boolean }),
@@ -50,33 +57,15 @@ export class ChatApi extends HttpApiGroup.make("chat")
     })
   ) {}
 
-/** How a receipt is in its epoch's root anchored on chain (docs/protocol.md section 3); null until then. */
-export const ReceiptInclusion = Schema.Struct({
-  epoch_id: Schema.Int,
-  leaf: Schema.String,
-  proof: Schema.Array(Schema.String),
-  root: Schema.String,
-  anchor_tx: Schema.String,
-  anchor_contract: Schema.String,
-  chain_id: Schema.Int
-})
-
 export class ReceiptsApi extends HttpApiGroup.make("receipts").add(
   HttpApiEndpoint.get("receipt", "/v1/receipts/:id", {
     params: { id: Schema.String },
-    success: Schema.Struct({
-      receipt: Schema.Unknown,
-      final: Schema.Boolean,
-      signature: Schema.NullOr(Schema.String),
-      signer: Schema.String,
-      typed_data: Schema.Unknown,
-      inclusion: Schema.NullOr(ReceiptInclusion)
-    }),
+    success: ReceiptReply,
     error: openAi(NotFound)
   }),
   HttpApiEndpoint.get("economics", "/v1/analytics/requests/:id", {
     params: { id: Schema.String },
-    success: Schema.Unknown,
+    success: EconomicsRecord,
     error: openAi(NotFound)
   })
 ) {}

@@ -1,7 +1,9 @@
 import { Schema, SchemaTransformation } from "effect"
 import { HttpApiSchema } from "effect/http-api"
+import { OpenAiErrorBody } from "../domain/Chat.ts"
 import { type DialectError, type DialectErrors, errorTypes } from "../domain/Errors.ts"
-import { PaymentRequired } from "../domain/Payment.ts"
+import { MessagesErrorBody as AnthropicErrorBody } from "../domain/Messages.ts"
+import { PaymentRequired, paymentRequiredHeader } from "../domain/X402.ts"
 
 /**
  * The one place that knows how each dialect spells an error. Endpoint definitions list
@@ -9,20 +11,6 @@ import { PaymentRequired } from "../domain/Payment.ts"
  * the body on the wire is the dialect's own.
  */
 export type Dialect = "openai" | "anthropic"
-
-export const OpenAiErrorBody = Schema.Struct({
-  error: Schema.Struct({
-    message: Schema.String,
-    type: Schema.String,
-    code: Schema.NullOr(Schema.String),
-    param: Schema.NullOr(Schema.String)
-  })
-})
-
-export const AnthropicErrorBody = Schema.Struct({
-  type: Schema.Literal("error"),
-  error: Schema.Struct({ type: Schema.String, message: Schema.String })
-})
 
 type ErrorClass = (typeof DialectErrors)[number]
 type Encoded = {
@@ -83,13 +71,6 @@ export const anthropic = <C extends ErrorClass>(cls: C) => {
 const { _tag: _, ...paymentFields } = PaymentRequired.fields
 const PaymentRequiredBody = Schema.Struct(paymentFields).pipe(HttpApiSchema.status(402))
 
-const toBase64 = (value: unknown) => Buffer.from(JSON.stringify(value)).toString("base64")
-const fromBase64 = (value: string): unknown => JSON.parse(Buffer.from(value, "base64").toString("utf8"))
-
-/** x402 v2 `PaymentRequired` as the official client reads it from the header. */
-export const paymentRequiredHeader = (e: typeof PaymentRequiredBody.Type) =>
-  toBase64({ x402Version: 2, error: e.error, resource: e.resource, accepts: e.accepts })
-
 /** 402 with the spec 2.7 body in every dialect, and the same requirements base64 in `PAYMENT-REQUIRED`. */
 export const PaymentRequiredWire = PaymentRequired.pipe(
   HttpApiSchema.encodeToWithHeaders(
@@ -103,5 +84,3 @@ export const PaymentRequiredWire = PaymentRequired.pipe(
     }
   )
 )
-
-export const decodePaymentHeader = fromBase64

@@ -8,18 +8,19 @@ import {
   NotFound,
   Unauthorized
 } from "../domain/Errors.ts"
-import { ChallengerView } from "../integrity/Challengers.ts"
 import {
   AdminChallengeView,
   ChallengeFiling,
   ChallengeQuote,
+  ChallengerView,
   ChallengeState,
   ChallengeView,
+  ClaimView,
   QuoteQuery,
+  SignedClaim,
   VerdictRequest
-} from "../integrity/ChallengeView.ts"
-import { ClaimView, SignedClaim } from "../integrity/Claims.ts"
-import { WalletAddress as Address } from "../points/PointsView.ts"
+} from "../domain/Integrity.ts"
+import { WalletAddress as Address } from "../domain/Wire.ts"
 import { OperatorAuth } from "./AdminAuth.ts"
 import { ChallengesGate } from "./ChallengesGate.ts"
 import { openAi } from "./ErrorWire.ts"

@@ -1,5 +1,6 @@
 import { Schema } from "effect"
-import { HttpApiEndpoint, HttpApiGroup } from "effect/http-api"
+import { HttpApiEndpoint, HttpApiGroup, HttpApiSchema, OpenApi } from "effect/http-api"
+import { AuctionsView, Bestex } from "../domain/Analytics.ts"
 import { Forbidden, Unauthorized } from "../domain/Errors.ts"
 import { openAi } from "./ErrorWire.ts"
 
@@ -12,10 +13,12 @@ export class KeyAnalyticsApi extends HttpApiGroup.make("keyAnalytics").add(
         Schema.NumberFromString.check(Schema.isInt(), Schema.isBetween({ minimum: 1, maximum: 200 }))
       )
     },
-    // JSON for `replay`, `tree`, `json`; `tape` is plain text, one compact line per auction.
-    success: Schema.Unknown,
+    success: [AuctionsView, Schema.String.pipe(HttpApiSchema.asText())],
     error: [openAi(Unauthorized), openAi(Forbidden)]
-  }),
+  }).annotate(
+    OpenApi.Description,
+    "JSON for `view=json` (default), `replay` and `tree`; `view=tape` is `text/plain`, one compact line per auction."
+  ),
   HttpApiEndpoint.get("bestex", "/v1/keys/bestex", {
     query: {
       window_ms: Schema.optional(
@@ -25,7 +28,7 @@ export class KeyAnalyticsApi extends HttpApiGroup.make("keyAnalytics").add(
         )
       )
     },
-    success: Schema.Unknown,
+    success: Bestex,
     error: [openAi(Unauthorized), openAi(Forbidden)]
   })
 ) {}

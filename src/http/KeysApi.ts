@@ -1,14 +1,11 @@
 import { Schema } from "effect"
 import { HttpApiEndpoint, HttpApiGroup, HttpApiSchema } from "effect/http-api"
+import { CreditBalance, WithdrawalRequest, WithdrawalView } from "../domain/Credits.ts"
 import { Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized } from "../domain/Errors.ts"
-import { WithdrawalRequest, WithdrawalView } from "../payment/Credits.ts"
+import { WalletAddress as Address } from "../domain/Wire.ts"
 import { KeyKind } from "../payment/Keys.ts"
 import { OperatorAuth } from "./AdminAuth.ts"
 import { openAi, PaymentRequiredWire } from "./ErrorWire.ts"
-
-const Address = Schema.String.check(
-  Schema.isPattern(/^0x[0-9a-fA-F]{40}$/, { message: "expected a 0x-prefixed 20-byte address" })
-)
 
 export class WalletsAdminApi extends HttpApiGroup.make("walletsAdmin")
   .add(
@@ -103,26 +100,6 @@ export const DepositAccepted = Schema.Struct({
   amount: Schema.Number,
   amount_usdc: Schema.String
 }).pipe(HttpApiSchema.status(202))
-
-export const CreditBalance = Schema.Struct({
-  object: Schema.Literal("credit_balance"),
-  wallet: Schema.String,
-  unit: Schema.String,
-  available: Schema.Number,
-  reserved: Schema.Number,
-  pending: Schema.Number,
-  available_usdc: Schema.String,
-  reserved_usdc: Schema.String,
-  pending_usdc: Schema.String,
-  key: Schema.Struct({
-    id: Schema.String,
-    label: Schema.String,
-    budget: Schema.Number,
-    spent: Schema.Number,
-    reserved: Schema.Number,
-    remaining: Schema.Number
-  })
-})
 
 export class CreditsApi extends HttpApiGroup.make("credits").add(
   HttpApiEndpoint.post("deposit", "/v1/credits/deposits", {

@@ -11,14 +11,6 @@ export const httpDuration = Metric.histogram("http_request_duration_seconds", {
   boundaries: Metric.exponentialBoundaries({ start: 0.001, factor: 2, count: 16 })
 })
 
-export const reconciliationOk = Metric.gauge("svc_reconciliation_ok", {
-  description: "1 when the last ledger/chain reconciliation passed, else 0"
-})
-
-export const reconciliationTimestamp = Metric.gauge("svc_reconciliation_last_run_timestamp_seconds", {
-  description: "Unix time of the last finished reconciliation run (0 when none)"
-})
-
 export const recordRequest = (
   attributes: { route: string; method: string; status: string },
   seconds: number

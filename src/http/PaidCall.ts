@@ -6,15 +6,15 @@ import { Chain } from "../chain/Chain.ts"
 import { verifyTransferAuthorization } from "../chain/Eip3009.ts"
 import type { ChatCompletionRequest } from "../domain/Chat.ts"
 import { Conflict, NotFound, Unauthorized } from "../domain/Errors.ts"
-import {
-  type Admitted,
-  type AgentHeaders,
-  type CompletionError,
-  Completions,
-  type PaidRequestContext,
-  type ServeEvent
-} from "../inference/Completions.ts"
 import { type LiveStream, LiveStreams } from "../inference/LiveStreams.ts"
+import type {
+  Admitted,
+  AgentHeaders,
+  CompletionError,
+  PaidRequestContext,
+  ServeEvent
+} from "../inference/Paid.ts"
+import { Pipeline } from "../inference/Pipeline.ts"
 import { bodyHash, Idempotency } from "../payment/Idempotency.ts"
 import { decodePaymentSignature } from "../payment/X402.ts"
 import { RouterConfig } from "../RouterConfig.ts"
@@ -53,7 +53,7 @@ export const paidContextOf = (
 
 /**
  * The plumbing every paid surface shares: `Idempotency-Key`, the one lifecycle
- * (`Completions.admit`), and a registry of what was served on this instance so that an
+ * (`Pipeline.admit`), and a registry of what was served on this instance so that an
  * idempotent replay, `GET /v1/streams/:id` and `POST /v1/streams/:id/stop` work the same for
  * chat completions, responses and messages.
  */
@@ -80,7 +80,7 @@ export class PaidCalls extends Context.Service<
   static readonly layer = Layer.effect(
     PaidCalls,
     Effect.gen(function* () {
-      const completions = yield* Completions
+      const pipeline = yield* Pipeline
       const live = yield* LiveStreams
       const idempotency = yield* Idempotency
       const config = yield* RouterConfig
@@ -150,7 +150,7 @@ export class PaidCalls extends Context.Service<
               return yield* replay(0)
             }
           }
-          const admitted = yield* completions
+          const admitted = yield* pipeline
             .admit(options.chat, context)
             .pipe(Effect.tapError(() => (key === undefined ? Effect.void : idempotency.abandon(key))))
           const original: Original<P> = { admitted, agent: context.agent, payload: options.payload }

@@ -1,14 +1,8 @@
 import { Schema } from "effect"
 import { HttpApiEndpoint, HttpApiGroup } from "effect/http-api"
 import { Conflict, InvalidRequest, NotFound, Unauthorized } from "../domain/Errors.ts"
-import {
-  Leaderboard,
-  PointsAccount,
-  ProviderPoints,
-  RewardGranted,
-  WalletAddress
-} from "../points/PointsView.ts"
-import { RewardClaim } from "../points/Rewards.ts"
+import { Leaderboard, PointsAccount, ProviderPoints, RewardClaim, RewardGranted } from "../domain/Points.ts"
+import { WalletAddress } from "../domain/Wire.ts"
 import { openAi } from "./ErrorWire.ts"
 
 const RewardErrors = [openAi(InvalidRequest), openAi(Unauthorized), openAi(Conflict)] as const

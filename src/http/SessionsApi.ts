@@ -1,5 +1,6 @@
 import { Schema } from "effect"
 import { HttpApiEndpoint, HttpApiGroup } from "effect/http-api"
+import { SessionTape } from "../domain/Analytics.ts"
 import { Conflict, NotFound, Unauthorized } from "../domain/Errors.ts"
 import { openAi } from "./ErrorWire.ts"
 
@@ -21,20 +22,6 @@ export const SessionView = Schema.Struct({
   refund_ref: Schema.NullOr(Schema.String)
 })
 
-export const SessionTurn = Schema.Struct({
-  turn: Schema.Number,
-  request_id: Schema.String,
-  created_at: Schema.Number,
-  status: Schema.String,
-  in_tokens: Schema.Number,
-  cached_tokens: Schema.Number,
-  out_tokens: Schema.Number,
-  charged: Schema.Number,
-  /** What the same tokens would have cost with no cached prefix, minus what was charged. */
-  cache_discount: Schema.Number,
-  price_setter: Schema.NullOr(Schema.String)
-})
-
 export class SessionsApi extends HttpApiGroup.make("sessions").add(
   HttpApiEndpoint.get("session", "/v1/sessions/:id", {
     params: { id: Schema.String },
@@ -48,13 +35,7 @@ export class SessionsApi extends HttpApiGroup.make("sessions").add(
   }),
   HttpApiEndpoint.get("sessionTape", "/v1/analytics/sessions/:id", {
     params: { id: Schema.String },
-    success: Schema.Struct({
-      session_id: Schema.String,
-      model_class: Schema.String,
-      turns: Schema.Array(SessionTurn),
-      cache_discount_total: Schema.Number,
-      charged_total: Schema.Number
-    }),
+    success: SessionTape,
     error: openAi(NotFound)
   })
 ) {}

@@ -1,8 +1,8 @@
+import { paymentResponseHeader } from "../domain/X402.ts"
 import { anonymizeBids } from "../market/Auction.ts"
-import { paymentResponseHeader } from "../payment/X402.ts"
-import type { Admitted, AgentHeaders, MeteredUsage, ServeEvent, ServeSummary } from "./Completions.ts"
 import type { UpstreamSource } from "./Events.ts"
 import type { Indexed } from "./LiveStreams.ts"
+import type { Admitted, AgentHeaders, MeteredUsage, ServeEvent, ServeSummary } from "./Paid.ts"
 import { type RichEnvelope, richEnvelope } from "./Rich.ts"
 
 /** The chat-completions wire: the `svc` envelope, usage, the non-streaming body and SSE chunks. */

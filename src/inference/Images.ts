@@ -1,34 +1,33 @@
-import { Clock, Context, Effect, Exit, Layer, Schema } from "effect"
-import { FetchHttpClient, HttpClient, HttpClientRequest } from "effect/http"
-import { charge, feeSplit, type Tariff } from "../domain/Billing.ts"
-import { Routing } from "../domain/Chat.ts"
+import { Clock, Context, Effect, Exit, Layer } from "effect"
+import { FetchHttpClient, HttpClient } from "effect/http"
+import { charge, type Tariff } from "../domain/Billing.ts"
 import {
   CapabilityUnsupported,
   Conflict,
-  type FeatureGated,
-  type Forbidden,
-  gated,
   InvalidRequest,
   NotFound,
-  ServiceUnavailable,
-  type Unauthorized,
-  UpstreamFailed
+  type PaidCallError,
+  ServiceUnavailable
 } from "../domain/Errors.ts"
-import { PaymentRequired, type PaymentRequiredCode } from "../domain/Payment.ts"
-import { epochOf } from "../ledger/Epochs.ts"
-import { Ledger } from "../ledger/Ledger.ts"
-import type { ReceiptBody } from "../ledger/Receipt.ts"
-import { type AuctionCleared, isRoutingProfile, rivalCounterfactuals, runAuction } from "../market/Auction.ts"
+import {
+  DEFAULT_IMAGE_SIZE,
+  IMAGE_SIZES,
+  type ImageGenerationRequest,
+  isImageSize
+} from "../domain/Images.ts"
+import { Settle } from "../ledger/Settle.ts"
+import { type AuctionCleared, isRoutingProfile } from "../market/Auction.ts"
 import { imageStandardClass } from "../market/Catalog.ts"
 import { Latency } from "../market/Latency.ts"
 import { ModelCatalog } from "../market/ModelCatalog.ts"
 import { Providers } from "../market/Providers.ts"
 import { QuoteBook } from "../market/QuoteBook.ts"
+import { Rfq } from "../market/Rfq.ts"
 import { type Funded, FundingService } from "../payment/Funding.ts"
 import { bodyHash, Idempotency } from "../payment/Idempotency.ts"
-import { PaymentVerifier } from "../payment/PaymentVerifier.ts"
-import { RouterConfig } from "../RouterConfig.ts"
-import { type AgentHeaders, agentRecord, newRequestId } from "./Completions.ts"
+import { gateLaunchFeatures } from "./Gate.ts"
+import { renderImage } from "./ImageRender.ts"
+import { type AgentHeaders, newRequestId, reservationOf } from "./Paid.ts"
 
 /**
  * `POST /v1/images/generations` (spec 4.1, 5.2, 8): one image per request, priced up front.
@@ -61,24 +60,6 @@ export const IMAGE_UNITS = { input: 1, cachedInput: 0, output: 1 } as const
 /** What one image costs at a tariff, in base units. */
 export const imagePrice = (tariff: Tariff): number => charge(IMAGE_UNITS, tariff)
 
-export const IMAGE_SIZES = ["256x256", "512x512", "1024x1024"] as const
-export const DEFAULT_IMAGE_SIZE = "256x256"
-
-/** The OpenAI images request, plus the router's `routing`; unknown fields are ignored. */
-export const ImageGenerationRequest = Schema.Struct({
-  prompt: Schema.String.check(Schema.isMinLength(1), Schema.isMaxLength(32_000)),
-  model: Schema.optionalKey(Schema.String.check(Schema.isMinLength(1))),
-  n: Schema.optionalKey(Schema.NullOr(Schema.Int)),
-  size: Schema.optionalKey(Schema.NullOr(Schema.String)),
-  response_format: Schema.optionalKey(Schema.NullOr(Schema.String)),
-  quality: Schema.optionalKey(Schema.NullOr(Schema.String)),
-  style: Schema.optionalKey(Schema.NullOr(Schema.String)),
-  user: Schema.optionalKey(Schema.String),
-  routing: Schema.optionalKey(Routing),
-  context: Schema.optionalKey(Schema.Unknown)
-})
-export type ImageGenerationRequest = typeof ImageGenerationRequest.Type
-
 export interface ImageRequestContext {
   readonly paymentHeader: string | undefined
   readonly creditKey: string | undefined
@@ -91,7 +72,8 @@ export interface ImageRequestContext {
 /** Images are paid by x402 `exact` or a funded key, never by a session. */
 export type ImageFunding = Funded["funding"]
 
-export interface GeneratedImage {
+/** An image request that is paid for: the up-front price reserved, the provider not yet called. */
+interface Paid {
   readonly requestId: string
   readonly createdAt: number
   readonly requestedModel: string
@@ -99,39 +81,21 @@ export interface GeneratedImage {
   /** Base units charged for the image (the up-front price). */
   readonly price: number
   readonly authorized: number
+  readonly payer: string
   readonly funding: ImageFunding
+}
+
+export interface GeneratedImage extends Omit<Paid, "payer"> {
   readonly image: { readonly b64_json: string; readonly revised_prompt?: string }
 }
 
-export type ImageError =
-  | Conflict
-  | Unauthorized
-  | Forbidden
-  | InvalidRequest
-  | CapabilityUnsupported
-  | FeatureGated
-  | NotFound
-  | PaymentRequired
-  | ServiceUnavailable
-  | UpstreamFailed
+export type ImageError = PaidCallError
 
-const ProviderImages = Schema.Struct({
-  data: Schema.Array(
-    Schema.Struct({
-      b64_json: Schema.String,
-      revised_prompt: Schema.optionalKey(Schema.NullOr(Schema.String))
-    })
-  ).check(Schema.isMinLength(1))
-})
-const decodeProviderImages = Schema.decodeUnknownEffect(ProviderImages)
-
-const PNG_MAGIC = "89504e470d0a1a0a"
-const isPng = (b64: string) =>
-  Buffer.from(b64.slice(0, 12), "base64").subarray(0, 8).toString("hex") === PNG_MAGIC
-
-/** A generated image may take a while; past this the reservation is released. */
-const PROVIDER_TIMEOUT_MS = 120_000
-
+/**
+ * The image lifecycle, on the same steps as completions: the launch gates (`Gate.ts`), the RFQ over
+ * image classes only (`market/Rfq.ts`), funding (`payment/Funding.ts`), the provider call
+ * (`ImageRender.ts`) and settlement (`ledger/Settle.ts`), with `Idempotency-Key` claimed around it.
+ */
 export class Images extends Context.Service<
   Images,
   {
@@ -145,20 +109,20 @@ export class Images extends Context.Service<
     Images,
     Effect.gen(function* () {
       const catalog = yield* ModelCatalog
-      const book = yield* QuoteBook
-      const latency = yield* Latency
-      const providers = yield* Providers
-      const verifier = yield* PaymentVerifier
-      const ledger = yield* Ledger
+      const rfq = yield* Rfq
       const fundingService = yield* FundingService
       const idempotency = yield* Idempotency
-      const config = yield* RouterConfig
-      const client = yield* HttpClient.HttpClient
+      const settle = yield* Settle
+      const render = renderImage({
+        client: yield* HttpClient.HttpClient,
+        book: yield* QuoteBook,
+        providers: yield* Providers,
+        latency: yield* Latency
+      })
 
       /** Gated fields and shapes this surface will never serve: before any pricing or payment. */
       const gate = Effect.fn("Images.gate")(function* (request: ImageGenerationRequest) {
-        if (request.context !== undefined) return yield* gated("context_passports")
-        if (request.routing?.speculative !== undefined) return yield* gated("speculative_routing")
+        yield* gateLaunchFeatures(request)
         if ((request.n ?? 1) !== 1) {
           return yield* new InvalidRequest({
             code: "invalid_request",
@@ -167,7 +131,7 @@ export class Images extends Context.Service<
           })
         }
         const size = request.size ?? DEFAULT_IMAGE_SIZE
-        if (!(IMAGE_SIZES as ReadonlyArray<string>).includes(size)) {
+        if (!isImageSize(size)) {
           return yield* new InvalidRequest({
             code: "invalid_request",
             param: "size",
@@ -193,20 +157,15 @@ export class Images extends Context.Service<
           })
         }
         const slo = request.routing?.latency_slo
-        const outcome = runAuction(
-          {
-            requested,
-            promptTokens: IMAGE_UNITS.input,
-            maxTokens: IMAGE_UNITS.output,
-            minQuality: request.routing?.min_quality,
-            latencySlo:
-              slo === undefined ? undefined : { deadlineMs: slo.deadline_ms, confidence: slo.confidence },
-            nowMs: yield* Clock.currentTimeMillis
-          },
-          (yield* book.live).filter((q) => isImageClass(q.quote.model_class)),
-          catalog.classes,
-          yield* latency.lookup
-        )
+        const outcome = yield* rfq.run({
+          requested,
+          promptTokens: IMAGE_UNITS.input,
+          maxTokens: IMAGE_UNITS.output,
+          minQuality: request.routing?.min_quality,
+          latencySlo:
+            slo === undefined ? undefined : { deadlineMs: slo.deadline_ms, confidence: slo.confidence },
+          onlyClasses: isImageClass
+        })
         if (outcome._tag === "Cleared") return outcome
         return yield* new ServiceUnavailable({
           code: "no_eligible_quote",
@@ -214,167 +173,28 @@ export class Images extends Context.Service<
         })
       })
 
-      /** The provider call, holding one capacity slot of the winning quote. */
-      const render = (auction: AuctionCleared, prompt: string, size: string) =>
-        Effect.scoped(
-          Effect.gen(function* () {
-            const { winner } = auction
-            const provider = providers.get(winner.provider_id)
-            const quote = (yield* book.live).find(
-              (q) => q.quote.provider_id === winner.provider_id && q.quote.model_class === winner.model_class
-            )
-            if (provider === undefined || !provider.enabled || quote === undefined) {
-              return yield* new UpstreamFailed({
-                code: "provider_unavailable",
-                message: "provider left the market"
-              })
-            }
-            yield* book
-              .acquireSlot(quote.quote)
-              .pipe(Effect.mapError((e) => new UpstreamFailed({ code: e.code, message: e.message })))
-            const sentAt = yield* Clock.currentTimeMillis
-            const response = yield* client
-              .execute(
-                HttpClientRequest.post(`${provider.base_url}/v1/images/generations`).pipe(
-                  HttpClientRequest.bodyJsonUnsafe({
-                    model: winner.model_class,
-                    prompt,
-                    n: 1,
-                    size,
-                    response_format: "b64_json"
-                  })
-                )
-              )
-              .pipe(
-                Effect.catchTag("HttpClientError", () =>
-                  Effect.fail(
-                    new UpstreamFailed({
-                      code: "upstream_connect",
-                      message: "the image provider is unreachable"
-                    })
-                  )
-                )
-              )
-            if (response.status < 200 || response.status >= 300) {
-              return yield* new UpstreamFailed({
-                code: "upstream_http_status",
-                message: `the image provider answered ${response.status}`
-              })
-            }
-            const body = yield* response.json.pipe(
-              Effect.flatMap(decodeProviderImages),
-              Effect.mapError(
-                () =>
-                  new UpstreamFailed({
-                    code: "upstream_protocol",
-                    message: "the image provider sent no image"
-                  })
-              )
-            )
-            const image = body.data[0]!
-            if (!isPng(image.b64_json)) {
-              return yield* new UpstreamFailed({
-                code: "upstream_protocol",
-                message: "the image provider sent no PNG"
-              })
-            }
-            yield* latency.observe(
-              winner.provider_id,
-              winner.model_class,
-              (yield* Clock.currentTimeMillis) - sentAt
-            )
-            return {
-              b64_json: image.b64_json,
-              ...(typeof image.revised_prompt === "string" ? { revised_prompt: image.revised_prompt } : {})
-            }
-          })
-        ).pipe(
-          Effect.timeoutOrElse({
-            duration: PROVIDER_TIMEOUT_MS,
-            orElse: () =>
-              Effect.fail(
-                new UpstreamFailed({ code: "upstream_timeout", message: "the image provider timed out" })
-              )
-          })
-        )
-
-      interface Paid {
-        readonly requestId: string
-        readonly createdAt: number
-        readonly requestedModel: string
-        readonly auction: AuctionCleared
-        readonly price: number
-        readonly authorized: number
-        readonly payer: string
-        readonly funding: ImageFunding
-      }
-
       /** Captures the up-front price when the image was delivered; otherwise releases everything. */
-      const settle = (paid: Paid, exit: Exit.Exit<unknown, unknown>) =>
+      const settleImage = (paid: Paid, exit: Exit.Exit<unknown, unknown>) =>
         Effect.gen(function* () {
           const delivered = Exit.isSuccess(exit)
           const { auction, funding } = paid
-          const charged = delivered ? paid.price : 0
           const finishedAt = yield* Clock.currentTimeMillis
-          const receipt: ReceiptBody = {
-            request_id: paid.requestId,
-            wallet: paid.payer.toLowerCase(),
-            provider_id: auction.winner.provider_id,
-            model_class: auction.winner.model_class,
-            in_tokens: IMAGE_UNITS.input,
-            out_tokens: delivered ? IMAGE_UNITS.output : 0,
-            cached_tokens: 0,
-            price_in: auction.clear.price_in,
-            price_out: auction.clear.price_out,
-            price_in_cached: null,
-            charged,
+          const images = delivered ? IMAGE_UNITS.output : 0
+          yield* settle.request({
+            requestId: paid.requestId,
+            createdAt: paid.createdAt,
+            payer: paid.payer,
+            auction,
+            servedBy: auction.winner,
+            tokens: { ...IMAGE_UNITS, output: images },
+            charged: delivered ? paid.price : 0,
             authorized: paid.authorized,
-            payment_ref: funding._tag === "Credit" ? `credit:${funding.keyId}` : "",
-            refund_ref: null,
-            ttft_ms: delivered ? finishedAt - paid.createdAt : 0,
             status: delivered ? "ok" : "released",
-            settlement: !delivered ? "none" : funding._tag === "X402" ? "pending" : "landed",
-            epoch_id: epochOf(paid.createdAt, config.epochSeconds),
-            session_id: null,
-            quotes_competing: auction.eligible,
-            created_at: paid.createdAt
-          }
-          const units = { ...IMAGE_UNITS, output: receipt.out_tokens }
-          const ownAsk = charge(units, auction.winner)
-          const { routerFee, providerShare } = feeSplit(charged)
-          const economics = {
-            request_id: paid.requestId,
-            version: auction.version,
-            mechanism: auction.mechanism,
-            profile: auction.profile,
-            unit: IMAGE_PRICE_UNIT,
-            images: receipt.out_tokens,
-            tokens: { input: units.input, cached_input: 0, output: units.output },
-            winner: {
-              provider: auction.winner.provider_id,
-              model: auction.winner.model_class,
-              own_ask: { price_in: auction.winner.price_in, price_out: auction.winner.price_out },
-              own_ask_charge: ownAsk
-            },
-            clear: { price_in: auction.clear.price_in, price_out: auction.clear.price_out },
-            price_setter: auction.priceSetter,
-            charged,
-            authorized: paid.authorized,
-            second_score_premium: Math.max(0, charged - ownAsk),
-            competitors: rivalCounterfactuals(auction.bids, units),
-            quotes_competing: auction.eligible,
-            latency: { ttft_ms: receipt.ttft_ms },
-            fee_split: {
-              router_fee_bps: 700,
-              router_fee: routerFee,
-              provider_share: providerShare,
-              total: routerFee + providerShare
-            }
-          }
-          const source =
-            funding._tag === "Credit" ? { _tag: "Credit" as const, keyId: funding.keyId } : undefined
-          if (delivered) yield* ledger.capture({ receipt, economics, source })
-          else yield* ledger.release({ receipt, economics, source })
+            ttftMs: delivered ? finishedAt - paid.createdAt : 0,
+            paidBy: funding._tag === "Credit" ? { _tag: "Credit", keyId: funding.keyId } : { _tag: "X402" },
+            source: funding._tag === "Credit" ? { _tag: "Credit", keyId: funding.keyId } : { _tag: "X402" },
+            detail: { _tag: "Images", images, unit: IMAGE_PRICE_UNIT }
+          })
         }).pipe(Effect.withSpan("Images.settle"))
 
       const pay = Effect.fn("Images.pay")(function* (
@@ -385,20 +205,9 @@ export class Images extends Context.Service<
       ) {
         const price = auction.clearedCost
         const description = `${auction.winner.model_class}: one image, priced up front`
-        const quote = (code?: PaymentRequiredCode, error?: string) => {
-          const { _tag, ...body } = verifier.quote({
-            worstCase: price,
-            resourceUrl: context.resourceUrl,
-            description
-          })
-          return new PaymentRequired({
-            ...body,
-            ...(code === undefined ? {} : { code }),
-            ...(error === undefined ? {} : { error })
-          })
-        }
         if (context.sessionToken !== undefined || request.routing?.session_id !== undefined) {
-          return yield* quote(
+          return yield* fundingService.quote(
+            { worstCase: price, resourceUrl: context.resourceUrl, description },
             "wrong_scheme",
             "image generation is paid per request (x402 exact) or by a funded key; a session cannot fund it"
           )
@@ -412,16 +221,18 @@ export class Images extends Context.Service<
           worstCase: price,
           description,
           subject: "the image",
-          reservation: {
-            requestId,
-            dialect: "images",
-            requestedModel,
-            modelClass: auction.winner.model_class,
-            providerId: auction.winner.provider_id,
-            agent: agentRecord(context.agent)
-          }
+          reservation: reservationOf(requestId, "images", requestedModel, auction.winner, context.agent)
         })
-        return { requestId, createdAt, requestedModel, auction, price, authorized, payer, funding }
+        return {
+          requestId,
+          createdAt,
+          requestedModel,
+          auction,
+          price,
+          authorized,
+          payer,
+          funding
+        } satisfies Paid
       })
 
       const generateOnce = Effect.fn("Images.generate")(function* (
@@ -436,15 +247,15 @@ export class Images extends Context.Service<
         // interrupt between the reservation and the finalizer that settles it.
         return yield* Effect.uninterruptibleMask((restore) =>
           Effect.gen(function* () {
-            const paid: Paid = yield* pay(request, context, auction, requestedModel)
+            const paid = yield* pay(request, context, auction, requestedModel)
             yield* Effect.annotateCurrentSpan({
               request_id: paid.requestId,
               model_class: auction.winner.model_class,
               winner: auction.winner.provider_id,
               funding: paid.funding._tag
             })
-            const image = yield* restore(render(auction, request.prompt, size)).pipe(
-              Effect.onExit((exit) => settle(paid, exit))
+            const image = yield* restore(render(auction.winner, request.prompt, size)).pipe(
+              Effect.onExit((exit) => settleImage(paid, exit))
             )
             return { ...paid, image } satisfies GeneratedImage
           })

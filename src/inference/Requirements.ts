@@ -1,7 +1,7 @@
 import type { ChatCompletionRequest } from "../domain/Chat.ts"
 import { maxTokensOf } from "../domain/Chat.ts"
 import type { Capability } from "../market/Catalog.ts"
-import type { MarketRequest } from "../market/Market.ts"
+import type { MarketRequest } from "../market/Rfq.ts"
 import { estimatePromptTokens } from "./Tokens.ts"
 
 /** The capabilities a chat request needs from a model class. */

@@ -1,18 +1,6 @@
 import { Context, Effect, Layer, Schema } from "effect"
 import { SqlClient } from "effect/sql"
-
-export const ChallengerStatus = Schema.Literals(["approved", "revoked", "not_approved"])
-
-/** `GET /v1/model-integrity/challengers/:wallet` (public) and the admin answer. */
-export const ChallengerView = Schema.Struct({
-  object: Schema.Literal("model_integrity_challenger"),
-  wallet: Schema.String,
-  status: ChallengerStatus,
-  approved: Schema.Boolean,
-  /** Unix seconds of the last approval or revocation; null when the operator never decided. */
-  updated_at: Schema.NullOr(Schema.Int)
-})
-export type ChallengerView = typeof ChallengerView.Type
+import type { ChallengerView } from "../domain/Integrity.ts"
 
 const Row = Schema.Struct({
   status: Schema.Literals(["approved", "revoked"]),

@@ -9,18 +9,18 @@ import {
   NotFound,
   Unauthorized
 } from "../domain/Errors.ts"
-import { Ledger } from "../ledger/Ledger.ts"
-import { baseEarn, bountyOf, challengeStake, MIN_CHALLENGE_STAKE, slashOf } from "../points/Earn.ts"
-import { Points, type Verdict } from "../points/Points.ts"
-import { isSignedBy } from "../points/WalletSignature.ts"
-import { Challengers } from "./Challengers.ts"
 import {
   AdminChallengeView,
   type ChallengeFiling,
   type ChallengeQuote,
   ChallengeView,
   MAX_EVIDENCE_BYTES
-} from "./ChallengeView.ts"
+} from "../domain/Integrity.ts"
+import { Ledger } from "../ledger/Ledger.ts"
+import { baseEarn, bountyOf, challengeStake, MIN_CHALLENGE_STAKE, slashOf } from "../points/Earn.ts"
+import { Points, type Verdict } from "../points/Points.ts"
+import { isSignedBy } from "../points/WalletSignature.ts"
+import { Challengers } from "./Challengers.ts"
 import { Claims } from "./Claims.ts"
 import { evidenceHash, evidenceText } from "./Evidence.ts"
 import { challengesGated, IntegrityConfig } from "./IntegrityConfig.ts"

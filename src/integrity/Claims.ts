@@ -3,45 +3,9 @@ import { Clock, Context, Effect, Layer, Schema } from "effect"
 import { SqlClient, type Statement } from "effect/sql"
 import { type Hex, recoverMessageAddress } from "viem"
 import { Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized } from "../domain/Errors.ts"
+import { ClaimView, type SignedClaim } from "../domain/Integrity.ts"
 import { Providers } from "../market/Providers.ts"
 import { QuoteBook } from "../market/QuoteBook.ts"
-
-const Id = Schema.String.check(Schema.isPattern(/^[A-Za-z0-9._:-]{1,128}$/))
-
-/** A provider's signed claim (docs/protocol.md section 7): the model it serves for one class it quotes. */
-export const SignedClaim = Schema.Struct({
-  provider_id: Id,
-  model_class: Id,
-  /** The served model as the provider names it; one line, no control characters. */
-  model: Schema.String.check(
-    Schema.isPattern(/^\P{Cc}{1,200}$/u, { message: "expected 1 to 200 characters, no control characters" })
-  ),
-  /** Spec 2.11: metadata, not escrow. Base units. */
-  bond_amount: Schema.Int.check(Schema.isGreaterThanOrEqualTo(0), Schema.isLessThanOrEqualTo(10 ** 15)),
-  /** Unix seconds; accepted within the window of `CLAIM_WINDOW_S`. */
-  signed_at: Schema.Int.check(Schema.isGreaterThan(0)),
-  sig: Schema.String.check(Schema.isPattern(/^0x[0-9a-fA-F]{130}$/))
-})
-export type SignedClaim = typeof SignedClaim.Type
-
-export const ClaimView = Schema.Struct({
-  id: Schema.String,
-  object: Schema.Literal("model_integrity_claim"),
-  provider_id: Schema.String,
-  model_class: Schema.String,
-  model: Schema.String,
-  /** Base units. */
-  bond_amount: Schema.Int,
-  /** Always `metadata`: nothing is escrowed (spec 2.11). */
-  bond_kind: Schema.Literal("metadata"),
-  status: Schema.Literals(["active", "superseded"]),
-  signed_at: Schema.Int,
-  signer: Schema.String,
-  signature: Schema.String,
-  created_at: Schema.Int,
-  superseded_at: Schema.NullOr(Schema.Int)
-})
-export type ClaimView = typeof ClaimView.Type
 
 /** A claim is accepted up to 300 s after `signed_at` and 5 s before it. */
 export const CLAIM_WINDOW_S = 300

@@ -1,5 +1,5 @@
 import { concat, type Hex, hashTypedData, keccak256 } from "viem"
-import { type ReceiptBody, receiptTypedData } from "./Receipt.ts"
+import { type ReceiptBody, receiptTypedData } from "../domain/Receipt.ts"
 
 /**
  * The epoch Merkle tree (docs/protocol.md section 3). Pure: no I/O, no clock.

@@ -4,6 +4,7 @@ import { SqlClient } from "effect/sql"
 import { getAddress, type Hash, type Hex, isAddressEqual } from "viem"
 import { Chain, type ChainError } from "../chain/Chain.ts"
 import { RouterConfig } from "../RouterConfig.ts"
+import { Treasury } from "./Treasury.ts"
 
 const LOG_PAGE = 10_000n
 
@@ -48,6 +49,7 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
   Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
     const chain = yield* Chain
+    const treasury = yield* Treasury
     const { epochSeconds } = yield* RouterConfig
     const senders = [chain.treasury, chain.routerSigner]
 
@@ -118,7 +120,7 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
     const resumeOne = (payout: Payout): Effect.Effect<boolean, ChainError> =>
       Effect.gen(function* () {
         if (payout.tx_hash !== null) {
-          const outcome = yield* chain.waitForReceipt(payout.tx_hash as Hex)
+          const outcome = yield* treasury.confirm(payout.tx_hash as Hex)
           if (outcome.status === "success") return yield* markPaid(payout, payout.tx_hash as Hash)
           yield* release(payout, "the payout transaction reverted")
           return false
@@ -166,8 +168,13 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
     const pay = (provider: typeof Accrued.Type, signer: string, epochId: number) =>
       Effect.gen(function* () {
         const payout = yield* claim(provider, signer, epochId)
-        const hash = yield* chain
-          .transferFromTreasury(getAddress(payout.to_address), BigInt(payout.amount))
+        const hash = yield* treasury
+          .send({
+            _tag: "ProviderPayout",
+            payoutId: payout.payout_id,
+            to: getAddress(payout.to_address),
+            amount: BigInt(payout.amount)
+          })
           .pipe(
             // A refused estimate never broadcast; any other error might have, and is resolved on resume.
             Effect.catchTag("ChainError", (e) =>
@@ -178,7 +185,7 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
         yield* sql`UPDATE provider_payouts SET tx_hash = ${hash} WHERE payout_id = ${payout.payout_id}`.pipe(
           Effect.orDie
         )
-        const outcome = yield* chain.waitForReceipt(hash)
+        const outcome = yield* treasury.confirm(hash)
         if (outcome.status === "success") return yield* markPaid(payout, hash)
         yield* release(payout, "the payout transaction reverted")
         return false

@@ -99,4 +99,17 @@ export class Providers extends Context.Service<
       })
     })
   )
+
+  /** A fixed registry, for tests of what reads it. */
+  static readonly layerTest = (registered: ReadonlyArray<Provider>) =>
+    Layer.succeed(
+      Providers,
+      Providers.of({
+        register: () => Effect.die("Providers.layerTest does not register"),
+        list: Effect.succeed(registered),
+        setEnabled: () => Effect.die("Providers.layerTest does not change providers"),
+        get: (providerId) => registered.find((p) => p.provider_id === providerId),
+        refresh: Effect.void
+      })
+    )
 }

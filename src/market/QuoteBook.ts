@@ -1,6 +1,7 @@
-import { Clock, Context, Effect, Layer, Schedule, Schema, type Scope } from "effect"
+import { Clock, Context, Effect, Layer, Schema, type Scope } from "effect"
 import { SqlClient } from "effect/sql"
 import { type Hex, recoverMessageAddress } from "viem"
+import { repeatInBackground } from "../Background.ts"
 import { Conflict, Forbidden, InvalidRequest, ServiceUnavailable, Unauthorized } from "../domain/Errors.ts"
 import { quoteSigningString, SignedQuote } from "../domain/Quote.ts"
 import type { LiveQuote } from "./Auction.ts"
@@ -194,13 +195,47 @@ export class QuoteBook extends Context.Service<
       })
 
       yield* sync
-      yield* sync.pipe(
-        Effect.catchCause((cause) => Effect.logWarning("quote book sync failed", cause)),
-        Effect.repeat(Schedule.spaced("1 second")),
-        Effect.forkScoped
-      )
+      yield* repeatInBackground(sync, {
+        every: "1 second",
+        failure: "quote book sync failed",
+        level: "warning"
+      })
 
       return QuoteBook.of({ ingest, live, acquireSlot, sync })
     })
   )
+
+  /**
+   * An in-memory book of the given quotes (already verified): `live` lists them, `acquireSlot` holds
+   * their signed capacity in this process only. For tests of what reads the book.
+   */
+  static readonly layerTest = (quotes: ReadonlyArray<SignedQuote>) =>
+    Layer.sync(QuoteBook, () => {
+      const inFlight = new Map<string, number>()
+      return QuoteBook.of({
+        ingest: () => Effect.die("QuoteBook.layerTest does not ingest"),
+        live: Effect.sync(() =>
+          quotes.map((quote) => ({
+            quote,
+            inFlight: inFlight.get(slotKey(quote.provider_id, quote.model_class)) ?? 0
+          }))
+        ),
+        acquireSlot: (quote) =>
+          Effect.gen(function* () {
+            const key = slotKey(quote.provider_id, quote.model_class)
+            const held = inFlight.get(key) ?? 0
+            if (held >= quote.capacity_rps) {
+              return yield* new ServiceUnavailable({
+                code: "capacity_exhausted",
+                message: `${quote.provider_id} is at its signed capacity for ${quote.model_class}`
+              })
+            }
+            inFlight.set(key, held + 1)
+            yield* Effect.addFinalizer(() =>
+              Effect.sync(() => inFlight.set(key, (inFlight.get(key) ?? 1) - 1))
+            )
+          }),
+        sync: Effect.void
+      })
+    })
 }

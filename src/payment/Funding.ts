@@ -1,9 +1,10 @@
 import { Context, Effect, Layer } from "effect"
-import type { Forbidden, Unauthorized } from "../domain/Errors.ts"
-import { PaymentRequired, type PaymentRequiredCode } from "../domain/Payment.ts"
+import { Conflict, type Forbidden, NotFound, Unauthorized } from "../domain/Errors.ts"
+import { PaymentRequired, type PaymentRequiredCode } from "../domain/X402.ts"
 import { Ledger, type ReservationRecord } from "../ledger/Ledger.ts"
 import { CreditKeys } from "./CreditKeys.ts"
 import { PaymentVerifier, type VerifiedPayment } from "./PaymentVerifier.ts"
+import { type SessionRow, Sessions, type TurnRefusal } from "./Sessions.ts"
 
 /** How an admitted request is paid for. */
 export type Funding =
@@ -45,10 +46,28 @@ export interface FundingInput<E> {
   readonly undo?: Effect.Effect<void>
 }
 
+export interface TurnInput {
+  readonly sessionId: string
+  /** `x-session-token` as sent. */
+  readonly token: string | undefined
+  readonly worstCase: number
+  readonly resourceUrl: string
+  /** What the request is, minus who pays and how much. */
+  readonly reservation: Omit<ReservationRecord, "payer" | "authorized" | "sessionId">
+}
+
+export interface FundedTurn {
+  readonly funding: Extract<Funding, { _tag: "Session" }>
+  readonly session: SessionRow
+  readonly payer: string
+  readonly authorized: number
+}
+
 /**
- * The one place a paid surface is funded: a funded key's reservation (owner balance within
- * the key's cap, no signature), or a verified x402 `exact` authorization reserved against
- * the payer's balance. Refusals are 402s that carry fresh `accepts`.
+ * The one place a paid request is funded: a funded key's reservation (owner balance within
+ * the key's cap, no signature), a verified x402 `exact` authorization reserved against the
+ * payer's balance, or a turn of an open session drawn on its budget (one turn at a time).
+ * Refusals are typed; a refusal to pay is a 402 that carries fresh `accepts`.
  */
 export class FundingService extends Context.Service<
   FundingService,
@@ -61,6 +80,10 @@ export class FundingService extends Context.Service<
     readonly fund: <E = never>(
       input: FundingInput<E>
     ) => Effect.Effect<Funded, PaymentRequired | Unauthorized | Forbidden | E>
+    /** Takes the session for one turn and reserves the turn's worst case on its budget. */
+    readonly fundTurn: (
+      input: TurnInput
+    ) => Effect.Effect<FundedTurn, PaymentRequired | Unauthorized | NotFound | Conflict>
   }
 >()("router/payment/Funding") {
   static readonly layer = Layer.effect(
@@ -69,6 +92,7 @@ export class FundingService extends Context.Service<
       const verifier = yield* PaymentVerifier
       const ledger = yield* Ledger
       const creditKeys = yield* CreditKeys
+      const sessions = yield* Sessions
 
       const quote = (
         input: { readonly worstCase: number; readonly resourceUrl: string; readonly description: string },
@@ -135,7 +159,71 @@ export class FundingService extends Context.Service<
           return { funding: { _tag: "X402", payment }, payer: payment.payer, authorized } satisfies Funded
         })
 
-      return FundingService.of({ quote, fund })
+      /** Why a turn could not take its session, as the spec answers it. */
+      const turnRefused = (refusal: TurnRefusal, input: TurnInput) => {
+        const sessionQuote = (code: PaymentRequiredCode, error: string, hint: string) => {
+          const { _tag, ...body } = verifier.quote({
+            worstCase: input.worstCase,
+            resourceUrl: input.resourceUrl,
+            description: "session"
+          })
+          return new PaymentRequired({ ...body, code, error, hint })
+        }
+        switch (refusal._tag) {
+          case "Unknown":
+            return new NotFound({ code: "session_not_found", message: `No session ${input.sessionId}` })
+          case "BadToken":
+            return new Unauthorized({
+              code: "invalid_session_token",
+              message: "Missing or invalid x-session-token"
+            })
+          case "Busy":
+            return new Conflict({
+              code: "session_used",
+              message:
+                "Another request is in flight on this session; retry when it ends or rotate the session"
+            })
+          case "Closed":
+          case "Expired":
+            return new Conflict({
+              code: "session_used",
+              message: `The session is ${refusal._tag === "Closed" ? "closed" : "expired"}; open a new session id`
+            })
+          case "Dead":
+            return sessionQuote(
+              "session_dead",
+              "the session's funding settlement failed; no further turns",
+              "open a new session"
+            )
+          case "Exhausted":
+            return sessionQuote(
+              "session_budget_exhausted",
+              `the session has ${refusal.remaining} base units left, less than this turn's worst case ${input.worstCase}`,
+              "close the session and open a new one with a larger budget"
+            )
+        }
+      }
+
+      const fundTurn = Effect.fn("Funding.fundTurn")(function* (input: TurnInput) {
+        const { sessionId, worstCase } = input
+        const taken = yield* sessions
+          .takeTurn(sessionId, input.token, input.reservation.requestId, worstCase)
+          .pipe(Effect.mapError((refusal) => turnRefused(refusal, input)))
+        yield* ledger.reserveSessionTurn({
+          ...input.reservation,
+          payer: taken.payer,
+          authorized: worstCase,
+          sessionId
+        })
+        return {
+          funding: { _tag: "Session", sessionId, budgetRemaining: taken.budget - taken.spent - worstCase },
+          session: taken,
+          payer: taken.payer,
+          authorized: worstCase
+        } satisfies FundedTurn
+      })
+
+      return FundingService.of({ quote, fund, fundTurn })
     })
   )
 }

@@ -20,6 +20,8 @@ export class Idempotency extends Context.Service<
     readonly claim: (key: string, hash: string) => Effect.Effect<Claim, Conflict>
     readonly complete: (key: string, requestId: string) => Effect.Effect<void>
     readonly abandon: (key: string) => Effect.Effect<void>
+    /** Forgets keys older than a day (each holds a hash of its body). */
+    readonly expire: Effect.Effect<void>
   }
 >()("router/payment/Idempotency") {
   static readonly layer = Layer.effect(
@@ -69,7 +71,12 @@ export class Idempotency extends Context.Service<
           Effect.orDie
         )
 
-      return Idempotency.of({ claim, complete, abandon })
+      const expire = sql`DELETE FROM idempotency_keys WHERE created_at < now() - interval '1 day'`.pipe(
+        Effect.asVoid,
+        Effect.orDie
+      )
+
+      return Idempotency.of({ claim, complete, abandon, expire })
     })
   )
 }

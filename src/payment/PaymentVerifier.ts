@@ -1,7 +1,7 @@
 import { Clock, Context, Effect, Fiber, Layer, Result } from "effect"
 import { type Address, type Hex, hexToBigInt, size, slice } from "viem"
 import { Chain, type ChainShape, verifyTransferAuthorization } from "../chain/Chain.ts"
-import type { PaymentRequired, PaymentRequiredCode } from "../domain/Payment.ts"
+import type { PaymentRequired, PaymentRequiredCode } from "../domain/X402.ts"
 import {
   decodePaymentSignature,
   EXACT_MAX_VALIDITY_S,

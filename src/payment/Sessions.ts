@@ -1,8 +1,12 @@
 import { createHash, randomBytes } from "node:crypto"
 import { Clock, Config, Context, Effect, Layer, Schema } from "effect"
 import { SqlClient } from "effect/sql"
+import type { SessionTape } from "../domain/Analytics.ts"
+import { charge } from "../domain/Billing.ts"
 import { Conflict, NotFound, Unauthorized } from "../domain/Errors.ts"
+import { ReceiptBody } from "../domain/Receipt.ts"
 import { epochOf } from "../ledger/Epochs.ts"
+import { Ledger } from "../ledger/Ledger.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 
 export const SessionRow = Schema.Struct({
@@ -32,9 +36,17 @@ const columns = `session_id, payer, funding_kind, funding_request_id, key_id, bu
   model_class, price_in::text, price_out::text, price_in_cached::text,
   (extract(epoch from expires_at) * 1000)::float8 AS expires_at, status, in_flight, turns, prefix_tokens, refund_ref`
 
+const TapeRow = Schema.Struct({
+  request_id: Schema.String,
+  status: Schema.String,
+  body: Schema.NullOr(ReceiptBody),
+  price_setter: Schema.NullOr(Schema.String)
+})
+const decodeTape = Schema.decodeUnknownEffect(Schema.Array(TapeRow))
+
 export const hashSessionToken = (token: string) => createHash("sha256").update(token).digest("hex")
 
-/** Why a turn could not take its session (each maps to the spec's answer in Completions). */
+/** Why a turn could not take its session (each maps to the spec's answer in Funding). */
 export type TurnRefusal =
   | { readonly _tag: "Unknown" }
   | { readonly _tag: "BadToken" }
@@ -101,6 +113,8 @@ export class Sessions extends Context.Service<
     ) => Effect.Effect<SessionRow, NotFound | Unauthorized | Conflict>
     /** Settles every expired session that nobody closed; returns how many. */
     readonly expireDue: Effect.Effect<number>
+    /** Every turn of a session with what its cached prefix saved (`/v1/analytics/sessions/:id`). */
+    readonly tape: (sessionId: string) => Effect.Effect<SessionTape, NotFound>
   }
 >()("router/payment/Sessions") {
   static readonly layer = Layer.effect(
@@ -108,6 +122,7 @@ export class Sessions extends Context.Service<
     Effect.gen(function* () {
       const sql = yield* SqlClient.SqlClient
       const config = yield* RouterConfig
+      const ledger = yield* Ledger
       const settings: SessionSettings = {
         minBudget: yield* Config.Int("SESSION_MIN_BUDGET").pipe(Config.withDefault(100_000)),
         keyBudget: yield* Config.Int("SESSION_KEY_BUDGET").pipe(Config.withDefault(1_000_000)),
@@ -217,55 +232,16 @@ export class Sessions extends Context.Service<
         return row
       })
 
-      /**
-       * Closing settles the remainder by the same rules as any overage: an x402-funded budget
-       * becomes a refund of the opening request, paid at epoch close (on chain at or above the
-       * payout floor, else credited to the balance); a key-funded budget returns to the key
-       * and the owner's balance at once.
-       */
-      /** Closes an open session with nothing in flight and settles its remainder, in one transaction. */
+      /** Closes an open, idle session and settles its remainder (ledger/SessionClose.ts). */
       const settleClose = (sessionId: string, onlyExpired: boolean) =>
-        Effect.gen(function* () {
-          const epoch = epochOf(yield* Clock.currentTimeMillis, config.epochSeconds)
-          return yield* sql
-            .withTransaction(
-              Effect.gen(function* () {
-                const rows = yield* sql
-                  .unsafe(
-                    `UPDATE sessions SET status = 'closed', closed_at = now()
-                   WHERE session_id = $1 AND status = 'open' AND in_flight IS NULL
-                     AND ($2::boolean = false OR expires_at <= now())
-                   RETURNING ${columns}`,
-                    [sessionId, onlyExpired]
-                  )
-                  .pipe(Effect.flatMap(decodeRows))
-                const row = rows[0]
-                if (row === undefined) return undefined
-                const unspent = row.budget - row.spent
-                if (row.funding_kind === "credit" && row.key_id !== null) {
-                  yield* sql`UPDATE api_keys SET reserved = reserved - ${row.budget}, spent = spent + ${row.spent}
-                           WHERE key_id = ${row.key_id}`
-                  yield* sql`UPDATE wallet_balances SET reserved = reserved - ${row.budget},
-                             available = available + ${unspent}, updated_at = now() WHERE wallet = ${row.payer}`
-                  yield* sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
-                           VALUES (${row.funding_request_id}, ${row.payer}, 'session_released', ${unspent}, ${sessionId})`
-                  yield* sql`UPDATE sessions SET refund_ref = ${"balance"} WHERE session_id = ${sessionId}`
-                } else if (unspent > 0) {
-                  yield* sql`INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
-                           VALUES (${row.funding_request_id}, ${row.payer}, ${unspent}, ${epoch}, 'due')`
-                  yield* sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
-                           VALUES (${row.funding_request_id}, ${row.payer}, 'refund_due', ${unspent}, ${sessionId})`
-                }
-                return row
-              })
-            )
-            .pipe(Effect.orDie)
-        })
+        Effect.flatMap(Clock.currentTimeMillis, (now) =>
+          ledger.closeSession(sessionId, onlyExpired, epochOf(now, config.epochSeconds))
+        )
 
       const close = Effect.fn("Sessions.close")(function* (sessionId: string, token: string | undefined) {
         yield* authorize(sessionId, token)
         const closed = yield* settleClose(sessionId, false)
-        if (closed === undefined) {
+        if (!closed) {
           const row = yield* find(sessionId)
           return yield* new Conflict({
             code: "session_used",
@@ -285,12 +261,56 @@ export class Sessions extends Context.Service<
         `.pipe(Effect.orDie)
         let closed = 0
         for (const { session_id } of due) {
-          if ((yield* settleClose(session_id, true)) !== undefined) closed++
+          if (yield* settleClose(session_id, true)) closed++
         }
         return closed
       }).pipe(Effect.withSpan("Sessions.expireDue"))
 
+      const tape = Effect.fn("Sessions.tape")(function* (sessionId: string) {
+        const session = yield* find(sessionId)
+        if (session === undefined) {
+          return yield* new NotFound({ code: "session_not_found", message: `No session ${sessionId}` })
+        }
+        const rows = yield* sql`
+          SELECT r.request_id, r.status, rc.body, e.body ->> 'price_setter' AS price_setter
+          FROM requests r
+          LEFT JOIN receipts rc ON rc.request_id = r.request_id
+          LEFT JOIN economics e ON e.request_id = r.request_id
+          WHERE r.session_id = ${sessionId} ORDER BY r.created_at
+        `.pipe(Effect.flatMap(decodeTape), Effect.orDie)
+        const turns = rows.flatMap((row, i) => {
+          const receipt = row.body
+          if (receipt === null) return []
+          const uncached = charge(
+            { input: receipt.in_tokens, cachedInput: 0, output: receipt.out_tokens },
+            { price_in: receipt.price_in, price_out: receipt.price_out }
+          )
+          return [
+            {
+              turn: i + 1,
+              request_id: row.request_id,
+              created_at: receipt.created_at,
+              status: receipt.status,
+              in_tokens: receipt.in_tokens,
+              cached_tokens: receipt.cached_tokens,
+              out_tokens: receipt.out_tokens,
+              charged: receipt.charged,
+              cache_discount: Math.max(0, uncached - receipt.charged),
+              price_setter: row.price_setter
+            }
+          ]
+        })
+        return {
+          session_id: session.session_id,
+          model_class: session.model_class,
+          turns,
+          cache_discount_total: turns.reduce((n, t) => n + t.cache_discount, 0),
+          charged_total: turns.reduce((n, t) => n + t.charged, 0)
+        } satisfies SessionTape
+      })
+
       return Sessions.of({
+        tape,
         settings,
         find,
         open,

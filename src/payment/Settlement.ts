@@ -1,26 +1,10 @@
-import { Clock, Context, Effect, Layer, Schedule, Schema } from "effect"
-import { SqlClient } from "effect/sql"
+import { Clock, Context, Effect, Layer } from "effect"
 import { getAddress, type Hex } from "viem"
+import { repeatInBackground } from "../Background.ts"
 import { Chain } from "../chain/Chain.ts"
+import { Authorizations, type ClaimedAuthorization } from "../ledger/Authorizations.ts"
 import { Ledger } from "../ledger/Ledger.ts"
-import { creditLandedDeposit } from "./Credits.ts"
-
-const Claimed = Schema.Struct({
-  payer: Schema.String,
-  nonce: Schema.String,
-  request_id: Schema.String,
-  value: Schema.String,
-  valid_after: Schema.String,
-  valid_before: Schema.String,
-  signature: Schema.NullOr(Schema.String),
-  tx_hash: Schema.NullOr(Schema.String),
-  attempts: Schema.Number
-})
-type Claimed = typeof Claimed.Type
-const decodeClaimed = Schema.decodeUnknownEffect(Schema.Array(Claimed))
-
-/** Retry backoff for a failed submission: 2 s, 4 s, ... capped at 60 s. */
-const backoffSeconds = (attempts: number) => Math.min(60, 2 ** Math.min(6, attempts))
+import { Treasury } from "../ledger/Treasury.ts"
 
 /**
  * Submits captured x402 authorizations on chain, off every response's path. A row is
@@ -36,71 +20,34 @@ export class Settlement extends Context.Service<
   }
 >()("router/payment/Settlement") {
   static readonly make = Effect.gen(function* () {
-    const sql = yield* SqlClient.SqlClient
     const chain = yield* Chain
     const ledger = yield* Ledger
+    const treasury = yield* Treasury
+    const authorizations = yield* Authorizations
 
-    const claim = sql`
-      UPDATE x402_authorizations SET status = 'submitted', attempts = attempts + 1, updated_at = now()
-      WHERE (payer, nonce) IN (
-        SELECT payer, nonce FROM x402_authorizations
-        WHERE status = 'pending' AND next_attempt_at <= now()
-        ORDER BY created_at LIMIT 16 FOR UPDATE SKIP LOCKED
-      )
-      RETURNING payer, nonce, request_id, value::text, valid_after::text, valid_before::text, signature, tx_hash,
-                attempts
-    `.pipe(Effect.flatMap(decodeClaimed), Effect.orDie)
-
-    const landed = (row: Claimed, hash: Hex) =>
+    const landed = (row: ClaimedAuthorization, hash: Hex) =>
       Effect.gen(function* () {
-        const recorded = yield* sql
-          .withTransaction(
-            Effect.gen(function* () {
-              // Only the claim that still holds the row records the landing (never twice).
-              const rows = yield* sql`
-                UPDATE x402_authorizations SET status = 'landed', tx_hash = ${hash}, signature = NULL, updated_at = now()
-                WHERE payer = ${row.payer} AND nonce = ${row.nonce} AND status = 'submitted'
-                RETURNING nonce
-              `
-              if (rows.length === 0) return false
-              yield* sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
-                         VALUES (${row.request_id}, 'treasury', 'settled', ${row.value}, ${hash})`
-              yield* creditLandedDeposit(sql, row.request_id, hash)
-              return true
-            })
-          )
-          .pipe(Effect.orDie)
-        if (recorded)
+        if (yield* authorizations.recordLanded(row, hash))
           yield* ledger.finalizeReceipt(row.request_id, { payment_ref: hash, settlement: "landed" })
       })
 
-    const failed = (row: Claimed, reason: string) =>
+    const failed = (row: ClaimedAuthorization, reason: string) =>
       Effect.gen(function* () {
         const nowS = Math.floor((yield* Clock.currentTimeMillis) / 1000)
         const expired = BigInt(row.valid_before) <= BigInt(nowS)
-        yield* sql`
-          UPDATE x402_authorizations
-          SET status = ${expired ? "failed" : "pending"}, last_error = ${reason.slice(0, 300)},
-              next_attempt_at = now() + make_interval(secs => ${backoffSeconds(row.attempts)}), updated_at = now()
-          WHERE payer = ${row.payer} AND nonce = ${row.nonce} AND status = 'submitted'
-        `.pipe(Effect.orDie)
+        yield* authorizations.recordFailed(row, reason, expired)
         yield* Effect.logWarning("settlement attempt failed", { request_id: row.request_id, reason, expired })
-        if (expired) {
-          yield* ledger.finalizeReceipt(row.request_id, { settlement: "failed" })
-          // A session funded by this authorization can take no further turns (402 session_dead).
-          yield* sql`UPDATE sessions SET status = 'dead' WHERE funding_request_id = ${row.request_id} AND status = 'open'`.pipe(
-            Effect.orDie
-          )
-        }
+        if (expired) yield* ledger.finalizeReceipt(row.request_id, { settlement: "failed" })
       })
 
     /**
      * Whether an earlier attempt already moved the money: the token's own record of the nonce is
      * the truth, whatever happened to our wait for a receipt.
      */
-    const alreadyUsed = (row: Claimed) => chain.authorizationState(getAddress(row.payer), row.nonce as Hex)
+    const alreadyUsed = (row: ClaimedAuthorization) =>
+      chain.authorizationState(getAddress(row.payer), row.nonce as Hex)
 
-    const settleOne = (row: Claimed) =>
+    const settleOne = (row: ClaimedAuthorization) =>
       Effect.gen(function* () {
         if (row.attempts > 1 && (yield* alreadyUsed(row))) {
           return yield* landed(row, (row.tx_hash ?? "unknown") as Hex)
@@ -115,11 +62,13 @@ export class Settlement extends Context.Service<
           nonce: row.nonce as Hex,
           signature: row.signature as Hex
         }
-        const hash = yield* chain.submitTransferWithAuthorization(authorization)
-        yield* sql`UPDATE x402_authorizations SET tx_hash = ${hash} WHERE payer = ${row.payer} AND nonce = ${row.nonce}`.pipe(
-          Effect.orDie
-        )
-        const outcome = yield* chain.waitForReceipt(hash)
+        const hash = yield* treasury.send({
+          _tag: "X402Settlement",
+          requestId: row.request_id,
+          authorization
+        })
+        yield* authorizations.recordBroadcast(row, hash)
+        const outcome = yield* treasury.confirm(hash)
         if (outcome.status === "success") return yield* landed(row, hash)
         // A revert after an earlier attempt may mean that attempt landed: the token says which.
         if (yield* alreadyUsed(row)) return yield* landed(row, (row.tx_hash ?? hash) as Hex)
@@ -138,15 +87,9 @@ export class Settlement extends Context.Service<
         Effect.withSpan("Settlement.settle", { attributes: { request_id: row.request_id } })
       )
 
-    /** Rows left `submitted` by an instance that died mid-flight go back to the queue. */
-    const recover = sql`
-      UPDATE x402_authorizations SET status = 'pending', updated_at = now()
-      WHERE status = 'submitted' AND updated_at < now() - interval '3 minutes'
-    `.pipe(Effect.orDie)
-
     const runOnce = Effect.gen(function* () {
-      yield* recover
-      const rows = yield* claim
+      yield* authorizations.recover
+      const rows = yield* authorizations.claimDue
       yield* Effect.forEach(rows, settleOne, { concurrency: 4, discard: true })
       return rows.length
     }).pipe(Effect.withSpan("Settlement.runOnce"))
@@ -159,11 +102,10 @@ export class Settlement extends Context.Service<
     Settlement,
     Effect.gen(function* () {
       const settlement = yield* Settlement.make
-      yield* settlement.runOnce.pipe(
-        Effect.catchCause((cause) => Effect.logError("settlement pass failed", cause)),
-        Effect.repeat(Schedule.spaced("250 millis")),
-        Effect.forkScoped
-      )
+      yield* repeatInBackground(settlement.runOnce, {
+        every: "250 millis",
+        failure: "settlement pass failed"
+      })
       return settlement
     })
   )

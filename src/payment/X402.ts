@@ -1,7 +1,16 @@
-import { Config, Context, Effect, Layer, Result, Schema, SchemaIssue, SchemaTransformation } from "effect"
-import { type Address, getAddress, type Hex } from "viem"
+import { Config, Context, Effect, Layer, Result, Schema, SchemaIssue } from "effect"
+import type { Address } from "viem"
 import type { TokenDomain } from "../chain/Eip3009.ts"
-import { PaymentRequired, type PaymentRequiredCode } from "../domain/Payment.ts"
+import {
+  ExactPayload,
+  type ExactPayment,
+  FlatEnvelopeHead,
+  NestedEnvelopeHead,
+  PaymentRequired,
+  type PaymentRequiredCode
+} from "../domain/X402.ts"
+
+export type { ExactPayment }
 
 /** Everything a 402 quote and the `exact` checks need: the rail (from `Chain`) and the limits (from config). */
 export interface X402Settings {
@@ -133,21 +142,6 @@ export const paymentRequired = (input: PaymentRequiredInput): PaymentRequired =>
   })
 }
 
-/** An `exact` payment as the router checks it, whichever envelope shape carried it. */
-export interface ExactPayment {
-  readonly scheme: "exact"
-  readonly network: string
-  readonly authorization: {
-    readonly from: Address
-    readonly to: Address
-    readonly value: bigint
-    readonly validAfter: bigint
-    readonly validBefore: bigint
-    readonly nonce: Hex
-  }
-  readonly signature: Hex
-}
-
 /**
  * Why a `PAYMENT-SIGNATURE` header could not be read. `unsupported_scheme` is a well-formed envelope for a
  * scheme this deployment does not take. Messages name fields, never their values.
@@ -158,60 +152,6 @@ export class PaymentEnvelopeError extends Schema.TaggedError<PaymentEnvelopeErro
 }) {}
 
 const MAX_HEADER_CHARS = 16_384
-const UINT256_MAX = 2n ** 256n - 1n
-
-const Uint256 = Schema.Union([
-  Schema.String.check(Schema.isPattern(/^\d{1,78}$/, { message: "expected a decimal string" })),
-  // Numbers are accepted defensively; only safe integers, since a larger one has already lost precision.
-  Schema.Number.check(
-    Schema.isInt(),
-    Schema.isGreaterThanOrEqualTo(0),
-    Schema.isLessThanOrEqualTo(2 ** 53 - 1)
-  )
-]).pipe(
-  Schema.decodeTo(
-    Schema.BigInt.check(Schema.isLessThanOrEqualToBigInt(UINT256_MAX)),
-    SchemaTransformation.transform<bigint, string | number>({
-      decode: (value) => BigInt(value),
-      encode: (value) => value.toString()
-    })
-  )
-)
-
-const HexString = (pattern: RegExp, message: string) =>
-  Schema.TemplateLiteral(["0x", Schema.String]).check(Schema.isPattern(pattern, { message }))
-
-/** Any letter case in, checksummed out: the checksum is a display convention, not part of the signed data. */
-const EvmAddress = HexString(/^0x[0-9a-fA-F]{40}$/, "expected a 0x-prefixed 20-byte address").pipe(
-  Schema.decodeTo(
-    Schema.TemplateLiteral(["0x", Schema.String]),
-    SchemaTransformation.transform<Address, Address>({
-      decode: (value) => getAddress(value.toLowerCase()),
-      encode: (value) => value
-    })
-  )
-)
-const Bytes32 = HexString(/^0x[0-9a-fA-F]{64}$/, "expected 32 bytes of 0x-prefixed hex")
-const HexBytes = HexString(/^0x(?:[0-9a-fA-F]{2})+$/, "expected 0x-prefixed hex bytes")
-
-const Authorization = Schema.Struct({
-  from: EvmAddress,
-  to: EvmAddress,
-  value: Uint256,
-  validAfter: Uint256,
-  validBefore: Uint256,
-  nonce: Bytes32
-})
-
-const ExactBody = Schema.Struct({
-  payload: Schema.Struct({ authorization: Authorization, signature: HexBytes })
-})
-
-const Rail = Schema.Struct({ scheme: Schema.String, network: Schema.String })
-/** x402 v2 as the official client sends it: the chosen requirements echoed under `accepted`. */
-const NestedHead = Schema.Struct({ accepted: Rail })
-/** Spec 2.7: `scheme` and `network` at the top level. */
-const FlatHead = Rail
 
 const describeIssue = (issue: SchemaIssue.Issue): string =>
   SchemaIssue.makeFormatterStandardSchemaV1()(issue)
@@ -257,8 +197,8 @@ export const decodePaymentSignature = (
   }
   const head =
     "accepted" in envelope
-      ? Schema.decodeUnknownResult(NestedHead)(envelope).pipe(Result.map((nested) => nested.accepted))
-      : Schema.decodeUnknownResult(FlatHead)(envelope)
+      ? Schema.decodeUnknownResult(NestedEnvelopeHead)(envelope).pipe(Result.map((nested) => nested.accepted))
+      : Schema.decodeUnknownResult(FlatEnvelopeHead)(envelope)
   if (Result.isFailure(head))
     return malformed(`malformed payment envelope: ${describeIssue(head.failure.issue)}`)
   const { scheme, network } = head.success
@@ -270,31 +210,9 @@ export const decodePaymentSignature = (
       })
     )
   }
-  const body = Schema.decodeUnknownResult(ExactBody)(envelope, { errors: "all" })
+  const body = Schema.decodeUnknownResult(ExactPayload)(envelope, { errors: "all" })
   if (Result.isFailure(body))
     return malformed(`malformed exact payload: ${describeIssue(body.failure.issue)}`)
   const { authorization, signature } = body.success.payload
   return Result.succeed({ scheme: "exact", network, authorization, signature })
 }
-
-export interface PaymentResponse {
-  readonly success: boolean
-  /** The settlement transaction hash, or "" when none was submitted. */
-  readonly transaction: string
-  readonly network: string
-  readonly payer: Address
-  /** Base units actually charged. */
-  readonly amount: bigint | number
-}
-
-/** The base64 `PAYMENT-RESPONSE` header of a paid reply (x402 v2 `SettleResponse`). */
-export const paymentResponseHeader = (response: PaymentResponse): string =>
-  Buffer.from(
-    JSON.stringify({
-      success: response.success,
-      transaction: response.transaction,
-      network: response.network,
-      payer: response.payer,
-      amount: response.amount.toString()
-    })
-  ).toString("base64")

@@ -2,6 +2,7 @@
  * The points rules (spec 4.5, 8; docs/decisions.md D61–D64), pure. Amounts are integer base units of
  * the six-decimal stablecoin; points are integers.
  */
+import type { RewardKindSchema, TierName } from "../domain/Points.ts"
 
 /** Spec 8: 100 points per 1 unit of currency (1,000,000 base units), so one point per 10,000 base units. */
 export const BASE_UNITS_PER_POINT = 10_000
@@ -10,7 +11,10 @@ export const BASE_UNITS_PER_POINT = 10_000
 export const MIN_CHALLENGE_STAKE = 25
 
 /** Spec 8: the one-time rewards. */
-export const REWARD_POINTS = { follow: 100, demo_share: 250 } as const
+export const REWARD_POINTS = { follow: 100, demo_share: 250 } as const satisfies Record<
+  typeof RewardKindSchema.Type,
+  number
+>
 export type RewardKind = keyof typeof REWARD_POINTS
 
 /** Points of a charged amount, rounded down (integer division; a charge is never negative). */
@@ -41,8 +45,7 @@ export const TIERS = [
   { name: "silver", min: 1_000 },
   { name: "bronze", min: 100 },
   { name: "member", min: 0 }
-] as const
-export type TierName = (typeof TIERS)[number]["name"]
+] as const satisfies ReadonlyArray<{ readonly name: TierName; readonly min: number }>
 
 /** The highest tier whose threshold the score reaches, and the next one up (null at the top). */
 export const tierOf = (score: number) => {

@@ -1,9 +1,9 @@
 import { Context, Effect, Layer, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import { NotFound } from "../domain/Errors.ts"
+import type { LeaderboardEntry, PointsAccount, ProviderPoints } from "../domain/Points.ts"
 import { Providers } from "../market/Providers.ts"
 import { earnOf, providerScore, reliabilityBps, tierOf } from "./Earn.ts"
-import type { LeaderboardEntry, PointsAccount, ProviderPoints } from "./PointsView.ts"
 
 const Num = Schema.NumberFromString
 

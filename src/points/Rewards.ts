@@ -1,10 +1,10 @@
-import { Clock, Context, Effect, Layer, Schema } from "effect"
+import { Clock, Context, Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import type { Hex } from "viem"
 import { Conflict, InvalidRequest, Unauthorized } from "../domain/Errors.ts"
+import type { RewardClaim, RewardGranted } from "../domain/Points.ts"
 import { REWARD_POINTS, type RewardKind } from "./Earn.ts"
 import { Points } from "./Points.ts"
-import { Hex32, type RewardGranted, SignatureHex, WalletAddress } from "./PointsView.ts"
 import {
   intentWindow,
   REWARD_INTENT_SKEW_S,
@@ -13,15 +13,6 @@ import {
   rewardIntentTypedData
 } from "./RewardIntent.ts"
 import { isSignedBy } from "./WalletSignature.ts"
-
-/** `POST /v1/points/follow` and `/v1/points/demo-share`: the intent's fields and the wallet's signature. */
-export const RewardClaim = Schema.Struct({
-  wallet: WalletAddress,
-  nonce: Hex32,
-  issued_at: Schema.Int.check(Schema.isGreaterThan(0)),
-  signature: SignatureHex
-})
-export type RewardClaim = typeof RewardClaim.Type
 
 export type RewardRefusal = InvalidRequest | Unauthorized | Conflict
 

@@ -3,6 +3,14 @@ import { Clock, Context, Effect, Layer, Schema } from "effect"
 import { SqlClient, type Statement } from "effect/sql"
 import { type Hex, verifyTypedData } from "viem"
 import { Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized } from "../domain/Errors.ts"
+import {
+  DEVICE_CODE_GRANT,
+  DeviceFlowError,
+  type DeviceFlowErrorCode,
+  Harness,
+  harnessNames,
+  type SetupStatus
+} from "../domain/Setup.ts"
 import { Keys } from "../payment/Keys.ts"
 import {
   APPROVAL_PRIMARY_TYPE,
@@ -12,18 +20,13 @@ import {
   approvalTypes
 } from "./Approval.ts"
 import {
-  DEVICE_CODE_GRANT,
-  DeviceFlowError,
-  type DeviceFlowErrorCode,
   hashCode,
   newDeviceCode,
   newUserCode,
   normalizeUserCode,
   POLITE_SHARE,
-  type SetupStatus,
   SLOW_DOWN_STEP_S
 } from "./DeviceFlow.ts"
-import { Harness, harnessNames } from "./Harness.ts"
 import { SetupSettings } from "./SetupSettings.ts"
 
 /** A setup as the approval page and the requester see it: terms and state, never a code's secret half. */

@@ -1,5 +1,5 @@
 import { getAddress, type Hex } from "viem"
-import type { Harness } from "./Harness.ts"
+import type { Harness } from "../domain/Setup.ts"
 
 /**
  * EIP-712 typed data of an agent-setup approval (docs/protocol.md, "Agent setup"). The wallet signs

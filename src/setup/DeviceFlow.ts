@@ -1,34 +1,4 @@
 import { createHash, randomBytes, randomInt } from "node:crypto"
-import { Schema } from "effect"
-
-/** Where a setup stands; `expired` is read from the clock, never stored. */
-export const SetupStatus = Schema.Literals(["pending", "approved", "denied", "exchanged", "expired"])
-export type SetupStatus = typeof SetupStatus.Type
-
-/** RFC 8628 section 3.4: the grant type a token request names (optional here; anything else is refused). */
-export const DEVICE_CODE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
-
-/**
- * The token endpoint's errors, by their RFC 8628 (section 3.5) and RFC 6749 (section 5.2) names, so a
- * harness's existing device-flow client reads them without a mapping table.
- */
-export const DeviceFlowErrorCode = Schema.Literals([
-  "authorization_pending",
-  "slow_down",
-  "expired_token",
-  "access_denied",
-  "invalid_grant",
-  "invalid_request",
-  "unsupported_grant_type"
-])
-export type DeviceFlowErrorCode = typeof DeviceFlowErrorCode.Type
-
-/** Every token-endpoint refusal: 400 with the OAuth body `{ error, error_description }`. */
-export class DeviceFlowError extends Schema.TaggedError<DeviceFlowError>()(
-  "DeviceFlowError",
-  { error: DeviceFlowErrorCode, error_description: Schema.String },
-  { httpApiStatus: 400 }
-) {}
 
 /** RFC 8628 section 3.5: a client told `slow_down` adds this many seconds to its interval, for good. */
 export const SLOW_DOWN_STEP_S = 5

@@ -14,11 +14,11 @@ import {
   responsesBody
 } from "../../src/inference/adapters/ResponsesEncoding.ts"
 import { assemble } from "../../src/inference/ChatEncoding.ts"
-import type { ServeEvent, ServeSummary } from "../../src/inference/Completions.ts"
 import type { FinishReason, UpstreamSource } from "../../src/inference/Events.ts"
+import type { ServeEvent, ServeSummary } from "../../src/inference/Paid.ts"
 
 // ---------------------------------------------------------------------------------------------
-// Served event sequences as Completions emits them: content deltas, then one End.
+// Served event sequences as Serve emits them: content deltas, then one End.
 
 type Segment =
   | { readonly kind: "text"; readonly pieces: ReadonlyArray<string> }

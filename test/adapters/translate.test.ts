@@ -2,16 +2,15 @@ import { assert, describe, it } from "@effect/vitest"
 import { Result, Schema } from "effect"
 import fc from "fast-check"
 import type { ChatCompletionRequest, ChatMessage } from "../../src/domain/Chat.ts"
+import { CountTokensRequest, MessagesRequest } from "../../src/domain/Messages.ts"
+import { ResponsesRequest } from "../../src/domain/Responses.ts"
 import { countMessagesTokens } from "../../src/inference/adapters/CountTokens.ts"
 import {
-  CountTokensRequest,
   effortForBudget,
-  MessagesRequest,
   messagesShowsThinking,
   messagesToChatRequest
 } from "../../src/inference/adapters/MessagesRequest.ts"
 import {
-  ResponsesRequest,
   responsesShowsReasoning,
   responsesToChatRequest
 } from "../../src/inference/adapters/ResponsesRequest.ts"

@@ -41,7 +41,7 @@ const stallableRouter = Layer.unwrap(
     const viaProxy = new URL(db.url)
     viaProxy.hostname = "127.0.0.1"
     viaProxy.port = String(proxy.port)
-    const config = RouterConfig.test({ port: 0 })
+    const config = RouterConfig.layerTest({ port: 0 })
     const infrastructure = Layer.mergeAll(databaseFromUrl(viaProxy.toString()), Chain.layer).pipe(
       Layer.provideMerge(config),
       Layer.provideMerge(Layer.succeed(PausableProxy, proxy))

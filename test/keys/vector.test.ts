@@ -3,7 +3,7 @@ import { Effect, Exit } from "effect"
 import * as fc from "fast-check"
 import { hashTypedData, recoverTypedDataAddress } from "viem"
 import { privateKeyToAccount } from "viem/accounts"
-import { withdrawalDomain, withdrawalTypes } from "../../src/payment/Credits.ts"
+import { withdrawalDomain, withdrawalTypes } from "../../src/domain/Credits.ts"
 import { formatUsdc, parseUsdc } from "../../src/payment/Keys.ts"
 import { checkKeysSignature, keysMessage } from "../../src/payment/KeysAuth.ts"
 

@@ -3,20 +3,22 @@ import { Deferred, Effect, Fiber, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { decodeFunctionData, type Hash, type Hex, zeroHash } from "viem"
 import { epochAnchorAbi } from "../../src/chain/artifacts.ts"
-import { Chain, ChainError, type ChainShape, randomAuthorizationNonce } from "../../src/chain/Chain.ts"
+import { Chain, ChainError, randomAuthorizationNonce } from "../../src/chain/Chain.ts"
+import type { ReceiptBody } from "../../src/domain/Receipt.ts"
 import { Epochs, epochOf, PayoutConfig } from "../../src/ledger/Epochs.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
-import type { ReceiptBody } from "../../src/ledger/Receipt.ts"
+import { Treasury } from "../../src/ledger/Treasury.ts"
 import { RouterConfig } from "../../src/RouterConfig.ts"
 import { TestDatabase } from "../support/Database.ts"
+import { seededEconomics } from "./support.ts"
 
 const EPOCH_SECONDS = 2
 const WALLET = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8"
 
 /** The ledger over a real database and chain, no background close: each test drives `Epochs` itself. */
-const TestLayer = Layer.mergeAll(Ledger.layer, PayoutConfig.test(5_000)).pipe(
+const TestLayer = Layer.mergeAll(Ledger.layer, Treasury.layer, PayoutConfig.layerTest(5_000)).pipe(
   Layer.provideMerge(Layer.mergeAll(TestDatabase, Chain.layer)),
-  Layer.provideMerge(RouterConfig.test({ epochSeconds: EPOCH_SECONDS }))
+  Layer.provideMerge(RouterConfig.layerTest({ epochSeconds: EPOCH_SECONDS }))
 )
 
 // Every scenario uses its own epoch, long ended.
@@ -74,7 +76,7 @@ const seed = (epochId: number, landed: number, released: number) =>
       )
       const body = receiptBody(requestId, epochId)
       if (i < landed) {
-        yield* ledger.capture({ receipt: body, economics: {} })
+        yield* ledger.capture({ receipt: body, economics: seededEconomics(requestId) })
         yield* ledger.finalizeReceipt(requestId, {
           payment_ref: `0x${"ab".repeat(32)}`,
           settlement: "landed"
@@ -82,18 +84,18 @@ const seed = (epochId: number, landed: number, released: number) =>
       } else {
         yield* ledger.release({
           receipt: { ...body, charged: 0, out_tokens: 0, status: "released", settlement: "none" },
-          economics: {}
+          economics: seededEconomics(requestId)
         })
       }
     }
     return ids
   }).pipe(Effect.orDie)
 
-/** An `Epochs` whose chain is the real one with some operations replaced. */
-const epochsWith = (patch: (chain: ChainShape) => Partial<ChainShape>) =>
+/** An `Epochs` whose treasury is the real one with some operations replaced. */
+const epochsWith = (patch: (treasury: Treasury["Service"]) => Partial<Treasury["Service"]>) =>
   Effect.gen(function* () {
-    const chain = yield* Chain
-    return yield* Epochs.make.pipe(Effect.provideService(Chain, { ...chain, ...patch(chain) }))
+    const treasury = yield* Treasury
+    return yield* Epochs.make.pipe(Effect.provideService(Treasury, { ...treasury, ...patch(treasury) }))
   })
 
 const epochRow = (epochId: number) =>
@@ -166,8 +168,11 @@ describe("epoch close: crashes and restarts complete it exactly once", () => {
         const chain = yield* Chain
         const epochId = baseEpoch
         const ids = yield* seed(epochId, 2, 1)
-        const down = yield* epochsWith(() => ({
-          anchorEpoch: () => Effect.fail(new ChainError({ reason: "Rpc", message: "chain down" }))
+        const down = yield* epochsWith((real) => ({
+          send: (transfer) =>
+            transfer._tag === "EpochAnchor"
+              ? Effect.fail(new ChainError({ reason: "Rpc", message: "chain down" }))
+              : real.send(transfer)
         }))
         const report = yield* down.closeEnded
         assert.deepStrictEqual(report.closed, [])
@@ -193,8 +198,11 @@ describe("epoch close: crashes and restarts complete it exactly once", () => {
         const epochId = baseEpoch + 5
         const ids = yield* seed(epochId, 1, 1)
         const reached = yield* Deferred.make<void>()
-        const crashing = yield* epochsWith(() => ({
-          anchorEpoch: () => Effect.andThen(Deferred.succeed(reached, undefined), Effect.never)
+        const crashing = yield* epochsWith((real) => ({
+          send: (transfer) =>
+            transfer._tag === "EpochAnchor"
+              ? Effect.andThen(Deferred.succeed(reached, undefined), Effect.never)
+              : real.send(transfer)
         }))
         yield* crashAt(crashing, reached)
         const closing = (yield* epochRow(epochId))!
@@ -219,12 +227,14 @@ describe("epoch close: crashes and restarts complete it exactly once", () => {
           const reached = yield* Deferred.make<void>()
           let broadcast: Hex | undefined
           const crashing = yield* epochsWith((real) => ({
-            anchorEpoch: (epoch, root) =>
-              Effect.gen(function* () {
-                broadcast = yield* real.anchorEpoch(epoch, root)
-                yield* Deferred.succeed(reached, undefined)
-                return yield* Effect.never
-              })
+            send: (transfer) =>
+              transfer._tag !== "EpochAnchor"
+                ? real.send(transfer)
+                : Effect.gen(function* () {
+                    broadcast = yield* real.send(transfer)
+                    yield* Deferred.succeed(reached, undefined)
+                    return yield* Effect.never
+                  })
           }))
           yield* crashAt(crashing, reached)
           const closing = (yield* epochRow(epochId))!
@@ -248,7 +258,7 @@ describe("epoch close: crashes and restarts complete it exactly once", () => {
           const ids = yield* seed(epochId, 1, 0)
           const reached = yield* Deferred.make<void>()
           const crashing = yield* epochsWith(() => ({
-            waitForReceipt: () => Effect.andThen(Deferred.succeed(reached, undefined), Effect.never)
+            confirm: () => Effect.andThen(Deferred.succeed(reached, undefined), Effect.never)
           }))
           yield* crashAt(crashing, reached)
           const recorded = (yield* epochRow(epochId))!
@@ -309,7 +319,10 @@ describe("epoch close: crashes and restarts complete it exactly once", () => {
               signature: `0x${"11".repeat(65)}`
             }
           )
-          yield* ledger.capture({ receipt: receiptBody(pendingId, epochId), economics: {} })
+          yield* ledger.capture({
+            receipt: receiptBody(pendingId, epochId),
+            economics: seededEconomics(pendingId)
+          })
           // A request reserved during the epoch and still being served.
           const inFlightId = `req_e${epochId}_inflight`
           yield* ledger.reserveX402(
@@ -349,7 +362,7 @@ describe("epoch close: crashes and restarts complete it exactly once", () => {
               status: "released",
               settlement: "none"
             },
-            economics: {}
+            economics: seededEconomics(inFlightId)
           })
           assert.deepStrictEqual((yield* epochs.closeEnded).closed, [epochId])
           yield* assertClosedOnce(epochId, [...ids, pendingId, inFlightId])

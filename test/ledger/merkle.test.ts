@@ -1,6 +1,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import fc from "fast-check"
 import { concat, type Hex, hashTypedData, keccak256 } from "viem"
+import { type ReceiptBody, receiptTypedData, receiptTypedDataJson } from "../../src/domain/Receipt.ts"
 import {
   buildTree,
   compareRequestIds,
@@ -10,7 +11,6 @@ import {
   receiptLeaf,
   verifyProof
 } from "../../src/ledger/Merkle.ts"
-import { type ReceiptBody, receiptTypedData, receiptTypedDataJson } from "../../src/ledger/Receipt.ts"
 
 const hex32 = fc.uint8Array({ minLength: 32, maxLength: 32 }).map((bytes) => keccak256(bytes))
 const leafSets = fc.uniqueArray(hex32, { minLength: 1, maxLength: 40 })

@@ -4,16 +4,17 @@ import { SqlClient } from "effect/sql"
 import { type Address, createWalletClient, type Hash, http, isAddressEqual } from "viem"
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
 import { testUsdcAbi } from "../../src/chain/artifacts.ts"
-import { Chain, type ChainShape, randomAuthorizationNonce } from "../../src/chain/Chain.ts"
+import { Chain, randomAuthorizationNonce } from "../../src/chain/Chain.ts"
 import { feeSplit } from "../../src/domain/Billing.ts"
+import type { ReceiptBody } from "../../src/domain/Receipt.ts"
 import { Epochs, epochOf, PayoutConfig } from "../../src/ledger/Epochs.ts"
 import { Ledger, type PaymentSource } from "../../src/ledger/Ledger.ts"
-import type { ReceiptBody } from "../../src/ledger/Receipt.ts"
 import { type Discrepancy, Reconciliation } from "../../src/ledger/Reconciliation.ts"
+import { type OutgoingTransfer, Treasury } from "../../src/ledger/Treasury.ts"
 import { RouterConfig } from "../../src/RouterConfig.ts"
 import { TestDatabase } from "../support/Database.ts"
 import { routerWithFleet } from "../support/Router.ts"
-import { paidCompletion, receiptWhere, waitFor, waitForBook } from "./support.ts"
+import { paidCompletion, receiptWhere, seededEconomics, waitFor, waitForBook } from "./support.ts"
 
 interface PayoutRow {
   readonly payout_id: string
@@ -155,9 +156,9 @@ const FLOOR = 5_000
 const CHARGE = 2_000
 const SHARE = BigInt(feeSplit(CHARGE).providerShare)
 
-const TestLayer = Layer.mergeAll(Ledger.layer, PayoutConfig.test(FLOOR)).pipe(
+const TestLayer = Layer.mergeAll(Ledger.layer, Treasury.layer, PayoutConfig.layerTest(FLOOR)).pipe(
   Layer.provideMerge(Layer.mergeAll(TestDatabase, Chain.layer)),
-  Layer.provideMerge(RouterConfig.test({ epochSeconds: EPOCH_SECONDS }))
+  Layer.provideMerge(RouterConfig.layerTest({ epochSeconds: EPOCH_SECONDS }))
 )
 
 const baseEpoch = epochOf(Date.now(), EPOCH_SECONDS) - 500
@@ -266,7 +267,7 @@ const seedRequest = (
         signature: `0x${"11".repeat(65)}`
       })
     }
-    yield* ledger.capture({ receipt, economics: {}, source })
+    yield* ledger.capture({ receipt, economics: seededEconomics(requestId), source })
     if (payment === "landed") yield* landed(requestId)
     return requestId
   }).pipe(Effect.orDie)
@@ -287,11 +288,15 @@ const linkedTo = (requestIds: ReadonlyArray<string>) =>
       SELECT request_id, payout_id FROM requests WHERE request_id IN ${sql.in(requestIds)} ORDER BY request_id`
   ).pipe(Effect.orDie)
 
-const epochsWith = (patch: (chain: ChainShape) => Partial<ChainShape>) =>
+const epochsWith = (patch: (treasury: Treasury["Service"]) => Partial<Treasury["Service"]>) =>
   Effect.gen(function* () {
-    const chain = yield* Chain
-    return yield* Epochs.make.pipe(Effect.provideService(Chain, { ...chain, ...patch(chain) }))
+    const treasury = yield* Treasury
+    return yield* Epochs.make.pipe(Effect.provideService(Treasury, { ...treasury, ...patch(treasury) }))
   })
+
+/** Whether a transfer is a provider payout to `signer`. */
+const paysTo = (transfer: OutgoingTransfer, signer: Address) =>
+  transfer._tag === "ProviderPayout" && isAddressEqual(transfer.to, signer)
 
 const crashAt = (epochs: Epochs["Service"], reached: Deferred.Deferred<void>) =>
   Effect.gen(function* () {
@@ -393,16 +398,16 @@ describe("provider payouts at epoch close: the floor, and crashes that never pay
           const reached = yield* Deferred.make<void>()
           let sent: Hash | undefined
           const crashing = yield* epochsWith((real) => ({
-            transferFromTreasury: (to, amount) =>
-              Effect.tap(real.transferFromTreasury(to, amount), (hash) =>
+            send: (transfer) =>
+              Effect.tap(real.send(transfer), (hash) =>
                 Effect.sync(() => {
-                  if (isAddressEqual(to, signer)) sent = hash
+                  if (paysTo(transfer, signer)) sent = hash
                 })
               ),
-            waitForReceipt: (hash) =>
+            confirm: (hash) =>
               hash === sent
                 ? Effect.andThen(Deferred.succeed(reached, undefined), Effect.never)
-                : real.waitForReceipt(hash)
+                : real.confirm(hash)
           }))
           yield* crashAt(crashing, reached)
           const [paying] = yield* payoutsOf("prov-hash")
@@ -432,15 +437,15 @@ describe("provider payouts at epoch close: the floor, and crashes that never pay
           const reached = yield* Deferred.make<void>()
           let sent: Hash | undefined
           const crashing = yield* epochsWith((real) => ({
-            transferFromTreasury: (to, amount) =>
-              isAddressEqual(to, signer)
+            send: (transfer) =>
+              paysTo(transfer, signer)
                 ? Effect.gen(function* () {
-                    sent = yield* real.transferFromTreasury(to, amount)
-                    yield* real.waitForReceipt(sent)
+                    sent = yield* real.send(transfer)
+                    yield* real.confirm(sent)
                     yield* Deferred.succeed(reached, undefined)
                     return yield* Effect.never
                   })
-                : real.transferFromTreasury(to, amount)
+                : real.send(transfer)
           }))
           yield* crashAt(crashing, reached)
           const [paying] = yield* payoutsOf("prov-lost")
@@ -465,10 +470,10 @@ describe("provider payouts at epoch close: the floor, and crashes that never pay
         )
         const reached = yield* Deferred.make<void>()
         const crashing = yield* epochsWith((real) => ({
-          transferFromTreasury: (to, amount) =>
-            isAddressEqual(to, signer)
+          send: (transfer) =>
+            paysTo(transfer, signer)
               ? Effect.andThen(Deferred.succeed(reached, undefined), Effect.never)
-              : real.transferFromTreasury(to, amount)
+              : real.send(transfer)
         }))
         yield* crashAt(crashing, reached)
         const fresh = yield* Epochs.make

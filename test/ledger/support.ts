@@ -1,6 +1,7 @@
 import { Effect } from "effect"
 import OpenAI from "openai"
 import type { Address, Hex } from "viem"
+import type { EconomicsRecord } from "../../src/domain/Economics.ts"
 import { payer, waitFor, waitForBook } from "../support/Pay.ts"
 import { call, RouterUrl } from "../support/Router.ts"
 
@@ -33,6 +34,12 @@ export interface ReceiptReply {
 }
 
 export { waitFor, waitForBook }
+
+/** An economics row for requests seeded straight into the ledger, where economics is not what is tested. */
+export const seededEconomics = (requestId: string): EconomicsRecord => ({
+  request_id: requestId,
+  reaped: true
+})
 
 export const getReceipt = (id: string) =>
   Effect.map(call(`/v1/receipts/${id}`), (r) => (r.status === 200 ? (r.json as ReceiptReply) : undefined))

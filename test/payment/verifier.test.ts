@@ -11,8 +11,11 @@ import {
   signTransferAuthorization,
   type TokenDomain
 } from "../../src/chain/Chain.ts"
-import type { PaymentRequired, PaymentRequiredCode } from "../../src/domain/Payment.ts"
-import { paymentRequiredHeader } from "../../src/http/ErrorWire.ts"
+import {
+  type PaymentRequired,
+  type PaymentRequiredCode,
+  paymentRequiredHeader
+} from "../../src/domain/X402.ts"
 import { PaymentVerifier, type VerifiedPayment } from "../../src/payment/PaymentVerifier.ts"
 import { X402Config } from "../../src/payment/X402.ts"
 

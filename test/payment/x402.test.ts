@@ -6,12 +6,11 @@ import fc from "fast-check"
 import { type Address, getAddress, type Hex } from "viem"
 import { privateKeyToAccount } from "viem/accounts"
 import { randomAuthorizationNonce, signTransferAuthorization } from "../../src/chain/Eip3009.ts"
-import { decodePaymentHeader, paymentRequiredHeader } from "../../src/http/ErrorWire.ts"
+import { decodeX402Header, paymentRequiredHeader, paymentResponseHeader } from "../../src/domain/X402.ts"
 import {
   decodePaymentSignature,
   type ExactPayment,
   paymentRequired,
-  paymentResponseHeader,
   quoteAmount,
   X402Config,
   type X402Settings
@@ -99,7 +98,7 @@ describe("decodePaymentSignature", () => {
   it.effect("reads the official v2 envelope and the spec's flat one as the same payment", () =>
     Effect.gen(function* () {
       const official = yield* officialPaymentHeader(250_000)
-      const nested = decodePaymentHeader(official) as { accepted: { network: string }; payload: unknown }
+      const nested = decodeX402Header(official) as { accepted: { network: string }; payload: unknown }
       assert.containsAllKeys(nested, ["x402Version", "accepted", "payload"])
       const flat = base64({
         x402Version: 2,
@@ -340,7 +339,7 @@ describe("paymentRequired", () => {
   it("travels in PAYMENT-REQUIRED as the official client reads it", () => {
     const required = quote(777_000)
     const header = paymentRequiredHeader(required)
-    assert.deepStrictEqual(decodePaymentHeader(header), {
+    assert.deepStrictEqual(decodeX402Header(header), {
       x402Version: 2,
       error: "payment required",
       resource: required.resource,
@@ -398,7 +397,7 @@ describe("paymentResponseHeader", () => {
       payer: payerAddress,
       amount: "4321"
     }
-    assert.deepStrictEqual(decodePaymentHeader(header), expected)
+    assert.deepStrictEqual(decodeX402Header(header), expected)
     const official = new x402HTTPClient(new x402Client()).getPaymentSettleResponse((name) =>
       name === "PAYMENT-RESPONSE" ? header : null
     )

@@ -1,6 +1,6 @@
 import { Effect, Schema } from "effect"
 import { SqlClient } from "effect/sql"
-import { ReceiptBody } from "../../src/ledger/Receipt.ts"
+import { ReceiptBody } from "../../src/domain/Receipt.ts"
 
 /**
  * Points rebuilt from the records alone (receipts, challenges, rewards), written out here from the

@@ -1,7 +1,7 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
-import type { PointsAccount } from "../../src/points/PointsView.ts"
+import type { PointsAccount } from "../../src/domain/Points.ts"
 import { call, postJson, routerLayer } from "../support/Router.ts"
 import { newWallet, signedReward } from "./support.ts"
 

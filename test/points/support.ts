@@ -5,15 +5,15 @@ import type { Hex } from "viem"
 import { generatePrivateKey, type PrivateKeyAccount, privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
 import { charge } from "../../src/domain/Billing.ts"
+import type { ChallengeFiling } from "../../src/domain/Integrity.ts"
+import type { ReceiptBody } from "../../src/domain/Receipt.ts"
 import { Challengers } from "../../src/integrity/Challengers.ts"
 import { Challenges } from "../../src/integrity/Challenges.ts"
-import type { ChallengeFiling } from "../../src/integrity/ChallengeView.ts"
 import { Claims } from "../../src/integrity/Claims.ts"
 import { evidenceHash } from "../../src/integrity/Evidence.ts"
 import { IntegrityConfig } from "../../src/integrity/IntegrityConfig.ts"
 import { MODEL_CHALLENGE_PURPOSE, modelChallengeTypedData } from "../../src/integrity/ModelChallenge.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
-import type { ReceiptBody } from "../../src/ledger/Receipt.ts"
 import { ModelCatalog } from "../../src/market/ModelCatalog.ts"
 import { Providers } from "../../src/market/Providers.ts"
 import { QuoteBook } from "../../src/market/QuoteBook.ts"
@@ -22,6 +22,7 @@ import { Points } from "../../src/points/Points.ts"
 import { rewardIntentTypedData } from "../../src/points/RewardIntent.ts"
 import { Rewards } from "../../src/points/Rewards.ts"
 import { RouterConfig } from "../../src/RouterConfig.ts"
+import { seededEconomics } from "../ledger/support.ts"
 import { TestDatabase } from "../support/Database.ts"
 import { fundedKey } from "../support/Keys.ts"
 import { routerWithFleet } from "../support/Router.ts"
@@ -49,7 +50,7 @@ export const programsLayer = Layer.mergeAll(Challenges.layer, Rewards.layer).pip
   Layer.provideMerge(Layer.mergeAll(Ledger.layer, QuoteBook.layer)),
   Layer.provideMerge(Layer.mergeAll(Providers.layer, ModelCatalog.layerDefault)),
   Layer.provideMerge(Layer.mergeAll(TestDatabase, Chain.layer)),
-  Layer.provideMerge(RouterConfig.test())
+  Layer.provideMerge(RouterConfig.layerTest())
 )
 
 export type Outcome = "landed" | "pending" | "failed" | "released" | "partial"
@@ -129,8 +130,9 @@ export const ledgerReceipt = (spec: ReceiptSpec) =>
     }
     const source =
       key === undefined ? ({ _tag: "X402" } as const) : ({ _tag: "Credit", keyId: key.keyId } as const)
-    if (released) yield* ledger.release({ receipt, economics: {}, source })
-    else yield* ledger.capture({ receipt, economics: {}, source })
+    const economics = seededEconomics(requestId)
+    if (released) yield* ledger.release({ receipt, economics, source })
+    else yield* ledger.capture({ receipt, economics, source })
     if (key === undefined && (spec.outcome === "landed" || spec.outcome === "partial")) {
       yield* ledger.finalizeReceipt(requestId, {
         payment_ref: `0x${randomBytes(32).toString("hex")}`,

@@ -113,7 +113,7 @@ describe("one router per DATA_DIR", () => {
   const lock = (dataDir: string) =>
     Layer.build(
       DataDirLockLive.pipe(
-        Layer.provide(RouterConfig.test({ dataDir })),
+        Layer.provide(RouterConfig.layerTest({ dataDir })),
         // Nothing external configured: the database and the chain would be embedded in DATA_DIR.
         Layer.provide(ConfigProvider.layer(ConfigProvider.fromEnvRecord({})))
       )

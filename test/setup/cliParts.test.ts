@@ -13,13 +13,8 @@ import { harnessConfig } from "../../src/cli/HarnessConfig.ts"
 import { writeOwnerOnly } from "../../src/cli/OwnerOnlyFiles.ts"
 import { Unreachable, waitForKey } from "../../src/cli/Polling.ts"
 import { renderQr } from "../../src/cli/Qr.ts"
-import {
-  DeviceFlowError,
-  type DeviceFlowErrorCode,
-  newUserCode,
-  normalizeUserCode
-} from "../../src/setup/DeviceFlow.ts"
-import { HARNESSES } from "../../src/setup/Harness.ts"
+import { DeviceFlowError, type DeviceFlowErrorCode, HARNESSES } from "../../src/domain/Setup.ts"
+import { newUserCode, normalizeUserCode } from "../../src/setup/DeviceFlow.ts"
 
 // A CommonJS package: Node's default import is `module.exports`, which also carries `default`.
 const jsQR = jsQRModule.default

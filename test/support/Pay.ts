@@ -6,6 +6,7 @@ import { type PrivateKeyAccount, privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
 import { randomAuthorizationNonce, signTransferAuthorization } from "../../src/chain/Eip3009.ts"
 import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
+import { decodeX402Header, paymentSignatureHeader } from "../../src/domain/X402.ts"
 import { call, RouterUrl } from "./Router.ts"
 
 /** What the router answers when the quote moved between its 402 and the signed retry (spec 5.2). */
@@ -15,9 +16,7 @@ const repriced = (response: Response): boolean => {
   const header = response.headers.get("payment-required")
   if (response.status !== 402 || header === null) return false
   try {
-    return (
-      (JSON.parse(Buffer.from(header, "base64").toString("utf8")) as { error?: unknown }).error === REPRICED
-    )
+    return (decodeX402Header(header) as { error?: unknown }).error === REPRICED
   } catch {
     return false
   }
@@ -84,16 +83,12 @@ export const handSignedHeader = (
         ...authorization
       })
     )
-    const envelope = {
+    return paymentSignatureHeader({
       x402Version: 2,
       scheme: options.scheme ?? "exact",
       network: chain.network,
-      payload: {
-        authorization: Object.fromEntries(Object.entries(authorization).map(([k, v]) => [k, String(v)])),
-        signature
-      }
-    }
-    return Buffer.from(JSON.stringify(envelope)).toString("base64")
+      payload: { authorization, signature }
+    })
   })
 
 /** Total requests the simulated providers have seen (to prove "no provider work"). */

@@ -20,7 +20,7 @@ export const routerLayer = (overrides: Partial<RouterSettings> = {}) =>
   Layer.unwrap(
     Effect.gen(function* () {
       // Port 0: the kernel picks a free port at bind time (no race between test files).
-      const config = RouterConfig.test({ port: 0, ...overrides })
+      const config = RouterConfig.layerTest({ port: 0, ...overrides })
       const infrastructure = Layer.mergeAll(TestDatabase, Chain.layer).pipe(Layer.provideMerge(config))
       const url = Layer.effect(
         RouterUrl,

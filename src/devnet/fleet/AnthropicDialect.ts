@@ -1,5 +1,12 @@
 import { createHash } from "node:crypto"
 import { Effect, Schema } from "effect"
+import {
+  type Message,
+  type MessageParam,
+  type MessagesErrorBody,
+  MessagesRequest,
+  type ResultBlock
+} from "../../domain/Messages.ts"
 import type { DecodedRequest, Dialect, DialectErrorKind, ReplyMeta, SseFrame } from "./Dialect.ts"
 import {
   reasoningText,
@@ -13,90 +20,41 @@ import {
   toolCalls
 } from "./Simulator.ts"
 
-const ContentBlock = Schema.Struct({
-  type: Schema.String,
-  text: Schema.optionalKey(Schema.String),
-  input: Schema.optionalKey(Schema.Unknown),
-  content: Schema.optionalKey(Schema.Unknown)
-})
-type ContentBlock = typeof ContentBlock.Type
-
-const Content = Schema.Union([Schema.String, Schema.Array(ContentBlock)])
-
-const OutputFormat = Schema.Struct({ type: Schema.String, schema: Schema.optionalKey(Schema.Unknown) })
-
-/** The part of an Anthropic Messages request the simulator reads; other fields are ignored. */
-export const MessagesRequest = Schema.Struct({
-  model: Schema.String,
-  max_tokens: Schema.Int,
-  messages: Schema.Array(Schema.Struct({ role: Schema.String, content: Content })),
-  system: Schema.optionalKey(Content),
-  stream: Schema.optionalKey(Schema.Boolean),
-  thinking: Schema.optionalKey(
-    Schema.Struct({ type: Schema.String, budget_tokens: Schema.optionalKey(Schema.Int) })
-  ),
-  tools: Schema.optionalKey(
-    Schema.Array(Schema.Struct({ name: Schema.String, input_schema: Schema.optionalKey(Schema.Unknown) }))
-  ),
-  tool_choice: Schema.optionalKey(
-    Schema.Struct({ type: Schema.String, name: Schema.optionalKey(Schema.String) })
-  ),
-  output_format: Schema.optionalKey(OutputFormat),
-  output_config: Schema.optionalKey(
-    Schema.Struct({ format: Schema.optionalKey(OutputFormat), effort: Schema.optionalKey(Schema.String) })
-  )
-})
-export type MessagesRequest = typeof MessagesRequest.Type
+type Content = MessageParam["content"]
+type Block = Exclude<Content, string>[number] | ResultBlock
 
 const effortBudget: Readonly<Record<string, number>> = { low: 16, medium: 32, high: 64, max: 96 }
 
-const toolResultText = (content: unknown): string => {
-  if (typeof content === "string") return content
-  if (!Array.isArray(content)) return ""
-  return content
-    .map((b: unknown) =>
-      typeof b === "object" && b !== null && "text" in b && typeof b.text === "string" ? b.text : ""
-    )
-    .join("")
-}
+const textOf = (block: Block): string => ("text" in block && typeof block.text === "string" ? block.text : "")
 
-const blockText = (block: ContentBlock): string => {
-  switch (block.type) {
-    case "text":
-      return block.text ?? ""
-    case "tool_use":
-      return JSON.stringify(block.input ?? {})
-    case "tool_result":
-      return toolResultText(block.content)
-    default:
-      return ""
+const blockText = (block: Block): string => {
+  if ("input" in block) return JSON.stringify(block.input ?? {})
+  if ("tool_use_id" in block) {
+    const result = block.content ?? ""
+    return typeof result === "string" ? result : result.map(textOf).join("")
   }
+  return block.type === "text" ? textOf(block) : ""
 }
 
-const contentText = (content: typeof Content.Type): string =>
+const contentText = (content: Content | ReadonlyArray<ResultBlock>): string =>
   typeof content === "string" ? content : content.map(blockText).join("")
 
-const userText = (content: typeof Content.Type): string =>
-  typeof content === "string"
-    ? content
-    : content.map((b) => (b.type === "text" ? (b.text ?? "") : "")).join("")
+const userText = (content: Content): string =>
+  typeof content === "string" ? content : content.map((b) => (b.type === "text" ? textOf(b) : "")).join("")
 
 const toolChoiceOf = (choice: MessagesRequest["tool_choice"]): SimToolChoice => {
-  switch (choice?.type) {
-    case "none":
-      return { _tag: "None" }
-    case "any":
-      return { _tag: "Required" }
-    case "tool":
-      return choice.name === undefined ? { _tag: "Required" } : { _tag: "Named", name: choice.name }
-    default:
-      return { _tag: "Auto" }
-  }
+  if (choice === undefined) return { _tag: "Auto" }
+  if ("name" in choice) return { _tag: "Named", name: choice.name }
+  return choice.type === "none"
+    ? { _tag: "None" }
+    : choice.type === "any"
+      ? { _tag: "Required" }
+      : { _tag: "Auto" }
 }
 
 const responseFormatOf = (body: MessagesRequest): SimResponseFormat => {
   const format = body.output_config?.format ?? body.output_format
-  return format?.type === "json_schema" ? { _tag: "JsonSchema", schema: format.schema } : { _tag: "Text" }
+  return format == null ? { _tag: "Text" } : { _tag: "JsonSchema", schema: format.schema }
 }
 
 const reasoningOf = (body: MessagesRequest): { budgetTokens: number } | undefined => {
@@ -104,8 +62,9 @@ const reasoningOf = (body: MessagesRequest): { budgetTokens: number } | undefine
   if (thinking === undefined || (thinking.type !== "enabled" && thinking.type !== "adaptive"))
     return undefined
   const effort = body.output_config?.effort
+  const budget = "budget_tokens" in thinking ? thinking.budget_tokens : undefined
   return {
-    budgetTokens: thinking.budget_tokens ?? (effort === undefined ? 32 : (effortBudget[effort] ?? 32))
+    budgetTokens: budget ?? (effort == null ? 32 : (effortBudget[effort] ?? 32))
   }
 }
 
@@ -128,12 +87,14 @@ export const messagesRequestToSim = (body: MessagesRequest): DecodedRequest => {
       lastUserText: lastUser ?? "",
       maxTokens: body.max_tokens,
       reasoning: reasoningOf(body),
-      tools: (body.tools ?? []).map((t) => ({ name: t.name, parameters: t.input_schema })),
+      tools: (body.tools ?? []).flatMap((t) =>
+        "input_schema" in t ? [{ name: t.name, parameters: t.input_schema }] : []
+      ),
       toolChoice: toolChoiceOf(body.tool_choice),
       toolResultPending:
         last !== undefined &&
         typeof last.content !== "string" &&
-        last.content.some((b) => b.type === "tool_result"),
+        last.content.some((b) => "tool_use_id" in b),
       responseFormat: responseFormatOf(body)
     }
   }
@@ -157,14 +118,16 @@ const parseInput = (json: string): unknown => {
 
 const sourcesField = (reply: SimReply) => (reply.sources.length > 0 ? { svc_sources: reply.sources } : {})
 
-export const simReplyToMessage = (reply: SimReply, meta: ReplyMeta) => {
+export const simReplyToMessage = (reply: SimReply, meta: ReplyMeta): Message => {
   const thinking = reasoningText(reply.pieces)
   const text = replyText(reply.pieces)
-  const content = [
-    ...(thinking.length > 0 ? [{ type: "thinking", thinking, signature: thinkingSignature(thinking) }] : []),
-    ...(text.length > 0 ? [{ type: "text", text }] : []),
+  const content: Message["content"] = [
+    ...(thinking.length > 0
+      ? [{ type: "thinking" as const, thinking, signature: thinkingSignature(thinking) }]
+      : []),
+    ...(text.length > 0 ? [{ type: "text" as const, text }] : []),
     ...toolCalls(reply.pieces).map((c) => ({
-      type: "tool_use",
+      type: "tool_use" as const,
       id: `toolu_${c.id}`,
       name: c.name,
       input: parseInput(c.arguments)
@@ -281,5 +244,8 @@ export const AnthropicDialect: Dialect = {
   completion: simReplyToMessage,
   streamFrames: simReplyToMessageEvents,
   errorStatus: (kind) => errorTypes[kind][0],
-  errorBody: (kind, message) => ({ type: "error", error: { type: errorTypes[kind][1], message } })
+  errorBody: (kind, message): typeof MessagesErrorBody.Type => ({
+    type: "error",
+    error: { type: errorTypes[kind][1], message }
+  })
 }

@@ -1,4 +1,14 @@
-import { Effect, Schema } from "effect"
+import { Effect, Option, Schema } from "effect"
+import {
+  type ChatCompletion,
+  type ChatCompletionChunk,
+  ChatCompletionRequest,
+  type ChatMessage,
+  FunctionTool,
+  JsonResponseFormat,
+  NamedToolChoice,
+  type OpenAiErrorBody
+} from "../../domain/Chat.ts"
 import type { DecodedRequest, Dialect, DialectErrorKind, ReplyMeta, SseFrame } from "./Dialect.ts"
 import {
   reasoningText,
@@ -11,48 +21,11 @@ import {
   toolCalls
 } from "./Simulator.ts"
 
-const optional = <S extends Schema.Top>(schema: S) => Schema.optionalKey(Schema.NullOr(schema))
+type ChunkDelta = NonNullable<NonNullable<ChatCompletionChunk["choices"]>[number]["delta"]>
 
-const ContentPart = Schema.Struct({ type: Schema.String, text: Schema.optionalKey(Schema.String) })
-
-const ChatMessage = Schema.Struct({
-  role: Schema.String,
-  content: optional(Schema.Union([Schema.String, Schema.Array(ContentPart)])),
-  tool_calls: optional(
-    Schema.Array(
-      Schema.Struct({ function: Schema.Struct({ name: Schema.String, arguments: Schema.String }) })
-    )
-  )
-})
-
-/** The part of an OpenAI chat-completions request the simulator reads; other fields are ignored. */
-export const ChatCompletionRequest = Schema.Struct({
-  model: Schema.String,
-  messages: Schema.Array(ChatMessage),
-  max_tokens: optional(Schema.Int),
-  max_completion_tokens: optional(Schema.Int),
-  stream: optional(Schema.Boolean),
-  reasoning_effort: optional(Schema.String),
-  include_reasoning: optional(Schema.Boolean),
-  tools: optional(
-    Schema.Array(
-      Schema.Struct({
-        type: Schema.String,
-        function: Schema.Struct({ name: Schema.String, parameters: Schema.optionalKey(Schema.Unknown) })
-      })
-    )
-  ),
-  tool_choice: optional(
-    Schema.Union([Schema.String, Schema.Struct({ function: Schema.Struct({ name: Schema.String }) })])
-  ),
-  response_format: optional(
-    Schema.Struct({
-      type: Schema.String,
-      json_schema: Schema.optionalKey(Schema.Struct({ schema: Schema.optionalKey(Schema.Unknown) }))
-    })
-  )
-})
-export type ChatCompletionRequest = typeof ChatCompletionRequest.Type
+const decodeNamedToolChoice = Schema.decodeUnknownOption(NamedToolChoice)
+const decodeJsonResponseFormat = Schema.decodeUnknownOption(JsonResponseFormat)
+const decodeFunctionTool = Schema.decodeUnknownOption(FunctionTool)
 
 const defaultMaxTokens = 4096
 const effortBudget: Readonly<Record<string, number>> = {
@@ -63,26 +36,29 @@ const effortBudget: Readonly<Record<string, number>> = {
   xhigh: 96
 }
 
-const messageText = (message: (typeof ChatMessage)["Type"]): string => {
+const messageText = (message: ChatMessage): string => {
   const content = message.content
   const text =
     typeof content === "string"
       ? content
-      : (content ?? []).map((part) => (part.type === "text" ? (part.text ?? "") : "")).join("")
+      : (content ?? []).map((part) => (part.type === "text" ? part.text : "")).join("")
   const calls = (message.tool_calls ?? []).map((c) => `${c.function.name}(${c.function.arguments})`).join("")
   return text + calls
 }
 
-const toolChoiceOf = (choice: ChatCompletionRequest["tool_choice"]): SimToolChoice => {
+const toolChoiceOf = (choice: unknown): SimToolChoice => {
   if (choice === undefined || choice === null || choice === "auto") return { _tag: "Auto" }
   if (typeof choice === "string") return choice === "none" ? { _tag: "None" } : { _tag: "Required" }
-  return { _tag: "Named", name: choice.function.name }
+  const named = decodeNamedToolChoice(choice)
+  return Option.isSome(named) ? { _tag: "Named", name: named.value.function.name } : { _tag: "Auto" }
 }
 
-const responseFormatOf = (format: ChatCompletionRequest["response_format"]): SimResponseFormat => {
-  if (format?.type === "json_schema") return { _tag: "JsonSchema", schema: format.json_schema?.schema }
-  if (format?.type === "json_object") return { _tag: "JsonObject" }
-  return { _tag: "Text" }
+const responseFormatOf = (format: unknown): SimResponseFormat => {
+  const json = decodeJsonResponseFormat(format)
+  if (Option.isNone(json)) return { _tag: "Text" }
+  return json.value.type === "json_schema"
+    ? { _tag: "JsonSchema", schema: json.value.json_schema.schema }
+    : { _tag: "JsonObject" }
 }
 
 export const chatRequestToSim = (body: ChatCompletionRequest): DecodedRequest => {
@@ -106,7 +82,12 @@ export const chatRequestToSim = (body: ChatCompletionRequest): DecodedRequest =>
       lastUserText: lastUser?.text ?? "",
       maxTokens: body.max_completion_tokens ?? body.max_tokens ?? defaultMaxTokens,
       reasoning,
-      tools: (body.tools ?? []).map((t) => ({ name: t.function.name, parameters: t.function.parameters })),
+      tools: (body.tools ?? []).flatMap((tool) =>
+        Option.match(decodeFunctionTool(tool), {
+          onNone: () => [],
+          onSome: (t) => [{ name: t.function.name, parameters: t.function.parameters }]
+        })
+      ),
       toolChoice: toolChoiceOf(body.tool_choice),
       toolResultPending: body.messages.at(-1)?.role === "tool",
       responseFormat: responseFormatOf(body.response_format)
@@ -124,7 +105,7 @@ export const simUsageToOpenAiUsage = (reply: SimReply) => ({
 
 const sourcesField = (reply: SimReply) => (reply.sources.length > 0 ? { svc_sources: reply.sources } : {})
 
-export const simReplyToChatCompletion = (reply: SimReply, meta: ReplyMeta) => {
+export const simReplyToChatCompletion = (reply: SimReply, meta: ReplyMeta): ChatCompletion => {
   const calls = toolCalls(reply.pieces)
   const text = replyText(reply.pieces)
   const reasoning = reasoningText(reply.pieces)
@@ -145,7 +126,7 @@ export const simReplyToChatCompletion = (reply: SimReply, meta: ReplyMeta) => {
             ? {
                 tool_calls: calls.map((c) => ({
                   id: `call_${c.id}`,
-                  type: "function",
+                  type: "function" as const,
                   function: { name: c.name, arguments: c.arguments }
                 }))
               }
@@ -160,7 +141,7 @@ export const simReplyToChatCompletion = (reply: SimReply, meta: ReplyMeta) => {
   }
 }
 
-const pieceDelta = (piece: SimPiece) => {
+const pieceDelta = (piece: SimPiece): ChunkDelta => {
   switch (piece._tag) {
     case "Reasoning":
       return { reasoning_content: piece.text }
@@ -184,7 +165,7 @@ const pieceDelta = (piece: SimPiece) => {
 
 /** `chat.completion.chunk` frames; the usage chunk is always sent (the router asks for it). */
 export const simReplyToChatChunks = (reply: SimReply, meta: ReplyMeta): ReadonlyArray<SseFrame> => {
-  const chunk = (delta: object, finish: string | null, extra: object = {}) =>
+  const chunk = (delta: ChunkDelta, finish: string | null, extra: Partial<ChatCompletionChunk> = {}) =>
     JSON.stringify({
       id: meta.id,
       object: "chat.completion.chunk",
@@ -193,7 +174,7 @@ export const simReplyToChatChunks = (reply: SimReply, meta: ReplyMeta): Readonly
       choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
       usage: null,
       ...extra
-    })
+    } satisfies ChatCompletionChunk)
   const frame = (json: string, tokens = 0): SseFrame => ({ text: `data: ${json}\n\n`, tokens })
   return [
     frame(chunk({ role: "assistant", content: "" }, null, sourcesField(reply))),
@@ -209,7 +190,7 @@ export const simReplyToChatChunks = (reply: SimReply, meta: ReplyMeta): Readonly
         model: meta.model,
         choices: [],
         usage: simUsageToOpenAiUsage(reply)
-      })
+      } satisfies ChatCompletionChunk)
     ),
     frame("[DONE]")
   ]
@@ -229,7 +210,7 @@ export const OpenAiDialect: Dialect = {
   completion: simReplyToChatCompletion,
   streamFrames: simReplyToChatChunks,
   errorStatus: (kind) => errorTypes[kind][0],
-  errorBody: (kind, message) => ({
+  errorBody: (kind, message): typeof OpenAiErrorBody.Type => ({
     error: { message, type: errorTypes[kind][1], param: null, code: errorTypes[kind][2] }
   })
 }

@@ -1,5 +1,6 @@
 import { createHash } from "node:crypto"
 import { crc32, deflateSync } from "node:zlib"
+import type { ImageSize } from "../../domain/Images.ts"
 
 /**
  * The simulated image model: a real PNG (8-bit RGB, one IDAT, no filtering) of a pattern
@@ -8,10 +9,12 @@ import { crc32, deflateSync } from "node:zlib"
 
 export const PNG_SIGNATURE = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a])
 
-/** Square sizes the simulated providers render, as the images API spells them. */
-export const imageSizes = { "256x256": 256, "512x512": 512, "1024x1024": 1024 } as const
-export type ImageSize = keyof typeof imageSizes
-export const isImageSize = (value: string): value is ImageSize => Object.hasOwn(imageSizes, value)
+/** The side in pixels of each size the images API offers (`domain/Images.ts`). */
+export const imageSizes: Readonly<Record<ImageSize, number>> = {
+  "256x256": 256,
+  "512x512": 512,
+  "1024x1024": 1024
+}
 
 const chunk = (type: string, data: Buffer): Buffer => {
   const length = Buffer.alloc(4)

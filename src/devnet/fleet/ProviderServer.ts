@@ -4,10 +4,16 @@ import { Clock, Context, Effect, Exit, Layer, Random, Ref, Schema, Stream } from
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "effect/http"
 import type { ServeError } from "effect/http/HttpServerError"
 import type { Scope } from "effect/Scope"
+import {
+  DEFAULT_IMAGE_SIZE,
+  ImageGenerationRequest,
+  type ImagesResponse,
+  isImageSize
+} from "../../domain/Images.ts"
 import { AnthropicDialect } from "./AnthropicDialect.ts"
 import type { Dialect, DialectErrorKind, DialectName, ReplyMeta, SseFrame } from "./Dialect.ts"
 import { OpenAiDialect } from "./OpenAiDialect.ts"
-import { isImageSize, renderPrompt } from "./Png.ts"
+import { renderPrompt } from "./Png.ts"
 import { markersFor, type SimReply, simulate, wantsRich } from "./Simulator.ts"
 
 /**
@@ -85,14 +91,7 @@ const emptyCounters: ProviderCounters = {
   faults: { slow: 0, error: 0, drop: 0 }
 }
 
-const ImageRequest = Schema.Struct({
-  model: Schema.String,
-  prompt: Schema.String.check(Schema.isMinLength(1)),
-  n: Schema.optionalKey(Schema.Int),
-  size: Schema.optionalKey(Schema.String),
-  response_format: Schema.optionalKey(Schema.String)
-})
-const decodeImageRequest = Schema.decodeUnknownEffect(ImageRequest)
+const decodeImageRequest = Schema.decodeUnknownEffect(ImageGenerationRequest)
 
 /** How many tokens a dropped stream delivers before the connection is cut. */
 export const dropAfterTokens = 3
@@ -283,11 +282,11 @@ export const make = Effect.fn("ProviderServer.make")(function* (
     if (json._tag === "None") return imageError("invalid_request", "request body is not valid JSON")
     const decoded = yield* decodeImageRequest(json.value).pipe(Effect.result)
     if (decoded._tag === "Failure") return imageError("invalid_request", decoded.failure.message)
-    const { model, prompt } = decoded.success
+    const { model = "", prompt } = decoded.success
     if (!options.modelClasses.includes(model) || !model.startsWith("image-")) {
       return imageError("not_found", `image model '${model}' is not served by ${options.providerId}`)
     }
-    const size = decoded.success.size ?? "256x256"
+    const size = decoded.success.size ?? DEFAULT_IMAGE_SIZE
     if ((decoded.success.n ?? 1) !== 1 || !isImageSize(size)) {
       return imageError("invalid_request", "one image per request, of size 256x256, 512x512 or 1024x1024")
     }
@@ -308,7 +307,7 @@ export const make = Effect.fn("ProviderServer.make")(function* (
     return HttpServerResponse.jsonUnsafe({
       created: Math.floor((yield* Clock.currentTimeMillis) / 1000),
       data: [{ b64_json: png.toString("base64"), revised_prompt: prompt }]
-    })
+    } satisfies ImagesResponse)
   })
 
   const router = yield* HttpRouter.make

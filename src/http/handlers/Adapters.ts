@@ -3,6 +3,8 @@ import { HttpServerResponse } from "effect/http"
 import type { HttpServerRequest } from "effect/http/HttpServerRequest"
 import { HttpApiBuilder } from "effect/http-api"
 import { Chain } from "../../chain/Chain.ts"
+import type { MessagesRequest } from "../../domain/Messages.ts"
+import type { ResponsesRequest } from "../../domain/Responses.ts"
 import { countMessagesTokens } from "../../inference/adapters/CountTokens.ts"
 import {
   type MessagesEncodeOptions,
@@ -10,11 +12,7 @@ import {
   messagesBody,
   messagesSseFrame
 } from "../../inference/adapters/MessagesEncoding.ts"
-import {
-  type MessagesRequest,
-  messagesShowsThinking,
-  messagesToChatRequest
-} from "../../inference/adapters/MessagesRequest.ts"
+import { messagesShowsThinking, messagesToChatRequest } from "../../inference/adapters/MessagesRequest.ts"
 import {
   makeResponsesEncoder,
   type ResponsesEncodeOptions,
@@ -22,21 +20,17 @@ import {
   responsesEcho,
   responsesSseFrame
 } from "../../inference/adapters/ResponsesEncoding.ts"
-import {
-  type ResponsesRequest,
-  responsesShowsReasoning,
-  responsesToChatRequest
-} from "../../inference/adapters/ResponsesRequest.ts"
+import { responsesShowsReasoning, responsesToChatRequest } from "../../inference/adapters/ResponsesRequest.ts"
 import { paidHeaders, svcEnvelope } from "../../inference/ChatEncoding.ts"
-import type { ServeEvent, ServeSummary } from "../../inference/Completions.ts"
 import { type LiveStream, LiveStreams } from "../../inference/LiveStreams.ts"
+import type { ServeEvent, ServeSummary } from "../../inference/Paid.ts"
 import { estimatePromptTokens } from "../../inference/Tokens.ts"
 import { Api } from "../Api.ts"
 import { type Original, PaidCalls } from "../PaidCall.ts"
 
 /**
  * `/v1/responses` and `/v1/messages`: decode the harness's dialect, translate it to the chat
- * request, and enter the one paid lifecycle (`Completions.admit`) exactly as chat completions
+ * request, and enter the one paid lifecycle (`Pipeline.admit`) exactly as chat completions
  * do — same headers, same idempotency — then encode the served events back into the dialect.
  */
 

@@ -136,7 +136,6 @@ export const CreditsHandlers = HttpApiBuilder.group(
   Api,
   "credits",
   Effect.fn(function* (handlers) {
-    const keys = yield* Keys
     const credits = yield* Credits
     return handlers
       .handle("deposit", ({ payload, request }) =>
@@ -156,36 +155,7 @@ export const CreditsHandlers = HttpApiBuilder.group(
           return { ...deposit, object: "credit_deposit" as const }
         })
       )
-      .handle("balance", ({ request }) =>
-        Effect.gen(function* () {
-          const secret = request.headers["x-credit-key"]
-          if (secret === undefined) {
-            return yield* new Unauthorized({
-              code: "invalid_credit_key",
-              message: "Send a spend-capable key in x-credit-key"
-            })
-          }
-          const key = yield* keys.resolveCreditKey(secret)
-          const balance = yield* credits.balance(key.wallet)
-          return {
-            object: "credit_balance" as const,
-            wallet: key.wallet,
-            unit: BASE_UNIT,
-            ...balance,
-            available_usdc: formatUsdc(balance.available),
-            reserved_usdc: formatUsdc(balance.reserved),
-            pending_usdc: formatUsdc(balance.pending),
-            key: {
-              id: key.keyId,
-              label: key.label,
-              budget: key.budget,
-              spent: key.spent,
-              reserved: key.reserved,
-              remaining: Math.max(0, key.budget - key.spent - key.reserved)
-            }
-          }
-        })
-      )
+      .handle("balance", ({ request }) => credits.keyBalance(request.headers["x-credit-key"]))
       .handle("withdraw", ({ payload }) => credits.withdraw(payload))
       .handle("withdrawal", ({ params }) => credits.withdrawal(params.id))
   })

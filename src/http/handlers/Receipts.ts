@@ -1,42 +1,19 @@
 import { Effect } from "effect"
+import { HttpServerResponse } from "effect/http"
 import { HttpApiBuilder } from "effect/http-api"
-import { Chain } from "../../chain/Chain.ts"
-import { NotFound } from "../../domain/Errors.ts"
-import { Epochs } from "../../ledger/Epochs.ts"
-import { Ledger } from "../../ledger/Ledger.ts"
-import { receiptTypedDataJson } from "../../ledger/Receipt.ts"
+import { Receipts } from "../../ledger/Receipts.ts"
 import { Api } from "../Api.ts"
 
 export const ReceiptHandlers = HttpApiBuilder.group(
   Api,
   "receipts",
   Effect.fn(function* (handlers) {
-    const ledger = yield* Ledger
-    const chain = yield* Chain
-    const epochs = yield* Epochs
-    const notFound = (id: string) => new NotFound({ code: "request_not_found", message: `No request ${id}` })
+    const receipts = yield* Receipts
     return handlers
-      .handle("receipt", ({ params }) =>
-        Effect.gen(function* () {
-          const found = yield* ledger.receipt(params.id)
-          if (found === undefined) return yield* notFound(params.id)
-          const inclusion = yield* epochs.inclusion(params.id)
-          return {
-            receipt: found.body,
-            final: found.final,
-            signature: found.signature,
-            signer: chain.routerSigner,
-            typed_data: receiptTypedDataJson(found.body, chain.chainId),
-            inclusion: inclusion ?? null
-          }
-        })
-      )
+      .handle("receipt", ({ params }) => receipts.receipt(params.id))
       .handle("economics", ({ params }) =>
-        Effect.gen(function* () {
-          const body = yield* ledger.economics(params.id)
-          if (body === undefined) return yield* notFound(params.id)
-          return body
-        })
+        // The record as stored, byte for byte (its schema documents it; see ChatApi).
+        Effect.map(receipts.economics(params.id), (body) => HttpServerResponse.jsonUnsafe(body))
       )
   })
 )

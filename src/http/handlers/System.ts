@@ -2,9 +2,10 @@ import { Effect } from "effect"
 import { HttpApiBuilder } from "effect/http-api"
 import { PrometheusMetrics } from "effect/observability"
 import { Chain } from "../../chain/Chain.ts"
-import { Readiness } from "../../Readiness.ts"
+import { NotReady } from "../../domain/System.ts"
+import { Readiness } from "../../ledger/Readiness.ts"
 import { Api } from "../Api.ts"
-import { AUCTION_VERSION, NotReady } from "../SystemApi.ts"
+import { AUCTION_VERSION } from "../SystemApi.ts"
 
 export const SystemHandlers = HttpApiBuilder.group(
   Api,

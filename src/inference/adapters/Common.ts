@@ -1,19 +1,10 @@
-import { Result, Schema } from "effect"
+import { Result } from "effect"
 import type { ChatCompletionRequest, ChatMessage } from "../../domain/Chat.ts"
 import { CapabilityUnsupported, InvalidRequest } from "../../domain/Errors.ts"
 
 /** What a harness adapter's request translation can refuse, before any payment or provider work. */
 export type TranslationError = InvalidRequest | CapabilityUnsupported
 export type Translated = Result.Result<ChatCompletionRequest, TranslationError>
-
-/** An optional field that may also be sent as `null`. */
-export const optionalNullable = <S extends Schema.Top>(schema: S) => Schema.optionalKey(Schema.NullOr(schema))
-
-/** The last member of a union of blocks or tools: anything else, refused by its `type`. */
-export const Loose = Schema.Struct({ type: Schema.String })
-
-export const Int = (min: number, max = Number.MAX_SAFE_INTEGER) =>
-  Schema.Int.check(Schema.isGreaterThanOrEqualTo(min), Schema.isLessThanOrEqualTo(max))
 
 export const invalid = (param: string, message: string, code = "invalid_request") =>
   Result.fail(new InvalidRequest({ code, param, message }))

@@ -1,7 +1,8 @@
 import { Result } from "effect"
+import type { CountTokensRequest } from "../../domain/Messages.ts"
 import { countTextTokens, estimatePromptTokens } from "../Tokens.ts"
 import type { TranslationError } from "./Common.ts"
-import { type CountTokensRequest, messagesToChatRequest } from "./MessagesRequest.ts"
+import { messagesToChatRequest } from "./MessagesRequest.ts"
 
 /**
  * `POST /v1/messages/count_tokens`: the router's own estimate with the same BPE tokenizer that

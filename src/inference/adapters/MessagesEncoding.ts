@@ -1,5 +1,5 @@
-import type { ServeEvent, ServeSummary } from "../Completions.ts"
 import type { FinishReason, UpstreamSource } from "../Events.ts"
+import type { ServeEvent, ServeSummary } from "../Paid.ts"
 
 /**
  * Served events as the Anthropic Messages API: one state machine yields the streamed event

@@ -1,118 +1,19 @@
-import { Result, Schema } from "effect"
-import { type ChatCompletionRequest, MAX_TOKENS_LIMIT, Routing } from "../../domain/Chat.ts"
+import { Result } from "effect"
+import type { ChatCompletionRequest } from "../../domain/Chat.ts"
+import type { CountTokensRequest, MessageParam, ResultBlock } from "../../domain/Messages.ts"
 import {
   appendToolCall,
   type ChatPart,
   type ChatTool,
   chatEffort,
-  Int,
   invalid,
-  Loose,
   type MutableMessage,
-  optionalNullable,
   type Translated,
   type TranslationError,
   unsupported
 } from "./Common.ts"
 
-/**
- * The Anthropic Messages request, as far as the router honours it. Unions end in a loose
- * `{type}` member so unsupported blocks and server tools are refused by name.
- */
-
-const TextBlock = Schema.Struct({ type: Schema.Literal("text"), text: Schema.String })
-const ImageBlock = Schema.Struct({
-  type: Schema.Literal("image"),
-  source: Schema.Union([
-    Schema.Struct({ type: Schema.Literal("base64"), media_type: Schema.String, data: Schema.String }),
-    Schema.Struct({ type: Schema.Literal("url"), url: Schema.String }),
-    Loose
-  ])
-})
-const ResultBlock = Schema.Union([TextBlock, ImageBlock, Loose])
-const ToolUseBlock = Schema.Struct({
-  type: Schema.Literal("tool_use"),
-  id: Schema.String,
-  name: Schema.String,
-  input: Schema.Unknown
-})
-const ToolResultBlock = Schema.Struct({
-  type: Schema.Literal("tool_result"),
-  tool_use_id: Schema.String,
-  content: Schema.optionalKey(Schema.Union([Schema.String, Schema.Array(ResultBlock)])),
-  is_error: optionalNullable(Schema.Boolean)
-})
-export const ContentBlock = Schema.Union([TextBlock, ImageBlock, ToolUseBlock, ToolResultBlock, Loose])
-export type ContentBlock = typeof ContentBlock.Type
-
-const Content = Schema.Union([Schema.String, Schema.Array(ContentBlock)])
-
-export const MessageParam = Schema.Struct({
-  role: Schema.Literals(["user", "assistant", "system"]),
-  content: Content
-})
-
-const CustomTool = Schema.Struct({
-  type: optionalNullable(Schema.Literal("custom")),
-  name: Schema.String,
-  description: Schema.optionalKey(Schema.String),
-  input_schema: Schema.Record(Schema.String, Schema.Unknown),
-  strict: Schema.optionalKey(Schema.Boolean)
-})
-export const MessagesTool = Schema.Union([CustomTool, Loose])
-
-const ToolChoice = Schema.Union([
-  Schema.Struct({ type: Schema.Literals(["auto", "any", "none"]) }),
-  Schema.Struct({ type: Schema.Literal("tool"), name: Schema.String })
-])
-
-const Thinking = Schema.Union([
-  Schema.Struct({ type: Schema.Literal("enabled"), budget_tokens: Int(1) }),
-  Schema.Struct({ type: Schema.Literal("adaptive"), display: optionalNullable(Schema.String) }),
-  Loose
-])
-
-const JsonOutputFormat = Schema.Struct({
-  type: Schema.Literal("json_schema"),
-  schema: Schema.Record(Schema.String, Schema.Unknown)
-})
-
-const messagesFields = {
-  model: Schema.String.check(Schema.isMinLength(1)),
-  messages: Schema.Array(MessageParam).check(Schema.isMinLength(1)),
-  system: Schema.optionalKey(Schema.Union([Schema.String, Schema.Array(ResultBlock)])),
-  tools: Schema.optionalKey(Schema.Array(MessagesTool)),
-  tool_choice: Schema.optionalKey(ToolChoice),
-  thinking: Schema.optionalKey(Thinking),
-  output_config: Schema.optionalKey(
-    Schema.Struct({
-      effort: optionalNullable(Schema.Literals(["low", "medium", "high", "xhigh", "max"])),
-      format: optionalNullable(JsonOutputFormat)
-    })
-  ),
-  /** The earlier spelling of `output_config.format`. */
-  output_format: optionalNullable(JsonOutputFormat),
-  stop_sequences: Schema.optionalKey(Schema.Array(Schema.String)),
-  temperature: Schema.optionalKey(Schema.Finite.check(Schema.isBetween({ minimum: 0, maximum: 1 }))),
-  top_p: Schema.optionalKey(Schema.Finite.check(Schema.isBetween({ minimum: 0, maximum: 1 }))),
-  stream: Schema.optionalKey(Schema.Boolean),
-  /** Anthropic's hosted MCP connector: decoded only to be refused by name. */
-  mcp_servers: Schema.optionalKey(Schema.Array(Schema.Unknown)),
-  /** Router extensions, as on chat completions. */
-  routing: Schema.optionalKey(Routing),
-  context: Schema.optionalKey(Schema.Unknown)
-}
-
-/** `max_tokens` is required, as in the Messages API (it is also the worst-case authorization). */
-export const MessagesRequest = Schema.Struct({ ...messagesFields, max_tokens: Int(1, MAX_TOKENS_LIMIT) })
-export type MessagesRequest = typeof MessagesRequest.Type
-
-/** `POST /v1/messages/count_tokens` takes the same body without `max_tokens`. */
-export const CountTokensRequest = Schema.Struct({
-  ...messagesFields,
-  max_tokens: Schema.optionalKey(Int(1, MAX_TOKENS_LIMIT))
-})
-export type CountTokensRequest = typeof CountTokensRequest.Type
+/** A Messages request (`domain/Messages.ts`) as the internal chat-completions request. */
 
 /** Whether thinking blocks go back to the caller: only when the caller turned thinking on. */
 export const messagesShowsThinking = (request: CountTokensRequest): boolean => {
@@ -144,7 +45,7 @@ const reasoningEffort = (request: CountTokensRequest): ChatCompletionRequest["re
 const isServerBlock = (type: string) =>
   type === "server_tool_use" || type.endsWith("_tool_result") || type.startsWith("mcp_")
 
-type Block = typeof ResultBlock.Type
+type Block = ResultBlock
 
 const part = (block: Block, param: string): Result.Result<ChatPart, TranslationError> => {
   if (block.type === "text" && "text" in block) return Result.succeed({ type: "text", text: block.text })
@@ -187,7 +88,7 @@ const errorPrefix = "[tool error] "
  * are the provider's own state.
  */
 const turnMessages = (
-  turn: typeof MessageParam.Type,
+  turn: MessageParam,
   index: number,
   messages: Array<MutableMessage>
 ): Result.Result<void, TranslationError> => {

@@ -1,7 +1,7 @@
-import type { MeteredUsage, ServeEvent, ServeSummary } from "../Completions.ts"
+import type { ResponsesRequest } from "../../domain/Responses.ts"
 import type { UpstreamSource } from "../Events.ts"
+import type { MeteredUsage, ServeEvent, ServeSummary } from "../Paid.ts"
 import { citationAnnotations, type UrlCitation } from "./Citations.ts"
-import type { ResponsesRequest } from "./ResponsesRequest.ts"
 
 /**
  * Served events as the OpenAI Responses API: one state machine yields the streamed event

@@ -1,116 +1,19 @@
-import { Result, Schema } from "effect"
-import { type ChatCompletionRequest, MAX_TOKENS_LIMIT, Routing } from "../../domain/Chat.ts"
+import { Result } from "effect"
+import type { ChatCompletionRequest } from "../../domain/Chat.ts"
+import type { ResponsesContentPart as ContentPart, ResponsesRequest } from "../../domain/Responses.ts"
 import {
   appendToolCall,
   type ChatPart,
   type ChatTool,
   chatEffort,
-  Int,
   invalid,
-  Loose,
   type MutableMessage,
-  optionalNullable,
   type Translated,
   type TranslationError,
   unsupported
 } from "./Common.ts"
 
-/**
- * The OpenAI Responses request, as far as the router honours it. Each union ends in a loose
- * `{type}` member so an unsupported item, part or tool is refused by name (and hosted tools
- * reach the capability gate) instead of failing as an opaque schema mismatch.
- */
-
-const InputText = Schema.Struct({ type: Schema.Literal("input_text"), text: Schema.String })
-const InputImage = Schema.Struct({
-  type: Schema.Literal("input_image"),
-  image_url: optionalNullable(Schema.String),
-  file_id: optionalNullable(Schema.String),
-  detail: optionalNullable(Schema.String)
-})
-const OutputText = Schema.Struct({ type: Schema.Literal("output_text"), text: Schema.String })
-const Refusal = Schema.Struct({ type: Schema.Literal("refusal"), refusal: Schema.String })
-const ContentPart = Schema.Union([InputText, InputImage, OutputText, Refusal, Loose])
-type ContentPart = typeof ContentPart.Type
-
-const MessageItem = Schema.Struct({
-  type: Schema.optionalKey(Schema.Literal("message")),
-  role: Schema.Literals(["user", "assistant", "system", "developer"]),
-  content: Schema.Union([Schema.String, Schema.Array(ContentPart)])
-})
-const FunctionCallItem = Schema.Struct({
-  type: Schema.Literal("function_call"),
-  call_id: Schema.String,
-  name: Schema.String,
-  arguments: Schema.String
-})
-const FunctionCallOutputItem = Schema.Struct({
-  type: Schema.Literal("function_call_output"),
-  call_id: Schema.String,
-  output: Schema.Union([Schema.String, Schema.Array(ContentPart)])
-})
-export const InputItem = Schema.Union([MessageItem, FunctionCallItem, FunctionCallOutputItem, Loose])
-export type InputItem = typeof InputItem.Type
-
-const FunctionToolDef = Schema.Struct({
-  type: Schema.Literal("function"),
-  name: Schema.String,
-  description: optionalNullable(Schema.String),
-  parameters: optionalNullable(Schema.Record(Schema.String, Schema.Unknown)),
-  strict: optionalNullable(Schema.Boolean)
-})
-export const ResponsesTool = Schema.Union([FunctionToolDef, Loose])
-
-const ToolChoice = Schema.Union([
-  Schema.Literals(["auto", "none", "required"]),
-  Schema.Struct({ type: Schema.Literal("function"), name: Schema.String }),
-  Schema.Struct({
-    type: Schema.Literal("allowed_tools"),
-    mode: Schema.Literals(["auto", "required"]),
-    tools: Schema.Array(Schema.Struct({ type: Schema.String, name: Schema.optionalKey(Schema.String) }))
-  }),
-  Loose
-])
-
-const TextFormat = Schema.Union([
-  Schema.Struct({ type: Schema.Literal("text") }),
-  Schema.Struct({ type: Schema.Literal("json_object") }),
-  Schema.Struct({
-    type: Schema.Literal("json_schema"),
-    name: Schema.String,
-    schema: Schema.Record(Schema.String, Schema.Unknown),
-    description: optionalNullable(Schema.String),
-    strict: optionalNullable(Schema.Boolean)
-  })
-])
-
-export const ResponsesRequest = Schema.Struct({
-  model: Schema.String.check(Schema.isMinLength(1)),
-  input: Schema.Union([Schema.String, Schema.Array(InputItem)]),
-  instructions: optionalNullable(Schema.String),
-  tools: optionalNullable(Schema.Array(ResponsesTool)),
-  tool_choice: optionalNullable(ToolChoice),
-  parallel_tool_calls: optionalNullable(Schema.Boolean),
-  text: optionalNullable(Schema.Struct({ format: optionalNullable(TextFormat) })),
-  reasoning: optionalNullable(
-    Schema.Struct({
-      effort: optionalNullable(Schema.Literals(["none", "minimal", "low", "medium", "high", "xhigh"])),
-      summary: optionalNullable(Schema.String)
-    })
-  ),
-  max_output_tokens: optionalNullable(Int(1, MAX_TOKENS_LIMIT)),
-  stream: optionalNullable(Schema.Boolean),
-  temperature: optionalNullable(Schema.Finite.check(Schema.isBetween({ minimum: 0, maximum: 2 }))),
-  top_p: optionalNullable(Schema.Finite.check(Schema.isBetween({ minimum: 0, maximum: 1 }))),
-  previous_response_id: optionalNullable(Schema.String),
-  conversation: optionalNullable(Schema.Unknown),
-  background: optionalNullable(Schema.Boolean),
-  /** Router extensions, as on chat completions. */
-  include_reasoning: Schema.optionalKey(Schema.Boolean),
-  routing: Schema.optionalKey(Routing),
-  context: Schema.optionalKey(Schema.Unknown)
-})
-export type ResponsesRequest = typeof ResponsesRequest.Type
+/** A Responses request (`domain/Responses.ts`) as the internal chat-completions request. */
 
 /** Whether the caller sees the provider's reasoning: asked with a summary or `include_reasoning`. */
 export const responsesShowsReasoning = (request: ResponsesRequest): boolean =>

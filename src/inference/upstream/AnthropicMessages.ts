@@ -1,5 +1,12 @@
 import { Result, Schema } from "effect"
-import { type ChatCompletionRequest, type ChatMessage, FunctionTool } from "../../domain/Chat.ts"
+import {
+  type ChatCompletionRequest,
+  type ChatMessage,
+  FunctionTool,
+  JsonResponseFormat,
+  NamedToolChoice
+} from "../../domain/Chat.ts"
+import { MessagesStreamEvent, type MessagesUsage as MessagesWireUsage } from "../../domain/Messages.ts"
 import type { FinishReason, UpstreamEvent } from "../Events.ts"
 import type { SseEvent } from "./Sse.ts"
 import { type StreamStep, sourcesToEvents } from "./StreamStep.ts"
@@ -33,10 +40,11 @@ export interface MessagesTurn {
 export interface MessagesTool {
   readonly name: string
   readonly description?: string
-  readonly input_schema: unknown
+  readonly input_schema: Record<string, unknown>
   readonly strict?: boolean
 }
 
+/** What the router sends a Messages upstream: a narrower type of the wire request (`domain/Messages.ts`). */
 export interface MessagesRequest {
   readonly model: string
   readonly max_tokens: number
@@ -48,7 +56,7 @@ export interface MessagesRequest {
     | { readonly type: "auto" | "any" | "none" }
     | { readonly type: "tool"; readonly name: string }
   readonly thinking?: { readonly type: "enabled"; readonly budget_tokens: number }
-  readonly output_format?: { readonly type: "json_schema"; readonly schema: unknown }
+  readonly output_format?: { readonly type: "json_schema"; readonly schema: Record<string, unknown> }
   readonly stop_sequences?: ReadonlyArray<string>
   readonly temperature?: number
   readonly top_p?: number
@@ -193,7 +201,6 @@ export const chatToolsToMessagesTools = (
   return out.length > 0 ? out : undefined
 }
 
-const NamedToolChoice = Schema.Struct({ function: Schema.Struct({ name: Schema.String }) })
 const decodeNamedToolChoice = Schema.decodeUnknownOption(NamedToolChoice)
 
 export const chatToolChoiceToMessages = (choice: unknown): MessagesRequest["tool_choice"] => {
@@ -212,21 +219,18 @@ export const chatToolChoiceToMessages = (choice: unknown): MessagesRequest["tool
   return named._tag === "Some" ? { type: "tool", name: named.value.function.name } : undefined
 }
 
-const JsonSchemaFormat = Schema.Struct({
-  type: Schema.Literal("json_schema"),
-  json_schema: Schema.Struct({ schema: Schema.optionalKey(Schema.Unknown) })
-})
-const decodeJsonSchemaFormat = Schema.decodeUnknownOption(JsonSchemaFormat)
+const decodeJsonResponseFormat = Schema.decodeUnknownOption(JsonResponseFormat)
 
 /** `json_object` has no Messages twin; it becomes the loosest schema, any JSON object. */
 export const chatResponseFormatToOutputFormat = (format: unknown): MessagesRequest["output_format"] => {
-  const jsonSchema = decodeJsonSchemaFormat(format)
-  if (jsonSchema._tag === "Some") {
-    return { type: "json_schema", schema: jsonSchema.value.json_schema.schema ?? { type: "object" } }
+  const json = decodeJsonResponseFormat(format)
+  if (json._tag === "None") return undefined
+  return {
+    type: "json_schema",
+    schema: (json.value.type === "json_schema" ? json.value.json_schema.schema : undefined) ?? {
+      type: "object"
+    }
   }
-  const isJsonObject =
-    typeof format === "object" && format !== null && "type" in format && format.type === "json_object"
-  return isJsonObject ? { type: "json_schema", schema: { type: "object" } } : undefined
 }
 
 /**
@@ -265,60 +269,9 @@ export const chatRequestToMessagesRequest = (
 }
 
 // ---------------------------------------------------------------------------------------------
-// The Messages event stream
+// The Messages event stream (`domain/Messages.ts`)
 
-const optional = <S extends Schema.Top>(schema: S) => Schema.optionalKey(Schema.NullOr(schema))
-
-const MessagesUsage = Schema.Struct({
-  input_tokens: optional(Schema.Int),
-  output_tokens: optional(Schema.Int),
-  cache_read_input_tokens: optional(Schema.Int),
-  cache_creation_input_tokens: optional(Schema.Int)
-})
-
-export const AnthropicStreamEvent = Schema.Union([
-  Schema.Struct({
-    type: Schema.Literal("message_start"),
-    message: Schema.Struct({
-      usage: optional(MessagesUsage),
-      svc_sources: optional(Schema.Array(Schema.Unknown))
-    })
-  }),
-  Schema.Struct({
-    type: Schema.Literal("content_block_start"),
-    index: Schema.Int,
-    content_block: Schema.Struct({
-      type: Schema.String,
-      id: optional(Schema.String),
-      name: optional(Schema.String),
-      text: optional(Schema.String),
-      thinking: optional(Schema.String)
-    })
-  }),
-  Schema.Struct({
-    type: Schema.Literal("content_block_delta"),
-    index: Schema.Int,
-    delta: Schema.Struct({
-      type: Schema.String,
-      text: optional(Schema.String),
-      thinking: optional(Schema.String),
-      partial_json: optional(Schema.String)
-    })
-  }),
-  Schema.Struct({ type: Schema.Literal("content_block_stop"), index: Schema.Int }),
-  Schema.Struct({
-    type: Schema.Literal("message_delta"),
-    delta: optional(Schema.Struct({ stop_reason: optional(Schema.String) })),
-    usage: optional(MessagesUsage)
-  }),
-  Schema.Struct({ type: Schema.Literal("message_stop") }),
-  Schema.Struct({ type: Schema.Literal("ping") }),
-  Schema.Struct({
-    type: Schema.Literal("error"),
-    error: optional(Schema.Struct({ type: optional(Schema.String), message: optional(Schema.String) }))
-  })
-])
-export type AnthropicStreamEvent = typeof AnthropicStreamEvent.Type
+type MessagesUsage = typeof MessagesWireUsage.Type
 
 type OpenBlock =
   | { readonly kind: "text" | "thinking" | "other" }
@@ -371,10 +324,7 @@ const step = (state: AnthropicStreamState, events: ReadonlyArray<UpstreamEvent> 
  * Input tokens count the whole prompt, as `prompt_tokens` does in the chat dialect: the
  * Messages API reports cache reads and cache writes beside `input_tokens`, not inside it.
  */
-const usageEvent = (
-  state: AnthropicStreamState,
-  usage: typeof MessagesUsage.Type | null | undefined
-): UpstreamEvent => {
+const usageEvent = (state: AnthropicStreamState, usage: MessagesUsage | null | undefined): UpstreamEvent => {
   const input = usage?.input_tokens ?? state.inputTokens
   const cacheRead = usage?.cache_read_input_tokens ?? state.cacheReadTokens
   const cacheCreation = usage?.cache_creation_input_tokens ?? state.cacheCreationTokens
@@ -388,7 +338,7 @@ const usageEvent = (
 }
 
 /** The streaming state machine: one Messages event in, dialect-neutral events out. */
-export const anthropicEventToEvents = (state: AnthropicStreamState, event: AnthropicStreamEvent): Step => {
+export const anthropicEventToEvents = (state: AnthropicStreamState, event: MessagesStreamEvent): Step => {
   switch (event.type) {
     case "message_start": {
       const usage = event.message.usage
@@ -480,10 +430,10 @@ export const anthropicEventToEvents = (state: AnthropicStreamState, event: Anthr
 }
 
 const knownTypes: ReadonlySet<string> = new Set(
-  AnthropicStreamEvent.members.map((member) => member.fields.type.literal)
+  MessagesStreamEvent.members.map((member) => member.fields.type.literal)
 )
 const parseJson = Schema.decodeUnknownResult(Schema.fromJsonString(Schema.Unknown))
-const decodeEvent = Schema.decodeUnknownResult(AnthropicStreamEvent)
+const decodeEvent = Schema.decodeUnknownResult(MessagesStreamEvent)
 
 /** One SSE frame of a Messages stream; event types this code does not know are skipped. */
 export const anthropicFrameToStep = (state: AnthropicStreamState, frame: SseEvent): Step => {

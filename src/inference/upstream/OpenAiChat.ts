@@ -1,5 +1,5 @@
 import { Result, Schema } from "effect"
-import type { ChatCompletionRequest } from "../../domain/Chat.ts"
+import { ChatCompletionChunk, type ChatCompletionRequest, type ChatUsage } from "../../domain/Chat.ts"
 import type { FinishReason, UpstreamEvent } from "../Events.ts"
 import type { SseEvent } from "./Sse.ts"
 import { type StreamStep, sourcesToEvents } from "./StreamStep.ts"
@@ -21,67 +21,26 @@ export const chatRequestToUpstream = (
   request: ChatCompletionRequest,
   modelClass: string,
   maxTokens: number
-): Record<string, unknown> => {
-  const body: Record<string, unknown> = {
-    model: modelClass,
-    messages: request.messages,
-    max_completion_tokens: maxTokens,
-    stream: true,
-    stream_options: { include_usage: true }
-  }
-  const passed = [
-    "tools",
-    "tool_choice",
-    "response_format",
-    "reasoning_effort",
-    "temperature",
-    "top_p",
-    "stop",
-    "seed"
-  ] as const
-  for (const key of passed) {
-    if (request[key] !== undefined) body[key] = request[key]
-  }
-  return body
-}
-
-const optional = <S extends Schema.Top>(schema: S) => Schema.optionalKey(Schema.NullOr(schema))
-
-const ToolCallDelta = Schema.Struct({
-  index: optional(Schema.Int),
-  id: optional(Schema.String),
-  function: optional(Schema.Struct({ name: optional(Schema.String), arguments: optional(Schema.String) }))
+): ChatCompletionRequest => ({
+  model: modelClass,
+  messages: request.messages,
+  max_completion_tokens: maxTokens,
+  stream: true,
+  stream_options: { include_usage: true },
+  ...(request.tools === undefined ? {} : { tools: request.tools }),
+  ...(request.tool_choice === undefined ? {} : { tool_choice: request.tool_choice }),
+  ...(request.response_format === undefined ? {} : { response_format: request.response_format }),
+  ...(request.reasoning_effort === undefined ? {} : { reasoning_effort: request.reasoning_effort }),
+  ...(request.temperature === undefined ? {} : { temperature: request.temperature }),
+  ...(request.top_p === undefined ? {} : { top_p: request.top_p }),
+  ...(request.stop === undefined ? {} : { stop: request.stop }),
+  ...(request.seed === undefined ? {} : { seed: request.seed })
 })
 
-const Delta = Schema.Struct({
-  content: optional(Schema.String),
-  reasoning_content: optional(Schema.String),
-  reasoning: optional(Schema.String),
-  tool_calls: optional(Schema.Array(ToolCallDelta))
-})
+type OpenAiUsage = ChatUsage
+type OpenAiChunk = ChatCompletionChunk
 
-export const OpenAiUsage = Schema.Struct({
-  prompt_tokens: optional(Schema.Int),
-  completion_tokens: optional(Schema.Int),
-  prompt_tokens_details: optional(Schema.Struct({ cached_tokens: optional(Schema.Int) })),
-  completion_tokens_details: optional(Schema.Struct({ reasoning_tokens: optional(Schema.Int) }))
-})
-export type OpenAiUsage = typeof OpenAiUsage.Type
-
-/** The parts of a `chat.completion.chunk` read here; anything else is ignored. */
-export const OpenAiChunk = Schema.Struct({
-  choices: optional(
-    Schema.Array(
-      Schema.Struct({ index: Schema.Int, delta: optional(Delta), finish_reason: optional(Schema.String) })
-    )
-  ),
-  usage: optional(OpenAiUsage),
-  svc_sources: optional(Schema.Array(Schema.Unknown)),
-  error: optional(Schema.Struct({ message: optional(Schema.String), type: optional(Schema.String) }))
-})
-export type OpenAiChunk = typeof OpenAiChunk.Type
-
-const decodeChunk = Schema.decodeUnknownResult(Schema.fromJsonString(OpenAiChunk))
+const decodeChunk = Schema.decodeUnknownResult(Schema.fromJsonString(ChatCompletionChunk))
 export const openAiFinishReason = (reason: string): FinishReason => {
   switch (reason) {
     case "length":

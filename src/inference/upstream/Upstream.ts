@@ -7,6 +7,7 @@ import {
   type HttpClientResponse
 } from "effect/http"
 import type { ChatCompletionRequest } from "../../domain/Chat.ts"
+import type { MessagesRequest } from "../../domain/Messages.ts"
 import type { UpstreamEvent } from "../Events.ts"
 import {
   anthropicFrameToStep,
@@ -61,7 +62,9 @@ export const openAiCodec: DialectCodec<typeof initialOpenAiState> = {
 
 export const anthropicCodec: DialectCodec<typeof initialAnthropicState> = {
   path: "/v1/messages",
-  body: chatRequestToMessagesRequest,
+  // What is sent is a request of the one Messages wire schema (domain/Messages.ts).
+  body: (request, modelClass, maxTokens): MessagesRequest =>
+    chatRequestToMessagesRequest(request, modelClass, maxTokens),
   headers: (apiKey) => ({
     "anthropic-version": "2023-06-01",
     ...(apiKey === undefined ? {} : { "x-api-key": apiKey })
@@ -267,4 +270,8 @@ export class Upstream extends Context.Service<
   static readonly layerWith = (options: UpstreamOptions) => Layer.effect(Upstream, make(options))
   static readonly layer = Upstream.layerWith({})
   static readonly layerFetch = Upstream.layer.pipe(Layer.provide(FetchHttpClient.layer))
+
+  /** Scripted replies (by target and class), for tests of what serves through upstreams. */
+  static readonly layerTest = (stream: Upstream["Service"]["stream"]) =>
+    Layer.succeed(Upstream, Upstream.of({ stream }))
 }

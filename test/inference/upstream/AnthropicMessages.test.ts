@@ -2,9 +2,9 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Result, Stream } from "effect"
 import fc from "fast-check"
 import type { ChatCompletionRequest, ChatMessage, FunctionTool } from "../../../src/domain/Chat.ts"
+import type { MessagesStreamEvent as AnthropicStreamEvent } from "../../../src/domain/Messages.ts"
 import type { UpstreamEvent } from "../../../src/inference/Events.ts"
 import {
-  type AnthropicStreamEvent,
   type AnthropicStreamState,
   anthropicEventToEvents,
   chatMessagesToTurns,

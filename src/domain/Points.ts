@@ -1,20 +1,14 @@
 import { Schema } from "effect"
-import { TIERS } from "./Earn.ts"
+import { Hex32, SignatureHex, WalletAddress } from "./Wire.ts"
 
-/** A wallet as sent: 0x and 20 bytes of hex, any letter case (stored lowercase). */
-export const WalletAddress = Schema.String.check(
-  Schema.isPattern(/^0x[0-9a-fA-F]{40}$/, { message: "expected a 0x-prefixed 20-byte address" })
-)
-export const Hex32 = Schema.String.check(
-  Schema.isPattern(/^0x[0-9a-fA-F]{64}$/, { message: "expected 32 bytes of 0x-prefixed hex" })
-)
-export const SignatureHex = Schema.String.check(
-  Schema.isPattern(/^0x[0-9a-fA-F]+$/, { message: "expected 0x hex" })
-)
+/** The points wire (spec 4.5, 8): accounts, the leaderboard, providers and the one-time rewards. */
 
 const Points = Schema.Int
 const Count = Schema.Int
-export const TierName = Schema.Literals(TIERS.map((tier) => tier.name))
+
+/** The tiers, highest first; their thresholds are the rules' (`points/Earn.ts` `TIERS`). */
+export const TierName = Schema.Literals(["platinum", "gold", "silver", "bronze", "member"])
+export type TierName = typeof TierName.Type
 
 /** `GET /v1/points/:wallet`: score, tier, rank, earn and the challenge ledger (D61–D64). */
 export const PointsAccount = Schema.Struct({
@@ -79,6 +73,15 @@ export const ProviderPoints = Schema.Struct({
 export type ProviderPoints = typeof ProviderPoints.Type
 
 export const RewardKindSchema = Schema.Literals(["follow", "demo_share"])
+
+/** `POST /v1/points/follow` and `/v1/points/demo-share`: the intent's fields and the wallet's signature. */
+export const RewardClaim = Schema.Struct({
+  wallet: WalletAddress,
+  nonce: Hex32,
+  issued_at: Schema.Int.check(Schema.isGreaterThan(0)),
+  signature: SignatureHex
+})
+export type RewardClaim = typeof RewardClaim.Type
 
 export const RewardGranted = Schema.Struct({
   object: Schema.Literal("points_reward"),

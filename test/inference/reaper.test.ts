@@ -1,8 +1,8 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
+import { Reaper } from "../../src/inference/Reaper.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
-import { Reaper } from "../../src/ledger/Reaper.ts"
 import { fundedKey, keyState } from "../support/Keys.ts"
 import { call, routerLayer } from "../support/Router.ts"
 

@@ -92,8 +92,44 @@ export const receiptTypedData = (receipt: ReceiptBody, chainId: number) =>
     }
   }) satisfies TypedDataDefinition<typeof receiptTypes, "Receipt">
 
+/** The typed data of a receipt as JSON (`typed_data` of `GET /v1/receipts/:id`; uint256 as decimal strings). */
+export const ReceiptTypedDataJson = Schema.Struct({
+  domain: Schema.Struct({ name: Schema.String, version: Schema.String, chainId: Schema.Number }),
+  types: Schema.Record(
+    Schema.String,
+    Schema.Array(Schema.Struct({ name: Schema.String, type: Schema.String }))
+  ),
+  primaryType: Schema.String,
+  message: Schema.Record(Schema.String, Schema.String)
+})
+
 /** JSON form of the typed data for clients (bigints as decimal strings). */
-export const receiptTypedDataJson = (receipt: ReceiptBody, chainId: number) =>
+export const receiptTypedDataJson = (
+  receipt: ReceiptBody,
+  chainId: number
+): typeof ReceiptTypedDataJson.Type =>
   JSON.parse(
     JSON.stringify(receiptTypedData(receipt, chainId), (_k, v) => (typeof v === "bigint" ? v.toString() : v))
-  ) as unknown
+  )
+
+/** How a receipt is in its epoch's root anchored on chain (docs/protocol.md section 3); null until then. */
+export const ReceiptInclusion = Schema.Struct({
+  epoch_id: Schema.Int,
+  leaf: Schema.String,
+  proof: Schema.Array(Schema.String),
+  root: Schema.String,
+  anchor_tx: Schema.String,
+  anchor_contract: Schema.String,
+  chain_id: Schema.Int
+})
+
+/** `GET /v1/receipts/:id`: the receipt, its signature and signer, the typed data, and its inclusion proof. */
+export const ReceiptReply = Schema.Struct({
+  receipt: ReceiptBody,
+  final: Schema.Boolean,
+  signature: Schema.NullOr(Schema.String),
+  signer: Schema.String,
+  typed_data: ReceiptTypedDataJson,
+  inclusion: Schema.NullOr(ReceiptInclusion)
+})
+export type ReceiptReply = typeof ReceiptReply.Type

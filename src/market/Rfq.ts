@@ -7,27 +7,37 @@ import { QuoteBook } from "./QuoteBook.ts"
 export type MarketRequest = Omit<AuctionRequest, "nowMs"> & {
   /** Opening a budget session: only quotes that sign a session tariff (cached price and TTL) compete. */
   readonly requireSessionTariff?: boolean | undefined
+  /** Only quotes of these classes are asked (image requests ask image classes only). */
+  readonly onlyClasses?: ((modelClass: string) => boolean) | undefined
 }
 
-/** Runs the RFQ: the live eligible book, measured latency and the catalog into the pure auction. */
-export class Market extends Context.Service<
-  Market,
-  { readonly clear: (request: MarketRequest) => Effect.Effect<AuctionOutcome> }
->()("router/market/Market") {
+/**
+ * The RFQ step: a funded request for quotes to the live standing quotes (with this instance's view of
+ * their in-flight counts, so a quote at its signed capacity does not compete), the measured latency
+ * and the catalog, into the pure auction (award, then clear).
+ */
+export class Rfq extends Context.Service<
+  Rfq,
+  { readonly run: (request: MarketRequest) => Effect.Effect<AuctionOutcome> }
+>()("router/market/Rfq") {
   static readonly layer = Layer.effect(
-    Market,
+    Rfq,
     Effect.gen(function* () {
       const book = yield* QuoteBook
       const latency = yield* Latency
       const catalog = yield* ModelCatalog
-      const clear = Effect.fn("Market.clear")(function* (request: MarketRequest) {
+      const run = Effect.fn("Rfq.run")(function* (request: MarketRequest) {
+        const { requireSessionTariff, onlyClasses, ...auctionRequest } = request
         const nowMs = yield* Clock.currentTimeMillis
         const live = yield* book.live
-        const quotes = request.requireSessionTariff
-          ? live.filter((q) => q.quote.price_in_cached !== undefined && q.quote.session_ttl_s !== undefined)
-          : live
+        const quotes = live.filter(
+          (q) =>
+            (onlyClasses === undefined || onlyClasses(q.quote.model_class)) &&
+            (!requireSessionTariff ||
+              (q.quote.price_in_cached !== undefined && q.quote.session_ttl_s !== undefined))
+        )
         const lookup = yield* latency.lookup
-        const outcome = runAuction({ ...request, nowMs }, quotes, catalog.classes, lookup)
+        const outcome = runAuction({ ...auctionRequest, nowMs }, quotes, catalog.classes, lookup)
         yield* Effect.annotateCurrentSpan(
           outcome._tag === "Cleared"
             ? {
@@ -41,7 +51,7 @@ export class Market extends Context.Service<
         )
         return outcome
       })
-      return Market.of({ clear })
+      return Rfq.of({ run })
     })
   )
 }

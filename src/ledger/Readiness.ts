@@ -1,11 +1,17 @@
 import { Context, Effect, Fiber, Layer, Metric, Option, Schema } from "effect"
 import { SqlClient } from "effect/sql"
-import { Chain } from "./chain/Chain.ts"
-import { reconciliationOk, reconciliationTimestamp } from "./http/Metrics.ts"
-import type { Readiness as ReadinessBody } from "./http/SystemApi.ts"
-import { ReconciliationStatus } from "./http/SystemApi.ts"
-import { Drain } from "./process/Drain.ts"
-import { RouterConfig } from "./RouterConfig.ts"
+import { Chain } from "../chain/Chain.ts"
+import { type Readiness as ReadinessBody, ReconciliationStatus } from "../domain/System.ts"
+import { Drain } from "../process/Drain.ts"
+import { RouterConfig } from "../RouterConfig.ts"
+
+export const reconciliationOk = Metric.gauge("svc_reconciliation_ok", {
+  description: "1 when the last ledger/chain reconciliation passed, else 0"
+})
+
+export const reconciliationTimestamp = Metric.gauge("svc_reconciliation_last_run_timestamp_seconds", {
+  description: "Unix time of the last finished reconciliation run (0 when none)"
+})
 
 /** Each dependency gets this long; `/ready` answers within it even while the database or the chain hangs. */
 const PROBE_TIMEOUT = "2 seconds"
@@ -39,7 +45,7 @@ export class Readiness extends Context.Service<
     /** Refreshes the reconciliation gauges from the book of record. */
     readonly refreshGauges: Effect.Effect<void>
   }
->()("router/Readiness") {
+>()("router/ledger/Readiness") {
   static readonly layer = Layer.effect(
     Readiness,
     Effect.gen(function* () {

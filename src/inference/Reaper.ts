@@ -1,28 +1,14 @@
-import { Config, Context, Effect, Layer, Schedule, Schema } from "effect"
-import { SqlClient } from "effect/sql"
-import { LiveStreams } from "../inference/LiveStreams.ts"
+import { Config, Context, Effect, Layer } from "effect"
+import { repeatInBackground } from "../Background.ts"
+import { epochOf } from "../ledger/Epochs.ts"
+import { Ledger, type PaymentSource, type StaleReservation } from "../ledger/Ledger.ts"
+import { receiptOf } from "../ledger/Records.ts"
+import { Idempotency } from "../payment/Idempotency.ts"
 import { Sessions } from "../payment/Sessions.ts"
 import { RouterConfig } from "../RouterConfig.ts"
-import { epochOf } from "./Epochs.ts"
-import { Ledger, type PaymentSource } from "./Ledger.ts"
-import type { ReceiptBody } from "./Receipt.ts"
+import { LiveStreams } from "./LiveStreams.ts"
 
-const Stale = Schema.Struct({
-  request_id: Schema.String,
-  payment_kind: Schema.Literals(["x402", "credit", "session"]),
-  payer: Schema.String,
-  authorized: Schema.NumberFromString,
-  key_id: Schema.NullOr(Schema.String),
-  session_id: Schema.NullOr(Schema.String),
-  opens_session: Schema.Boolean,
-  model_class: Schema.String,
-  provider_id: Schema.String,
-  created_at: Schema.Number
-})
-type Stale = typeof Stale.Type
-const decodeStale = Schema.decodeUnknownEffect(Schema.Array(Stale))
-
-const sourceOf = (row: Stale): PaymentSource => {
+const sourceOf = (row: StaleReservation): PaymentSource => {
   const funding: { readonly _tag: "X402" } | { readonly _tag: "Credit"; readonly keyId: string } =
     row.payment_kind === "credit" && row.key_id !== null
       ? { _tag: "Credit", keyId: row.key_id }
@@ -43,11 +29,11 @@ const sourceOf = (row: Stale): PaymentSource => {
  * signed `released` receipt. A request this instance is still serving is never touched.
  */
 export class Reaper extends Context.Service<Reaper, { readonly runOnce: Effect.Effect<number> }>()(
-  "router/ledger/Reaper"
+  "router/inference/Reaper"
 ) {
   static readonly make = Effect.gen(function* () {
-    const sql = yield* SqlClient.SqlClient
     const ledger = yield* Ledger
+    const idempotency = yield* Idempotency
     const live = yield* LiveStreams
     const sessions = yield* Sessions
     const { epochSeconds } = yield* RouterConfig
@@ -55,46 +41,33 @@ export class Reaper extends Context.Service<Reaper, { readonly runOnce: Effect.E
     // close's 30-minute dead-request rule, so a released receipt lands before its epoch closes.
     const afterSeconds = yield* Config.Int("REAP_AFTER_SECONDS").pipe(Config.withDefault(1200))
 
-    const release = (row: Stale) => {
-      const receipt: ReceiptBody = {
-        request_id: row.request_id,
-        wallet: row.payer,
-        provider_id: row.provider_id,
-        model_class: row.model_class,
-        in_tokens: 0,
-        out_tokens: 0,
-        cached_tokens: 0,
-        price_in: 0,
-        price_out: 0,
-        price_in_cached: null,
-        charged: 0,
-        authorized: row.authorized,
-        payment_ref: "",
-        refund_ref: null,
-        ttft_ms: 0,
-        status: "released",
-        settlement: "none",
-        epoch_id: epochOf(row.created_at, epochSeconds),
-        session_id: row.session_id,
-        quotes_competing: 0,
-        created_at: Math.floor(row.created_at)
-      }
-      return ledger.release({
-        receipt,
+    /** Released in full, with zero tokens at no tariff: nothing anyone can prove was served. */
+    const release = (row: StaleReservation) =>
+      ledger.release({
+        receipt: receiptOf({
+          requestId: row.request_id,
+          createdAt: Math.floor(row.created_at),
+          epochId: epochOf(row.created_at, epochSeconds),
+          payer: row.payer,
+          providerId: row.provider_id,
+          modelClass: row.model_class,
+          tokens: { input: 0, cachedInput: 0, output: 0 },
+          tariff: { price_in: 0, price_out: 0 },
+          charged: 0,
+          authorized: row.authorized,
+          paymentRef: "",
+          settledOnCapture: false,
+          status: "released",
+          ttftMs: 0,
+          sessionId: row.session_id,
+          quotesCompeting: 0
+        }),
         economics: { request_id: row.request_id, reaped: true },
         source: sourceOf(row)
       })
-    }
 
     const runOnce = Effect.gen(function* () {
-      const rows = yield* sql`
-        SELECT r.request_id, r.payment_kind, r.payer, r.authorized::text, r.key_id, r.session_id,
-               EXISTS (SELECT 1 FROM sessions s WHERE s.funding_request_id = r.request_id) AS opens_session,
-               r.model_class, r.provider_id, (extract(epoch from r.created_at) * 1000)::float8 AS created_at
-        FROM requests r
-        WHERE r.status = 'reserved' AND r.created_at < now() - make_interval(secs => ${afterSeconds})
-        ORDER BY r.created_at LIMIT 100
-      `.pipe(Effect.flatMap(decodeStale), Effect.orDie)
+      const rows = yield* ledger.staleReservations(afterSeconds)
       const stale = rows.filter((row) => {
         const stream = live.get(row.request_id)
         return stream === undefined || stream.finishedAt !== undefined
@@ -103,7 +76,7 @@ export class Reaper extends Context.Service<Reaper, { readonly runOnce: Effect.E
       // Budgets never stay locked: expired sessions nobody closed are settled as if closed,
       // and idempotency keys (a hash of each body) are kept no longer than a day.
       yield* sessions.expireDue
-      yield* sql`DELETE FROM idempotency_keys WHERE created_at < now() - interval '1 day'`.pipe(Effect.orDie)
+      yield* idempotency.expire
       if (stale.length > 0)
         yield* Effect.logWarning("released reservations left by a dead request", { count: stale.length })
       return stale.length
@@ -116,11 +89,7 @@ export class Reaper extends Context.Service<Reaper, { readonly runOnce: Effect.E
     Reaper,
     Effect.gen(function* () {
       const reaper = yield* Reaper.make
-      yield* reaper.runOnce.pipe(
-        Effect.catchCause((cause) => Effect.logError("reaper pass failed", cause)),
-        Effect.repeat(Schedule.spaced("1 minute")),
-        Effect.forkScoped
-      )
+      yield* repeatInBackground(reaper.runOnce, { every: "1 minute", failure: "reaper pass failed" })
       return reaper
     })
   )

@@ -1,5 +1,57 @@
 import { Schema } from "effect"
-import { WalletAddress as Address, Hex32, SignatureHex } from "../points/PointsView.ts"
+import { WalletAddress as Address, Hex32, SignatureHex } from "./Wire.ts"
+
+/** The model-integrity wire (spec 3.2, 4.5): claims, challengers, challenges and their verdicts. */
+
+const ClaimId = Schema.String.check(Schema.isPattern(/^[A-Za-z0-9._:-]{1,128}$/))
+
+/** A provider's signed claim (docs/protocol.md section 7): the model it serves for one class it quotes. */
+export const SignedClaim = Schema.Struct({
+  provider_id: ClaimId,
+  model_class: ClaimId,
+  /** The served model as the provider names it; one line, no control characters. */
+  model: Schema.String.check(
+    Schema.isPattern(/^\P{Cc}{1,200}$/u, { message: "expected 1 to 200 characters, no control characters" })
+  ),
+  /** Spec 2.11: metadata, not escrow. Base units. */
+  bond_amount: Schema.Int.check(Schema.isGreaterThanOrEqualTo(0), Schema.isLessThanOrEqualTo(10 ** 15)),
+  /** Unix seconds; accepted within the window of `CLAIM_WINDOW_S` (`integrity/Claims.ts`). */
+  signed_at: Schema.Int.check(Schema.isGreaterThan(0)),
+  sig: Schema.String.check(Schema.isPattern(/^0x[0-9a-fA-F]{130}$/))
+})
+export type SignedClaim = typeof SignedClaim.Type
+
+export const ClaimView = Schema.Struct({
+  id: Schema.String,
+  object: Schema.Literal("model_integrity_claim"),
+  provider_id: Schema.String,
+  model_class: Schema.String,
+  model: Schema.String,
+  /** Base units. */
+  bond_amount: Schema.Int,
+  /** Always `metadata`: nothing is escrowed (spec 2.11). */
+  bond_kind: Schema.Literal("metadata"),
+  status: Schema.Literals(["active", "superseded"]),
+  signed_at: Schema.Int,
+  signer: Schema.String,
+  signature: Schema.String,
+  created_at: Schema.Int,
+  superseded_at: Schema.NullOr(Schema.Int)
+})
+export type ClaimView = typeof ClaimView.Type
+
+export const ChallengerStatus = Schema.Literals(["approved", "revoked", "not_approved"])
+
+/** `GET /v1/model-integrity/challengers/:wallet` (public) and the admin answer. */
+export const ChallengerView = Schema.Struct({
+  object: Schema.Literal("model_integrity_challenger"),
+  wallet: Schema.String,
+  status: ChallengerStatus,
+  approved: Schema.Boolean,
+  /** Unix seconds of the last approval or revocation; null when the operator never decided. */
+  updated_at: Schema.NullOr(Schema.Int)
+})
+export type ChallengerView = typeof ChallengerView.Type
 
 /** The canonical evidence text a filing may carry, at most (docs/decisions.md D70). */
 export const MAX_EVIDENCE_BYTES = 16 * 1024

@@ -1,0 +1,114 @@
+import { randomBytes } from "node:crypto"
+import type { ChatCompletionRequest } from "../domain/Chat.ts"
+import type { PaidCallError } from "../domain/Errors.ts"
+import type { PaymentSource } from "../ledger/Ledger.ts"
+import type { AuctionCleared } from "../market/Auction.ts"
+import type { Funding } from "../payment/Funding.ts"
+import type { FinishReason, UpstreamEvent } from "./Events.ts"
+import type { LiveStream } from "./LiveStreams.ts"
+
+/** The records of a paid request, shared by every step of the lifecycle and every dialect's encoder. */
+
+export interface AgentHeaders {
+  readonly role?: string | undefined
+  readonly parentTask?: string | undefined
+  readonly agentId?: string | undefined
+}
+
+export interface PaidRequestContext {
+  readonly dialect: "openai" | "anthropic" | "responses"
+  readonly paymentHeader: string | undefined
+  /** `x-session-token`: a later turn of an open session. */
+  readonly sessionToken?: string | undefined
+  /** `x-credit-key`: spend a funded key's budget instead of signing per request. */
+  readonly creditKey?: string | undefined
+  readonly resourceUrl: string
+  readonly agent: AgentHeaders
+}
+
+export interface MeteredUsage {
+  readonly promptTokens: number
+  readonly completionTokens: number
+  readonly reasoningTokens: number
+  readonly cachedTokens: number
+  /** Which counts are the router's tokenizer estimate rather than the provider's report. */
+  readonly estimated: { readonly prompt: boolean; readonly completion: boolean; readonly reasoning: boolean }
+}
+
+export interface ServeSummary {
+  readonly status: "ok" | "partial" | "released"
+  readonly finishReason: FinishReason | null
+  readonly providerId: string
+  readonly modelClass: string
+  readonly usage: MeteredUsage
+  readonly charged: number
+  readonly authorized: number
+  readonly ttftMs: number
+  readonly error: { readonly code: string; readonly message: string } | null
+}
+
+/** What a reader of a served request sees: content as it arrives, then exactly one `End`. */
+export type ServeEvent =
+  | { readonly _tag: "Delta"; readonly event: Exclude<UpstreamEvent, { _tag: "Usage" | "Finish" }> }
+  | { readonly _tag: "End"; readonly summary: ServeSummary }
+
+export type { Funding }
+
+/** A request that is paid for and ready to serve: the output of admission, the input of `Serve`. */
+export interface Launch {
+  readonly requestId: string
+  readonly createdAt: number
+  readonly request: ChatCompletionRequest
+  readonly auction: AuctionCleared
+  readonly payer: string
+  readonly funding: Funding
+  readonly source: PaymentSource
+  readonly authorized: number
+  readonly promptEstimate: number
+  /** Prompt tokens a session's provider holds in its cache: they bill at the cached rate. */
+  readonly cachedEstimate: number
+  /** Returned once, when this request opened a session. */
+  readonly sessionToken: string | undefined
+  readonly agent: Record<string, string>
+}
+
+/** An admitted request being served: what the caller's encoder reads. */
+export interface Admitted {
+  readonly requestId: string
+  readonly createdAt: number
+  readonly request: ChatCompletionRequest
+  readonly auction: AuctionCleared
+  readonly funding: Funding
+  readonly stream: LiveStream<ServeEvent>
+  readonly streamToken: string
+  /** Returned once, when this request opened a session. */
+  readonly sessionToken: string | undefined
+}
+
+export type CompletionError = PaidCallError
+
+export const newRequestId = () => `req_${randomBytes(12).toString("hex")}`
+
+/** What a reservation records about the request, before funding says who pays and how much. */
+export const reservationOf = (
+  requestId: string,
+  dialect: string,
+  requestedModel: string,
+  winner: { readonly provider_id: string; readonly model_class: string },
+  agent: AgentHeaders
+) => ({
+  requestId,
+  dialect,
+  requestedModel,
+  modelClass: winner.model_class,
+  providerId: winner.provider_id,
+  agent: agentRecord(agent)
+})
+
+export const agentRecord = (agent: AgentHeaders): Record<string, string> => {
+  const record: Record<string, string> = {}
+  if (agent.role !== undefined) record.role = agent.role
+  if (agent.parentTask !== undefined) record.parent_task = agent.parentTask
+  if (agent.agentId !== undefined) record.agent_id = agent.agentId
+  return record
+}

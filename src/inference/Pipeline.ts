@@ -1,0 +1,66 @@
+import { Context, Effect, Layer } from "effect"
+import type { ChatCompletionRequest } from "../domain/Chat.ts"
+import { Sessions } from "../payment/Sessions.ts"
+import { makeAdmission } from "./Admission.ts"
+import { gateChat } from "./Gate.ts"
+import type { Admitted, CompletionError, PaidRequestContext } from "./Paid.ts"
+import { Serve } from "./Serve.ts"
+import { estimatePromptTokens } from "./Tokens.ts"
+
+export type {
+  Admitted,
+  AgentHeaders,
+  CompletionError,
+  Funding,
+  MeteredUsage,
+  PaidRequestContext,
+  ServeEvent,
+  ServeSummary
+} from "./Paid.ts"
+
+/**
+ * The paid-request lifecycle of spec 3.1, for every caller dialect: gate (`Gate.ts`), then route,
+ * rfq, award and clear (`market/Rfq.ts` over the pure auction) and funding (`Admission.ts`,
+ * `payment/Funding.ts`), then serve (`Serve.ts`) in a supervised fiber whose exit captures exactly
+ * what was metered and releases the rest, once (`ledger/Settle.ts`).
+ */
+export class Pipeline extends Context.Service<
+  Pipeline,
+  {
+    readonly admit: (
+      request: ChatCompletionRequest,
+      context: PaidRequestContext
+    ) => Effect.Effect<Admitted, CompletionError>
+  }
+>()("router/inference/Pipeline") {
+  static readonly layer = Layer.effect(
+    Pipeline,
+    Effect.gen(function* () {
+      const sessions = yield* Sessions
+      const serve = yield* Serve
+      const admission = yield* makeAdmission
+
+      const admit = Effect.fn("Completions.admit")(function* (
+        request: ChatCompletionRequest,
+        context: PaidRequestContext
+      ) {
+        yield* gateChat(request)
+        const promptEstimate = estimatePromptTokens(request.messages)
+        const sessionId = request.routing?.session_id
+        const session = sessionId === undefined ? undefined : yield* sessions.find(sessionId)
+        const launch =
+          session === undefined
+            ? yield* admission.fresh(request, context, promptEstimate)
+            : yield* admission.turn(request, context, session, promptEstimate)
+        return yield* serve.launch(launch)
+      })
+
+      return Pipeline.of({
+        // From the reservation on, the request must reach the fiber that settles it: admission
+        // is not interrupted half-way (only the wait for the first token is), so no reservation
+        // can outlive its request.
+        admit: (request, context) => Effect.uninterruptible(admit(request, context))
+      })
+    })
+  )
+}

@@ -1,0 +1,292 @@
+import { Cause, Clock, Context, Deferred, Effect, Exit, Layer, Option, Stream } from "effect"
+import { charge } from "../domain/Billing.ts"
+import { maxTokensOf } from "../domain/Chat.ts"
+import { ServiceUnavailable, UpstreamFailed } from "../domain/Errors.ts"
+import type { PaidBy } from "../ledger/Records.ts"
+import { Settle } from "../ledger/Settle.ts"
+import type { RankedBid } from "../market/Auction.ts"
+import { Latency } from "../market/Latency.ts"
+import { Providers } from "../market/Providers.ts"
+import { QuoteBook } from "../market/QuoteBook.ts"
+import { LiveStreams } from "./LiveStreams.ts"
+import { billableTokens, type Meter, meteredUsage, newMeter, recordContent } from "./Meter.ts"
+import type { Admitted, Funding, Launch, ServeEvent, ServeSummary } from "./Paid.ts"
+import { Upstream } from "./upstream/Upstream.ts"
+
+/** The longest any request is served (then it ends as `partial`, delivered tokens charged). */
+export const SERVE_DEADLINE = "15 minutes"
+
+/** A fallback provider serves only if its own ask fits inside what the caller already authorized. */
+const MAX_ATTEMPTS = 2
+
+type Started = Deferred.Deferred<void, UpstreamFailed | ServiceUnavailable>
+
+interface Serving extends Launch {
+  readonly emit: (event: ServeEvent) => Effect.Effect<void>
+  readonly started: Started
+}
+
+const paidByOf = (funding: Funding): PaidBy =>
+  funding._tag === "Credit"
+    ? { _tag: "Credit", keyId: funding.keyId }
+    : funding._tag === "Session"
+      ? { _tag: "Session", sessionId: funding.sessionId }
+      : { _tag: "X402" }
+
+interface Deps {
+  readonly book: QuoteBook["Service"]
+  readonly providers: Providers["Service"]
+  readonly latency: Latency["Service"]
+  readonly upstream: Upstream["Service"]
+}
+
+/** One provider's attempt, holding one capacity slot of its quote for the call. */
+const attempt = (deps: Deps) => (input: Serving, meter: Meter, bid: RankedBid) =>
+  Effect.scoped(
+    Effect.gen(function* () {
+      const { book, providers, latency, upstream } = deps
+      const provider = providers.get(bid.provider_id)
+      const quote = (yield* book.live).find(
+        (q) => q.quote.provider_id === bid.provider_id && q.quote.model_class === bid.model_class
+      )
+      if (provider === undefined || !provider.enabled || quote === undefined) {
+        return yield* Effect.fail(
+          new UpstreamFailed({ code: "provider_unavailable", message: "provider left the market" })
+        )
+      }
+      yield* book
+        .acquireSlot(quote.quote)
+        .pipe(Effect.mapError((e) => new UpstreamFailed({ code: e.code, message: e.message })))
+      meter.servedBy = bid
+      meter.heldSources = undefined
+      const sentAt = yield* Clock.currentTimeMillis
+      yield* upstream
+        .stream(
+          { baseUrl: provider.base_url, dialect: provider.dialect },
+          input.request,
+          bid.model_class,
+          maxTokensOf(input.request)
+        )
+        .pipe(
+          Stream.runForEach((event) =>
+            Effect.gen(function* () {
+              if (event._tag === "Usage") {
+                meter.usage = event
+                return
+              }
+              if (event._tag === "Finish") {
+                meter.finish = event.reason
+                return
+              }
+              if (event._tag === "Sources") {
+                // Grounding arrives before the first token; it is held until a token
+                // proves this provider is serving (a fallback must not repeat it).
+                if (!meter.delivered) meter.heldSources = event
+                else yield* input.emit({ _tag: "Delta", event })
+                return
+              }
+              if (!meter.delivered) {
+                meter.delivered = true
+                meter.firstTokenAt = yield* Clock.currentTimeMillis
+                yield* latency.observe(bid.provider_id, bid.model_class, meter.firstTokenAt - sentAt)
+                if (meter.heldSources !== undefined)
+                  yield* input.emit({ _tag: "Delta", event: meter.heldSources })
+                yield* Deferred.succeed(input.started, undefined)
+              }
+              recordContent(meter, event)
+              yield* input.emit({ _tag: "Delta", event })
+            })
+          ),
+          Effect.mapError(
+            (e) =>
+              new UpstreamFailed({
+                code: `upstream_${e.reason}`,
+                message: `the provider failed: ${e.message}`
+              })
+          )
+        )
+    })
+  )
+
+/** Settles what was metered, then tells the readers (`End`) and the waiting admission. */
+const finish =
+  (settle: Settle["Service"]) => (input: Serving, meter: Meter, exit: Exit.Exit<void, UpstreamFailed>) =>
+    Effect.gen(function* () {
+      const { auction } = input
+      const usage = meteredUsage(meter, {
+        maxTokens: maxTokensOf(input.request),
+        promptEstimate: input.promptEstimate,
+        cachedEstimate: input.cachedEstimate
+      })
+      const tokens = billableTokens(usage)
+      const released = !meter.delivered
+      const charged = released ? 0 : Math.min(charge(tokens, auction.clear), input.authorized)
+      const interrupted = Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause)
+      const status: ServeSummary["status"] = released
+        ? "released"
+        : Exit.isSuccess(exit) && meter.finish !== null
+          ? "ok"
+          : "partial"
+      const error = interrupted ? { code: "stopped", message: "the request was stopped" } : meter.error
+      const ttftMs = meter.delivered ? meter.firstTokenAt - input.createdAt : 0
+      // A session remembers the whole conversation so far: the next turn's cached prefix.
+      const prefixTokens = usage.promptTokens + usage.completionTokens
+      yield* settle.request({
+        requestId: input.requestId,
+        createdAt: input.createdAt,
+        payer: input.payer,
+        auction,
+        servedBy: meter.servedBy,
+        tokens,
+        charged,
+        authorized: input.authorized,
+        status,
+        ttftMs,
+        paidBy: paidByOf(input.funding),
+        source:
+          input.source._tag === "SessionOpening" || input.source._tag === "SessionTurn"
+            ? { ...input.source, prefixTokens }
+            : input.source,
+        detail: {
+          _tag: "Tokens",
+          sessionId: input.request.routing?.session_id ?? null,
+          agent: input.agent
+        }
+      })
+      yield* input.emit({
+        _tag: "End",
+        summary: {
+          status,
+          finishReason: meter.finish,
+          providerId: meter.servedBy.provider_id,
+          modelClass: meter.servedBy.model_class,
+          usage,
+          charged,
+          authorized: input.authorized,
+          ttftMs,
+          error: status === "ok" ? null : error
+        }
+      })
+      if (released) {
+        const message = `${error?.message ?? "the provider failed"}; the reservation was released and nothing was charged`
+        // Every candidate at its signed capacity is a busy market (503, retry), not a provider fault.
+        yield* Deferred.fail(
+          input.started,
+          error?.code === "capacity_exhausted"
+            ? new ServiceUnavailable({ code: "capacity_exhausted", message })
+            : new UpstreamFailed({ code: error?.code ?? "upstream_failed", message })
+        )
+      }
+      yield* Deferred.succeed(input.started, undefined)
+    }).pipe(Effect.orDie, Effect.withSpan("Serve.finish"))
+
+/**
+ * The serve step: an admitted, paid-for request is served in its own supervised fiber. The winner
+ * (or, before the first token, one fallback whose ask fits the authorization) streams through its
+ * upstream client holding one capacity slot of its quote; events are metered and emitted as they
+ * arrive. Whatever ends the fiber (the reply, a provider fault, a stop, a hang-up, shutdown, the
+ * deadline), the request is settled exactly once: what was delivered is captured, the rest released.
+ */
+export class Serve extends Context.Service<
+  Serve,
+  {
+    /** Starts serving; succeeds once the first token arrived (headers may go out), fails if none will. */
+    readonly launch: (input: Launch) => Effect.Effect<Admitted, UpstreamFailed | ServiceUnavailable>
+  }
+>()("router/inference/Serve") {
+  static readonly layer = Layer.effect(
+    Serve,
+    Effect.gen(function* () {
+      const book = yield* QuoteBook
+      const providers = yield* Providers
+      const latency = yield* Latency
+      const live = yield* LiveStreams
+      const upstream = yield* Upstream
+      const settle = yield* Settle
+
+      const attemptOn = attempt({ book, providers, latency, upstream })
+      const settleServed = finish(settle)
+
+      /** The winner, then a fallback while nothing was delivered; bounded by the serving deadline. */
+      const serve = (input: Serving) => {
+        const { auction, request } = input
+        const meter = newMeter(auction.winner)
+        const worstAt = { input: input.promptEstimate, cachedInput: 0, output: maxTokensOf(request) }
+        const fallbacks = auction.bids.filter(
+          (b) => b.outcome === "lost" && charge(worstAt, b) <= auction.clearedCost
+        )
+        const candidates = [auction.winner, ...fallbacks].slice(0, MAX_ATTEMPTS)
+
+        const run = Effect.gen(function* () {
+          for (let i = 0; i < candidates.length; i++) {
+            const exit = yield* Effect.exit(attemptOn(input, meter, candidates[i]!))
+            if (Exit.isSuccess(exit)) return
+            const failure = Cause.findErrorOption(exit.cause)
+            const error = Option.isSome(failure)
+              ? failure.value
+              : new UpstreamFailed({ code: "upstream_defect", message: "the provider call failed" })
+            meter.error = { code: error.code, message: error.message }
+            // After the first token the caller has bytes: end the stream, charge what was delivered.
+            if (meter.delivered || i === candidates.length - 1) return yield* Effect.fail(error)
+            yield* Effect.logWarning("provider failed before the first token; trying the next quote", {
+              request_id: input.requestId,
+              code: error.code
+            })
+          }
+        })
+
+        // Only serving is interruptible (a stop, a hang-up, shutdown); settling is not. No request
+        // serves longer than the deadline, which is what lets the reaper and the epoch close reason
+        // about requests of other instances (docs/decisions.md D42).
+        const bounded = run.pipe(
+          Effect.timeoutOrElse({
+            duration: SERVE_DEADLINE,
+            orElse: () => {
+              meter.error = { code: "serve_deadline", message: "the request reached the serving deadline" }
+              return Effect.fail(new UpstreamFailed(meter.error))
+            }
+          })
+        )
+        return Effect.interruptible(bounded).pipe(
+          Effect.onExit((exit) => settleServed(input, meter, exit)),
+          Effect.catchCause(() => Effect.void),
+          Effect.withSpan("Serve.run", { attributes: { request_id: input.requestId } })
+        )
+      }
+
+      const launch = Effect.fn("Serve.launch")(function* (input: Launch) {
+        const { requestId, createdAt, request, auction, funding } = input
+        yield* Effect.annotateCurrentSpan({
+          request_id: requestId,
+          model_class: auction.winner.model_class,
+          winner: auction.winner.provider_id,
+          price_setter: auction.priceSetter,
+          funding: funding._tag
+        })
+        const started = yield* Deferred.make<void, UpstreamFailed | ServiceUnavailable>()
+        const { stream, token } = yield* live.start<ServeEvent>(requestId, (emit) =>
+          serve({ ...input, emit, started })
+        )
+        // Headers go out only once the winner (or its fallback) has produced its first event,
+        // so a provider that fails before the first token is a clean 502 with nothing charged.
+        // A caller that hangs up while waiting stops the work: it releases what it reserved.
+        yield* Deferred.await(started).pipe(
+          Effect.interruptible,
+          Effect.onInterrupt(() => live.stop(stream))
+        )
+        return {
+          requestId,
+          createdAt,
+          request,
+          auction,
+          funding,
+          stream,
+          streamToken: token,
+          sessionToken: input.sessionToken
+        } satisfies Admitted
+      })
+
+      return Serve.of({ launch })
+    })
+  )
+}

@@ -1,0 +1,111 @@
+import { Context, Effect, Layer, Schema } from "effect"
+import { SqlClient } from "effect/sql"
+import type { Hex } from "viem"
+import { creditLandedDeposit } from "./Wallets.ts"
+
+/** A captured x402 authorization claimed for submission. */
+export const ClaimedAuthorization = Schema.Struct({
+  payer: Schema.String,
+  nonce: Schema.String,
+  request_id: Schema.String,
+  value: Schema.String,
+  valid_after: Schema.String,
+  valid_before: Schema.String,
+  signature: Schema.NullOr(Schema.String),
+  tx_hash: Schema.NullOr(Schema.String),
+  attempts: Schema.Number
+})
+export type ClaimedAuthorization = typeof ClaimedAuthorization.Type
+const decodeClaimed = Schema.decodeUnknownEffect(Schema.Array(ClaimedAuthorization))
+
+/** Retry backoff for a failed submission: 2 s, 4 s, ... capped at 60 s. */
+const backoffSeconds = (attempts: number) => Math.min(60, 2 ** Math.min(6, attempts))
+
+/**
+ * The book of captured x402 authorizations on their way to the chain: `pending` → `submitted`
+ * (claimed with `FOR UPDATE SKIP LOCKED`, so instances never submit one twice) → `landed` (with its
+ * `settled` ledger row and the deposit it funds) or back to `pending`, or `failed` once `validBefore`
+ * passes (and the session it funded is dead).
+ */
+export class Authorizations extends Context.Service<
+  Authorizations,
+  {
+    /** Rows left `submitted` by an instance that died mid-flight go back to the queue. */
+    readonly recover: Effect.Effect<void>
+    /** Claims up to 16 due authorizations for submission. */
+    readonly claimDue: Effect.Effect<ReadonlyArray<ClaimedAuthorization>>
+    /** Records the hash of a broadcast transfer before it is awaited. */
+    readonly recordBroadcast: (row: ClaimedAuthorization, hash: Hex) => Effect.Effect<void>
+    /** Records the landing once (only the claim that still holds the row); false when it was not ours. */
+    readonly recordLanded: (row: ClaimedAuthorization, hash: Hex) => Effect.Effect<boolean>
+    /** Back to `pending` with a backoff, or `failed` when expired (the session it funded dies). */
+    readonly recordFailed: (
+      row: ClaimedAuthorization,
+      reason: string,
+      expired: boolean
+    ) => Effect.Effect<void>
+  }
+>()("router/ledger/Authorizations") {
+  static readonly layer = Layer.effect(
+    Authorizations,
+    Effect.gen(function* () {
+      const sql = yield* SqlClient.SqlClient
+
+      const claimDue = sql`
+        UPDATE x402_authorizations SET status = 'submitted', attempts = attempts + 1, updated_at = now()
+        WHERE (payer, nonce) IN (
+          SELECT payer, nonce FROM x402_authorizations
+          WHERE status = 'pending' AND next_attempt_at <= now()
+          ORDER BY created_at LIMIT 16 FOR UPDATE SKIP LOCKED
+        )
+        RETURNING payer, nonce, request_id, value::text, valid_after::text, valid_before::text, signature, tx_hash,
+                  attempts
+      `.pipe(Effect.flatMap(decodeClaimed), Effect.orDie)
+
+      const recordBroadcast = (row: ClaimedAuthorization, hash: Hex) =>
+        sql`UPDATE x402_authorizations SET tx_hash = ${hash} WHERE payer = ${row.payer} AND nonce = ${row.nonce}`.pipe(
+          Effect.asVoid,
+          Effect.orDie
+        )
+
+      const recordLanded = (row: ClaimedAuthorization, hash: Hex) =>
+        sql
+          .withTransaction(
+            Effect.gen(function* () {
+              const rows = yield* sql`
+                UPDATE x402_authorizations SET status = 'landed', tx_hash = ${hash}, signature = NULL, updated_at = now()
+                WHERE payer = ${row.payer} AND nonce = ${row.nonce} AND status = 'submitted'
+                RETURNING nonce
+              `
+              if (rows.length === 0) return false
+              yield* sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
+                         VALUES (${row.request_id}, 'treasury', 'settled', ${row.value}, ${hash})`
+              yield* creditLandedDeposit(sql, row.request_id, hash)
+              return true
+            })
+          )
+          .pipe(Effect.orDie)
+
+      const recordFailed = (row: ClaimedAuthorization, reason: string, expired: boolean) =>
+        Effect.gen(function* () {
+          yield* sql`
+            UPDATE x402_authorizations
+            SET status = ${expired ? "failed" : "pending"}, last_error = ${reason.slice(0, 300)},
+                next_attempt_at = now() + make_interval(secs => ${backoffSeconds(row.attempts)}), updated_at = now()
+            WHERE payer = ${row.payer} AND nonce = ${row.nonce} AND status = 'submitted'
+          `
+          // A session funded by this authorization can take no further turns (402 session_dead).
+          if (expired) {
+            yield* sql`UPDATE sessions SET status = 'dead' WHERE funding_request_id = ${row.request_id} AND status = 'open'`
+          }
+        }).pipe(Effect.orDie)
+
+      const recover = sql`
+        UPDATE x402_authorizations SET status = 'pending', updated_at = now()
+        WHERE status = 'submitted' AND updated_at < now() - interval '3 minutes'
+      `.pipe(Effect.asVoid, Effect.orDie)
+
+      return Authorizations.of({ recover, claimDue, recordBroadcast, recordLanded, recordFailed })
+    })
+  )
+}

@@ -1,0 +1,182 @@
+import { Effect, Schema } from "effect"
+import type { SqlClient, SqlError } from "effect/sql"
+import type { Hex } from "viem"
+
+/** An x402 authorization that cannot be reserved: its nonce was seen, or the payer's balance is spoken for. */
+export class NonceReplay extends Schema.TaggedError<NonceReplay>()("NonceReplay", {
+  payer: Schema.String,
+  reason: Schema.optionalKey(Schema.Literals(["nonce_replay", "overcommitted"]))
+}) {
+  get refusal() {
+    return this.reason === "overcommitted"
+      ? "the payer's balance is already committed to authorizations not yet settled"
+      : "authorization already used"
+  }
+}
+
+/** A funded key could not cover a reservation: its cap, or its owner's balance. */
+export class CreditRefused extends Schema.TaggedError<CreditRefused>()("CreditRefused", {
+  code: Schema.Literals(["key_budget_exhausted", "key_unfunded"])
+}) {}
+
+export interface ReservationRecord {
+  readonly requestId: string
+  readonly dialect: string
+  readonly payer: string
+  readonly requestedModel: string
+  readonly modelClass: string
+  readonly providerId: string
+  readonly authorized: number
+  readonly agent: Record<string, string>
+  readonly sessionId?: string | undefined
+}
+
+export interface X402Hold {
+  readonly nonce: Hex
+  readonly validAfter: bigint
+  readonly validBefore: bigint
+  readonly signature: Hex
+  /**
+   * The payer's on-chain balance read during verification. With it, the reservation refuses an
+   * authorization that, with the payer's others not yet settled, would exceed the balance: one
+   * balance never pays for two requests.
+   */
+  readonly balance?: bigint | undefined
+}
+
+const isUniqueViolation = (error: SqlError.SqlError) => error.reason._tag === "UniqueViolation"
+
+/**
+ * The reservation statements of the paid path: an x402 authorization, a funded key's worst case, a
+ * session turn. Each is one statement (one round trip) that writes the request, its hold and its
+ * ledger row together or not at all.
+ */
+export const makeReservations = (sql: SqlClient.SqlClient) => {
+  /**
+   * One statement, one round trip, on the first-byte path: the request, its authorization
+   * and the ledger row land together or not at all. A (payer, nonce) seen before violates
+   * the primary key and the whole statement fails: a replay never reserves anything.
+   */
+  const reserveX402 = Effect.fn("Ledger.reserveX402")(function* (record: ReservationRecord, hold: X402Hold) {
+    const payer = record.payer.toLowerCase()
+    const insert = sql`
+      WITH request AS (
+        INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
+                              provider_id, authorized, status, agent, session_id)
+        VALUES (${record.requestId}, ${record.dialect}, 'x402', ${payer}, ${record.requestedModel},
+                ${record.modelClass}, ${record.providerId}, ${record.authorized}, 'reserved',
+                ${JSON.stringify(record.agent)}::jsonb, ${record.sessionId ?? null})
+        RETURNING request_id
+      ), hold AS (
+        INSERT INTO x402_authorizations (payer, nonce, request_id, value, valid_after, valid_before,
+                                         signature, status)
+        SELECT ${payer}, ${hold.nonce.toLowerCase()}, request_id, ${record.authorized},
+               ${hold.validAfter.toString()}, ${hold.validBefore.toString()}, ${hold.signature}, 'reserved'
+        FROM request
+        RETURNING request_id
+      )
+      INSERT INTO ledger_entries (request_id, account, kind, amount)
+      SELECT request_id, ${payer}, 'authorization_reserved', ${record.authorized} FROM hold
+    `
+    // Per payer, serialized: the authorizations not yet settled plus this one must fit the
+    // balance the chain reported (they have not moved any money yet).
+    const reserve =
+      hold.balance === undefined
+        ? insert
+        : sql.withTransaction(
+            Effect.gen(function* () {
+              yield* sql`SELECT pg_advisory_xact_lock(hashtextextended(${payer}, 7403))`
+              const rows = yield* sql<{ outstanding: string }>`
+                SELECT coalesce(sum(value), 0)::text AS outstanding FROM x402_authorizations
+                WHERE payer = ${payer} AND status IN ('reserved', 'pending', 'submitted')
+              `
+              if (BigInt(rows[0]?.outstanding ?? "0") + BigInt(record.authorized) > hold.balance!) {
+                return yield* new NonceReplay({ payer, reason: "overcommitted" })
+              }
+              return yield* insert
+            })
+          )
+    yield* reserve.pipe(
+      Effect.catchTag("SqlError", (error) =>
+        isUniqueViolation(error)
+          ? Effect.fail(new NonceReplay({ payer, reason: "nonce_replay" }))
+          : Effect.die(error)
+      )
+    )
+  })
+
+  const nonceUnused = (payer: string, nonce: Hex) =>
+    sql<{ n: number }>`
+      SELECT count(*)::int AS n FROM x402_authorizations
+      WHERE payer = ${payer.toLowerCase()} AND nonce = ${nonce.toLowerCase()}
+    `.pipe(
+      Effect.map((rows) => rows[0]?.n === 0),
+      Effect.orDie
+    )
+
+  /**
+   * A session turn takes no money of its own: it holds its session (one turn at a time) and
+   * records the request with its worst case drawn on the session's budget.
+   */
+  const reserveSessionTurn = Effect.fn("Ledger.reserveSessionTurn")(function* (record: ReservationRecord) {
+    yield* sql`
+      WITH request AS (
+        INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
+                              provider_id, authorized, status, agent, session_id)
+        VALUES (${record.requestId}, ${record.dialect}, 'session', ${record.payer.toLowerCase()},
+                ${record.requestedModel}, ${record.modelClass}, ${record.providerId}, ${record.authorized},
+                'reserved', ${JSON.stringify(record.agent)}::jsonb, ${record.sessionId ?? null})
+        RETURNING request_id, payer
+      )
+      INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
+      SELECT request_id, payer, 'session_reserved', ${record.authorized}, ${record.sessionId ?? null} FROM request
+    `.pipe(Effect.orDie)
+  })
+
+  /**
+   * One statement: the key's cap, the owner's balance, the request row and the ledger row.
+   * Over the cap or the balance, a CHECK constraint fails and nothing is written; an owner
+   * with no balance row trips the division guard. Any number of router instances share it.
+   */
+  const reserveCredit = Effect.fn("Ledger.reserveCredit")(function* (
+    record: ReservationRecord,
+    keyId: string
+  ) {
+    const rows = yield* sql<{ remaining: string; guard: number }>`
+      WITH k AS (
+        UPDATE api_keys SET reserved = reserved + ${record.authorized}, requests = requests + 1
+        WHERE key_id = ${keyId} AND revoked_at IS NULL
+        RETURNING wallet, budget - spent - reserved AS remaining
+      ), w AS (
+        UPDATE wallet_balances
+        SET available = available - ${record.authorized}, reserved = reserved + ${record.authorized},
+            updated_at = now()
+        WHERE wallet = (SELECT wallet FROM k)
+        RETURNING wallet
+      ), request AS (
+        INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
+                              provider_id, authorized, status, agent, key_id, session_id)
+        SELECT ${record.requestId}, ${record.dialect}, 'credit', w.wallet, ${record.requestedModel},
+               ${record.modelClass}, ${record.providerId}, ${record.authorized}, 'reserved',
+               ${JSON.stringify(record.agent)}::jsonb, ${keyId}, ${record.sessionId ?? null}
+        FROM w
+        RETURNING request_id, payer
+      ), entry AS (
+        INSERT INTO ledger_entries (request_id, account, kind, amount)
+        SELECT request_id, payer, 'credit_reserved', ${record.authorized} FROM request
+      )
+      SELECT (SELECT remaining FROM k)::text AS remaining, 1 / (SELECT count(*)::int FROM w) AS guard
+    `.pipe(
+      Effect.catchTag("SqlError", (error) =>
+        Effect.fail(
+          new CreditRefused({
+            code: /api_keys/.test(String(error.reason.cause)) ? "key_budget_exhausted" : "key_unfunded"
+          })
+        )
+      )
+    )
+    return { keyRemaining: Number(rows[0]?.remaining ?? 0) }
+  })
+
+  return { reserveX402, reserveCredit, reserveSessionTurn, nonceUnused }
+}

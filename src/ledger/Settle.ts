@@ -1,0 +1,95 @@
+import { Context, Effect, Layer, Schedule } from "effect"
+import type { TokenCounts } from "../domain/Billing.ts"
+import type { ReceiptBody } from "../domain/Receipt.ts"
+import type { AuctionCleared, RankedBid } from "../market/Auction.ts"
+import { RouterConfig } from "../RouterConfig.ts"
+import { epochOf } from "./Epochs.ts"
+import { Ledger, type PaymentSource } from "./Ledger.ts"
+import { type EconomicsDetail, economicsOf, type PaidBy, paymentRefOf, receiptOf } from "./Records.ts"
+
+/** How a paid request ended: what was served, by whom, metered how, and what is charged. */
+export interface Served {
+  readonly requestId: string
+  /** Unix milliseconds. */
+  readonly createdAt: number
+  readonly payer: string
+  readonly auction: AuctionCleared
+  /** The bid that served (the winner, or the fallback that replaced it). */
+  readonly servedBy: RankedBid
+  /** Metered tokens (images: one prompt, and one image when delivered). */
+  readonly tokens: TokenCounts
+  readonly charged: number
+  readonly authorized: number
+  /** `released`: nothing was delivered, nothing is charged, the whole reservation goes back. */
+  readonly status: ReceiptBody["status"]
+  readonly ttftMs: number
+  readonly paidBy: PaidBy
+  readonly source: PaymentSource
+  readonly detail: EconomicsDetail
+}
+
+/**
+ * The end of every paid request: its receipt and economics are built (by their one builder each)
+ * and the reservation is captured at the metered charge, or released whole when nothing was
+ * delivered. Settling must not be lost to a passing database fault: it is retried, and it is
+ * idempotent (a capture whose first commit went through does nothing the second time).
+ */
+export class Settle extends Context.Service<
+  Settle,
+  { readonly request: (served: Served) => Effect.Effect<void> }
+>()("router/ledger/Settle") {
+  static readonly layer = Layer.effect(
+    Settle,
+    Effect.gen(function* () {
+      const ledger = yield* Ledger
+      const { epochSeconds } = yield* RouterConfig
+
+      const request = (served: Served) => {
+        const receipt = receiptOf({
+          requestId: served.requestId,
+          createdAt: served.createdAt,
+          epochId: epochOf(served.createdAt, epochSeconds),
+          payer: served.payer,
+          providerId: served.servedBy.provider_id,
+          modelClass: served.servedBy.model_class,
+          tokens: served.tokens,
+          tariff: served.auction.clear,
+          charged: served.charged,
+          authorized: served.authorized,
+          paymentRef: paymentRefOf(served.paidBy),
+          // A funded key's or a session's charge is settled on its balance as it is captured.
+          settledOnCapture: served.paidBy._tag !== "X402",
+          status: served.status,
+          ttftMs: served.ttftMs,
+          sessionId: served.detail._tag === "Tokens" ? served.detail.sessionId : null,
+          quotesCompeting: served.auction.eligible
+        })
+        const economics = economicsOf({
+          requestId: served.requestId,
+          auction: served.auction,
+          servedBy: served.servedBy,
+          tokens: served.tokens,
+          charged: served.charged,
+          authorized: served.authorized,
+          ttftMs: served.ttftMs,
+          detail: served.detail
+        })
+        const record = { receipt, economics, source: served.source }
+        return (served.status === "released" ? ledger.release(record) : ledger.capture(record)).pipe(
+          Effect.catchDefect((defect) => Effect.fail(defect)),
+          Effect.retry({ schedule: Schedule.exponential("100 millis"), times: 8 }),
+          Effect.orDie,
+          Effect.withSpan("Settle.request", {
+            attributes: { request_id: served.requestId, status: served.status }
+          })
+        )
+      }
+
+      return Settle.of({ request })
+    })
+  )
+
+  /** Hands every settlement to `record` instead of the ledger, for tests of what settles. */
+  static readonly layerTest = (record: (served: Served) => Effect.Effect<void>) =>
+    Layer.succeed(Settle, Settle.of({ request: record }))
+}

@@ -1,0 +1,184 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Exit, Layer, Schema, Stream } from "effect"
+import { charge } from "../../src/domain/Billing.ts"
+import { ServiceUnavailable, UpstreamFailed } from "../../src/domain/Errors.ts"
+import { SignedQuote } from "../../src/domain/Quote.ts"
+import type { UpstreamEvent } from "../../src/inference/Events.ts"
+import { LiveStreams } from "../../src/inference/LiveStreams.ts"
+import type { Launch, ServeEvent } from "../../src/inference/Paid.ts"
+import { Serve } from "../../src/inference/Serve.ts"
+import { Upstream } from "../../src/inference/upstream/Upstream.ts"
+import { UpstreamError } from "../../src/inference/upstream/UpstreamError.ts"
+import { type Served, Settle } from "../../src/ledger/Settle.ts"
+import { type AuctionCleared, runAuction } from "../../src/market/Auction.ts"
+import { defaultCatalog } from "../../src/market/Catalog.ts"
+import { Latency } from "../../src/market/Latency.ts"
+import { Providers } from "../../src/market/Providers.ts"
+import { QuoteBook } from "../../src/market/QuoteBook.ts"
+
+/**
+ * The serve step on its own, with stand-ins for everything around it: a fixed book and registry, a
+ * scripted upstream per provider, and a settlement that records instead of writing the ledger.
+ */
+
+const NOW_S = Math.floor(Date.now() / 1000)
+
+const quote = (provider: string, priceIn: number, priceOut: number, capacity = 4) =>
+  Schema.decodeUnknownSync(SignedQuote)({
+    quote_id: `q-${provider}`,
+    provider_id: provider,
+    model_class: "chat-medium",
+    price_in: priceIn,
+    price_out: priceOut,
+    max_context: 128_000,
+    valid_until: NOW_S + 3600,
+    capacity_rps: capacity,
+    sig: `0x${"ab".repeat(65)}`
+  })
+
+const provider = (id: string) => ({
+  provider_id: id,
+  signer: "0x0000000000000000000000000000000000000001",
+  base_url: `http://${id}.test`,
+  dialect: "openai" as const,
+  enabled: true
+})
+
+const reply = (text: ReadonlyArray<string>, usage = { inputTokens: 20, outputTokens: text.length }) =>
+  Stream.fromIterable<UpstreamEvent>([
+    ...text.map((t) => ({ _tag: "TextDelta" as const, text: t })),
+    { _tag: "Finish", reason: "stop" },
+    { _tag: "Usage", ...usage }
+  ])
+
+const fails = Stream.fail(
+  new UpstreamError({ reason: "http_status", message: "upstream answered 500", status: 500 })
+)
+
+/** How each provider answers, by the base URL the serve step calls. */
+type Script = Record<string, Stream.Stream<UpstreamEvent, UpstreamError>>
+
+const layerFor = (script: Script, settled: Array<Served>, capacity = 4) =>
+  Serve.layer.pipe(
+    Layer.provideMerge(
+      Layer.mergeAll(
+        QuoteBook.layerTest([quote("prov-a", 100, 400, capacity), quote("prov-b", 110, 440, capacity)]),
+        Providers.layerTest([provider("prov-a"), provider("prov-b")]),
+        Upstream.layerTest((target) => script[target.baseUrl] ?? fails),
+        Settle.layerTest((served) => Effect.sync(() => settled.push(served))),
+        LiveStreams.layer,
+        Latency.layer
+      )
+    )
+  )
+
+const auction = (): AuctionCleared => {
+  const outcome = runAuction(
+    { requested: "chat-medium", promptTokens: 20, maxTokens: 64, nowMs: NOW_S * 1000 },
+    [quote("prov-a", 100, 400), quote("prov-b", 110, 440)].map((q) => ({ quote: q, inFlight: 0 })),
+    defaultCatalog,
+    () => ({ quantile: () => 300, maturity: "mature" })
+  )
+  assert.strictEqual(outcome._tag, "Cleared")
+  return outcome as AuctionCleared
+}
+
+const launch = (cleared: AuctionCleared): Launch => ({
+  requestId: `req_${Math.random().toString(16).slice(2)}`,
+  createdAt: NOW_S * 1000,
+  request: { model: "chat-medium", messages: [{ role: "user", content: "hi" }], max_tokens: 64 },
+  auction: cleared,
+  payer: "0xPAYER",
+  funding: { _tag: "Credit", keyId: "key_1", wallet: "0xpayer", keyRemaining: 0 },
+  source: { _tag: "Credit", keyId: "key_1" },
+  authorized: cleared.clearedCost,
+  promptEstimate: 20,
+  cachedEstimate: 0,
+  sessionToken: undefined,
+  agent: {}
+})
+
+const readAll = (events: ReadonlyArray<ServeEvent>) =>
+  events.flatMap((e) => (e._tag === "Delta" && e.event._tag === "TextDelta" ? [e.event.text] : [])).join("")
+
+describe("Serve", () => {
+  it.effect("streams the winner's reply and settles what it metered, once", () => {
+    const settled: Array<Served> = []
+    return Effect.gen(function* () {
+      const cleared = auction()
+      const admitted = yield* (yield* Serve).launch(launch(cleared))
+      const events = yield* Effect.map(
+        Stream.runCollect((yield* LiveStreams).follow(admitted.stream, 0)),
+        (c) => c.map((i) => i.event)
+      )
+      assert.strictEqual(readAll(events), "Hello there")
+      const end = events.at(-1)
+      assert.isTrue(end?._tag === "End" && end.summary.status === "ok")
+      assert.strictEqual(settled.length, 1)
+      const served = settled[0]!
+      assert.strictEqual(served.servedBy.provider_id, "prov-a")
+      assert.strictEqual(served.status, "ok")
+      assert.deepStrictEqual(served.tokens, { input: 20, cachedInput: 0, output: 2 })
+      assert.strictEqual(served.charged, charge(served.tokens, cleared.clear))
+    }).pipe(Effect.provide(layerFor({ "http://prov-a.test": reply(["Hello", " there"]) }, settled)))
+  })
+
+  it.effect("falls back to the runner-up when the winner fails before its first token", () => {
+    const settled: Array<Served> = []
+    return Effect.gen(function* () {
+      const admitted = yield* (yield* Serve).launch(launch(auction()))
+      yield* Stream.runDrain((yield* LiveStreams).follow(admitted.stream, 0))
+      assert.strictEqual(settled.length, 1)
+      assert.strictEqual(settled[0]!.servedBy.provider_id, "prov-b")
+      assert.strictEqual(settled[0]!.status, "ok")
+    }).pipe(Effect.provide(layerFor({ "http://prov-b.test": reply(["Fallback"]) }, settled)))
+  })
+
+  it.effect("when nobody serves: a 502 to the caller and the whole reservation released", () => {
+    const settled: Array<Served> = []
+    return Effect.gen(function* () {
+      const exit = yield* Effect.exit((yield* Serve).launch(launch(auction())))
+      assert.isTrue(Exit.isFailure(exit))
+      const error = Exit.isFailure(exit)
+        ? exit.cause.reasons.find((r) => r._tag === "Fail")?.error
+        : undefined
+      assert.instanceOf(error, UpstreamFailed)
+      assert.strictEqual(settled.length, 1)
+      assert.deepStrictEqual([settled[0]!.status, settled[0]!.charged], ["released", 0])
+    }).pipe(Effect.provide(layerFor({}, settled)))
+  })
+
+  it.effect("every candidate at its signed capacity is a busy market (503), not a provider fault", () => {
+    const settled: Array<Served> = []
+    return Effect.gen(function* () {
+      const book = yield* QuoteBook
+      // Other requests hold every slot of both quotes.
+      for (const { quote } of yield* book.live) yield* book.acquireSlot(quote)
+      const exit = yield* Effect.exit((yield* Serve).launch(launch(auction())))
+      const error = Exit.isFailure(exit)
+        ? exit.cause.reasons.find((r) => r._tag === "Fail")?.error
+        : undefined
+      assert.instanceOf(error, ServiceUnavailable)
+      assert.strictEqual((error as ServiceUnavailable).code, "capacity_exhausted")
+      assert.strictEqual(settled[0]?.status, "released")
+    }).pipe(Effect.scoped, Effect.provide(layerFor({ "http://prov-a.test": reply(["x"]) }, settled, 1)))
+  })
+
+  it.effect("a reply broken after its first token ends partial, charging what was delivered", () => {
+    const settled: Array<Served> = []
+    const broken = Stream.concat(
+      Stream.fromIterable<UpstreamEvent>([{ _tag: "TextDelta", text: "Half" }]),
+      Stream.fail(new UpstreamError({ reason: "dropped", message: "the body broke off" }))
+    )
+    return Effect.gen(function* () {
+      const admitted = yield* (yield* Serve).launch(launch(auction()))
+      yield* Stream.runDrain((yield* LiveStreams).follow(admitted.stream, 0))
+      assert.strictEqual(settled.length, 1)
+      const served = settled[0]!
+      assert.strictEqual(served.status, "partial")
+      assert.strictEqual(served.servedBy.provider_id, "prov-a")
+      assert.isAbove(served.charged, 0)
+      assert.isTrue(served.tokens.output >= 1)
+    }).pipe(Effect.provide(layerFor({ "http://prov-a.test": broken }, settled)))
+  })
+})
