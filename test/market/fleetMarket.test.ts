@@ -1,7 +1,6 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect } from "effect"
-import { defaultFleet } from "../../src/devnet/fleet/FleetConfig.ts"
-import { waitFor } from "../support/Pay.ts"
+import { waitForBook } from "../support/Pay.ts"
 import { call, postJson, routerWithFleet } from "../support/Router.ts"
 import { startStopwatch } from "../support/Stopwatch.ts"
 
@@ -18,29 +17,6 @@ type Book = {
 // (test/support/Stopwatch.ts), so a loaded machine cannot fail it and an idle one checks it in full.
 const stopwatch = startStopwatch()
 const PROMISED_MS = 15_000
-
-/** How many quotes each class has once every provider of the default fleet has published. */
-const fleetDepth = new Map<string, number>()
-for (const provider of defaultFleet) {
-  for (const offer of provider.offers)
-    fleetDepth.set(offer.modelClass, (fleetDepth.get(offer.modelClass) ?? 0) + 1)
-}
-
-/**
- * Waits until every provider's quotes are in the book. The fleet publishes provider by provider: a test
- * that reads depth or runners-up must not depend on an earlier test having waited long enough.
- */
-const fullBook = waitFor(
-  "every provider's quotes",
-  Effect.map(call("/v1/market/book"), (r) => {
-    const classes = (r.json as Book).classes
-    return [...fleetDepth].every(([id, depth]) =>
-      classes.some((c) => c.model_class === id && c.depth >= depth)
-    )
-      ? true
-      : undefined
-  })
-)
 
 describe("the market with the simulated fleet", () => {
   layer(routerWithFleet(), { excludeTestServices: true, timeout: 120_000 })((it) => {
@@ -76,7 +52,7 @@ describe("the market with the simulated fleet", () => {
 
     it.effect("GET /v1/models is an OpenAI list with live depth, best ask, quality and profiles", () =>
       Effect.gen(function* () {
-        yield* fullBook
+        yield* waitForBook
         const r = yield* call("/v1/models")
         const body = r.json as {
           object: string
@@ -105,7 +81,7 @@ describe("the market with the simulated fleet", () => {
 
     it.effect("POST /v1/routing/preview names winners under six profiles without calling a provider", () =>
       Effect.gen(function* () {
-        yield* fullBook
+        yield* waitForBook
         const r = yield* postJson("/v1/routing/preview", {
           model: "chat-medium",
           messages: [{ role: "user", content: "Summarise the second-score auction in one line." }],

@@ -6,6 +6,7 @@ import { type PrivateKeyAccount, privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
 import { randomAuthorizationNonce, signTransferAuthorization } from "../../src/chain/Eip3009.ts"
 import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
+import { defaultFleet } from "../../src/devnet/fleet/FleetConfig.ts"
 import { decodeX402Header, paymentSignatureHeader } from "../../src/domain/X402.ts"
 import { call, RouterUrl } from "./Router.ts"
 
@@ -117,11 +118,28 @@ export const waitFor = <A, R>(
     return yield* Effect.die(new Error(`timed out waiting for ${what}`))
   })
 
+/** How many quotes each class has once every provider of the default fleet has published. */
+const fleetDepth = new Map<string, number>()
+for (const provider of defaultFleet) {
+  for (const offer of provider.offers) {
+    fleetDepth.set(offer.modelClass, (fleetDepth.get(offer.modelClass) ?? 0) + 1)
+  }
+}
+
+/**
+ * Waits until every provider of the default fleet has its quotes in the book. The fleet publishes provider
+ * by provider: a test that names a provider, reads depth or needs a runner-up must not start on a book
+ * where only some have arrived (one quote per class is not enough).
+ */
 export const waitForBook = waitFor(
-  "the fleet's quotes",
-  Effect.map(call("/v1/market/book"), (r) =>
-    (r.json as { classes: Array<{ depth: number }> }).classes.every((c) => c.depth > 0) ? true : undefined
-  )
+  "every provider's quotes",
+  Effect.map(call("/v1/market/book"), (r) => {
+    const classes = (r.json as { classes: Array<{ model_class: string; depth: number }> }).classes
+    const full = [...fleetDepth].every(([id, depth]) =>
+      classes.some((c) => c.model_class === id && c.depth >= depth)
+    )
+    return full ? true : undefined
+  })
 )
 
 export interface ReceiptView {
