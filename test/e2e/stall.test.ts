@@ -128,6 +128,7 @@ describe("a stalled chain or database", () => {
         assert.strictEqual((yield* call("/ready")).status, 200)
 
         const stopped = anvils()
+        assert.isAbove(stopped.length, 0)
         yield* signalAll(stopped, "SIGSTOP")
         const chainStalled = yield* timed(call("/ready")).pipe(Effect.ensuring(signalAll(stopped, "SIGCONT")))
         assert.strictEqual(chainStalled.value.status, 503)
