@@ -1,13 +1,9 @@
 import Anthropic from "@anthropic-ai/sdk"
-import { ExactEvmScheme } from "@x402/evm/exact/client"
-import { wrapFetchWithPayment, x402Client } from "@x402/fetch"
 import { Effect, Layer, Redacted } from "effect"
 import OpenAI from "openai"
-import { privateKeyToAccount } from "viem/accounts"
-import { Chain } from "../../src/chain/Chain.ts"
 import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
 import type { ProviderConfig } from "../../src/devnet/fleet/FleetConfig.ts"
-import { waitFor } from "../support/Pay.ts"
+import { payer, waitFor } from "../support/Pay.ts"
 import { call, OPERATOR_TOKEN, RouterUrl, routerLayer } from "../support/Router.ts"
 
 /**
@@ -104,15 +100,10 @@ export const waitForBook = waitFor(
   })
 )
 
-/** The official SDKs, unmodified, paying with x402 through `@x402/fetch`. */
+/** The official SDKs, unmodified, paying with x402 through `@x402/fetch` (test/support/Pay.ts). */
 export const sdkClients = Effect.gen(function* () {
-  const chain = yield* Chain
   const base = yield* RouterUrl
-  const account = privateKeyToAccount(chain.demoWallets[0]!.privateKey!)
-  const x402 = new x402Client().register(chain.network, new ExactEvmScheme(account)).setSpendControls({
-    allowedAssets: [{ network: chain.network, asset: chain.token, maxAmountPerPayment: "10000000" }]
-  })
-  const payingFetch = wrapFetchWithPayment(fetch, x402)
+  const { payingFetch } = yield* payer(0)
   return {
     base,
     openai: new OpenAI({ apiKey: "x402", baseURL: `${base}/v1`, fetch: payingFetch, maxRetries: 0 }),

@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Clock, Duration, Effect } from "effect"
 import * as ProviderServer from "../../src/devnet/fleet/ProviderServer.ts"
 import { dataLines, events, fastOptions, postAndRead, postJson, readJson } from "./sse.ts"
 
@@ -22,17 +22,56 @@ const anthropic = (content: string) => ({
   stream: true
 })
 
+/**
+ * The live clock, recording every sleep asked of it: a simulator served under it shows the delays it
+ * scheduled, which a loaded machine cannot blur (its wall-clock times can only grow).
+ */
+const recordingClock = Effect.gen(function* () {
+  const live = yield* Clock.Clock
+  const sleeps: Array<number> = []
+  const clock: Clock.Clock = {
+    currentTimeMillisUnsafe: () => live.currentTimeMillisUnsafe(),
+    currentTimeMillis: live.currentTimeMillis,
+    currentTimeNanosUnsafe: () => live.currentTimeNanosUnsafe(),
+    currentTimeNanos: live.currentTimeNanos,
+    monotonicTimeNanosUnsafe: () => live.monotonicTimeNanosUnsafe(),
+    monotonicTimeNanos: live.monotonicTimeNanos,
+    sleep: (duration) => {
+      sleeps.push(Duration.toMillis(duration))
+      return live.sleep(duration)
+    }
+  }
+  /** The sleeps scheduled since the last call. */
+  const take = () => sleeps.splice(0)
+  return { clock, take }
+})
+
 describe("provider faults", () => {
   it.live("[[sim:slow]] multiplies the time to first token", () =>
     Effect.gen(function* () {
-      const server = yield* ProviderServer.make(fastOptions({ ttftMs: 40 }))
+      const recorded = yield* recordingClock
+      const server = yield* ProviderServer.make(fastOptions({ ttftMs: 40 })).pipe(
+        Effect.provideService(Clock.Clock, recorded.clock)
+      )
       const url = `${server.baseUrl}/v1/chat/completions`
       const normal = yield* postAndRead(url, chat("hello"))
+      const normalSleeps = recorded.take()
       const slow = yield* postAndRead(url, chat("hello [[sim:slow]]"))
-      // Lower bounds only (a loaded machine makes any call slower, never faster): ttftMs 40, slowed 10x.
-      assert.isAtLeast(normal.firstByteMs!, 30)
+      const slowSleeps = recorded.take()
+      // The first token waits the time to first token: 40 ms, ten times that when slowed; the tokens after
+      // it keep their pace. (What the server scheduled, not how long a loaded machine took.)
+      assert.strictEqual(normalSleeps[0], 40)
+      assert.strictEqual(slowSleeps[0], 400)
+      assert.isTrue(
+        slowSleeps.slice(1).every((ms) => ms < 40),
+        String(slowSleeps)
+      )
+      // And the wait is real: no first byte before it (a sleep never ends early; a loaded machine only
+      // makes it later).
+      assert.isAtLeast(normal.firstByteMs!, 35)
       assert.isAtLeast(slow.firstByteMs!, 390)
       assert.strictEqual(dataLines(slow.text).at(-1), "[DONE]")
+      assert.strictEqual(dataLines(normal.text).at(-1), "[DONE]")
       assert.strictEqual((yield* server.counters).faults.slow, 1)
     }).pipe(Effect.scoped)
   )

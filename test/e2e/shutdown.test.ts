@@ -6,7 +6,13 @@ import { SqlClient } from "effect/sql"
 import { afterAll, describe, expect, it } from "vitest"
 import { isAlive } from "../../src/process/ChildProcess.ts"
 import { fundedKey } from "../support/Keys.ts"
-import { childrenOf, freshDatabase, startRouterProcess, waitUntilServing } from "../support/Process.ts"
+import {
+  childrenOf,
+  freshDatabase,
+  runningAfter,
+  startRouterProcess,
+  waitUntilServing
+} from "../support/Process.ts"
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 
@@ -125,8 +131,12 @@ describe("graceful shutdown of a real `npm start`", () => {
       // At least the 20 long streams were in flight when the signal came.
       const inFlight = Number(/draining: .*streams: (\d+)/.exec(router.output())?.[1])
       expect(inFlight).toBeGreaterThanOrEqual(20)
-      // A graceful exit waits for its children (the chain) to stop.
-      expect(children.filter(isAlive)).toEqual([])
+      // A graceful exit stops its own children (the chain) and reaps them before it exits: gone, not
+      // even a zombie, at the moment the router is.
+      expect([anvilPid].filter(isAlive)).toEqual([])
+      // Its other children stop by themselves once it is gone (tsx's esbuild service exits when its stdin
+      // closes, i.e. when the router's process has ended): waited for, with a bound.
+      expect(await runningAfter(children)).toEqual([])
 
       // Every request settled: a receipt, a capture of what it delivered, nothing left reserved.
       const settled = await query(

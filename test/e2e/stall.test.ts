@@ -1,7 +1,7 @@
 import { readFileSync } from "node:fs"
 import { assert, describe, layer } from "@effect/vitest"
 import { ExactEvmScheme } from "@x402/evm/exact/client"
-import { wrapFetchWithPayment, x402Client } from "@x402/fetch"
+import { x402Client } from "@x402/fetch"
 import { Clock, Effect, Layer, Redacted } from "effect"
 import { HttpServer } from "effect/http"
 import { privateKeyToAccount } from "viem/accounts"
@@ -12,7 +12,7 @@ import { HttpServerLive } from "../../src/http/Server.ts"
 import { ServicesLive } from "../../src/Router.ts"
 import { RouterConfig } from "../../src/RouterConfig.ts"
 import { PausableProxy } from "../support/PausableProxy.ts"
-import { waitForBook } from "../support/Pay.ts"
+import { officialPayingFetch, waitForBook } from "../support/Pay.ts"
 import { childrenOf, freshDatabase } from "../support/Process.ts"
 import { call, OPERATOR_TOKEN, RouterUrl } from "../support/Router.ts"
 
@@ -90,7 +90,7 @@ const paidChat = Effect.gen(function* () {
     .register(chain.network, new ExactEvmScheme(account))
     .setSpendControls({ allowedAssets: true })
   return yield* Effect.promise(async () => {
-    const response = await wrapFetchWithPayment(fetch, client)(`${base}/v1/chat/completions`, {
+    const response = await officialPayingFetch(client)(`${base}/v1/chat/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
       body: JSON.stringify({ model: "auto", max_tokens: 20, messages: [{ role: "user", content: "hi" }] })
@@ -128,6 +128,7 @@ describe("a stalled chain or database", () => {
         assert.strictEqual((yield* call("/ready")).status, 200)
 
         const stopped = anvils()
+        assert.isAbove(stopped.length, 0)
         yield* signalAll(stopped, "SIGSTOP")
         const chainStalled = yield* timed(call("/ready")).pipe(Effect.ensuring(signalAll(stopped, "SIGCONT")))
         assert.strictEqual(chainStalled.value.status, 503)

@@ -1,13 +1,9 @@
 import { assert, describe, layer } from "@effect/vitest"
-import { ExactEvmScheme } from "@x402/evm/exact/client"
-import { wrapFetchWithPayment, x402Client } from "@x402/fetch"
 import { Effect, Layer, Logger } from "effect"
 import { SqlClient } from "effect/sql"
 import OpenAI from "openai"
 import { type Address, type Hex, verifyTypedData } from "viem"
-import { privateKeyToAccount } from "viem/accounts"
-import { Chain } from "../../src/chain/Chain.ts"
-import { waitFor, waitForBook } from "../support/Pay.ts"
+import { payer, waitFor, waitForBook } from "../support/Pay.ts"
 import { call, RouterUrl, routerWithFleet } from "../support/Router.ts"
 
 interface SvcBid {
@@ -66,19 +62,9 @@ const receiptWhere = (id: string, predicate: (r: ReceiptReply) => boolean) =>
   )
 
 const clients = Effect.gen(function* () {
-  const chain = yield* Chain
   const base = yield* RouterUrl
-  const wallet = chain.demoWallets[0]!
-  const account = privateKeyToAccount(wallet.privateKey!)
-  const x402 = new x402Client().register(chain.network, new ExactEvmScheme(account)).setSpendControls({
-    allowedAssets: [{ network: chain.network, asset: chain.token, maxAmountPerPayment: "10000000" }]
-  })
-  const openai = new OpenAI({
-    apiKey: "x402",
-    baseURL: `${base}/v1`,
-    fetch: wrapFetchWithPayment(fetch, x402),
-    maxRetries: 0
-  })
+  const { chain, account, payingFetch } = yield* payer(0)
+  const openai = new OpenAI({ apiKey: "x402", baseURL: `${base}/v1`, fetch: payingFetch, maxRetries: 0 })
   return { chain, account, openai }
 })
 

@@ -1,12 +1,8 @@
-import { ExactEvmScheme } from "@x402/evm/exact/client"
-import { wrapFetchWithPayment, x402Client } from "@x402/fetch"
 import { Effect } from "effect"
 import OpenAI from "openai"
 import type { Address, Hex } from "viem"
-import { privateKeyToAccount } from "viem/accounts"
-import { Chain } from "../../src/chain/Chain.ts"
 import type { EconomicsRecord } from "../../src/domain/Economics.ts"
-import { waitFor, waitForBook } from "../support/Pay.ts"
+import { payer, waitFor, waitForBook } from "../support/Pay.ts"
 import { call, RouterUrl } from "../support/Router.ts"
 
 export interface Inclusion {
@@ -58,18 +54,9 @@ export const receiptWhere = (id: string, predicate: (r: ReceiptReply) => boolean
 /** The official openai SDK paying with x402 from demo wallet `index`, as any client would. */
 export const paidClient = (index: number) =>
   Effect.gen(function* () {
-    const chain = yield* Chain
     const base = yield* RouterUrl
-    const account = privateKeyToAccount(chain.demoWallets[index]!.privateKey!)
-    const x402 = new x402Client().register(chain.network, new ExactEvmScheme(account)).setSpendControls({
-      allowedAssets: [{ network: chain.network, asset: chain.token, maxAmountPerPayment: "10000000" }]
-    })
-    const openai = new OpenAI({
-      apiKey: "x402",
-      baseURL: `${base}/v1`,
-      fetch: wrapFetchWithPayment(fetch, x402),
-      maxRetries: 0
-    })
+    const { account, payingFetch } = yield* payer(index)
+    const openai = new OpenAI({ apiKey: "x402", baseURL: `${base}/v1`, fetch: payingFetch, maxRetries: 0 })
     return { account, openai }
   })
 

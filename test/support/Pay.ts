@@ -6,18 +6,58 @@ import { type PrivateKeyAccount, privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
 import { randomAuthorizationNonce, signTransferAuthorization } from "../../src/chain/Eip3009.ts"
 import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
-import { paymentSignatureHeader } from "../../src/domain/X402.ts"
+import { defaultFleet } from "../../src/devnet/fleet/FleetConfig.ts"
+import { decodeX402Header, paymentSignatureHeader } from "../../src/domain/X402.ts"
 import { call, RouterUrl } from "./Router.ts"
+
+/** What the router answers when the quote moved between its 402 and the signed retry (spec 5.2). */
+const REPRICED = "signed amount below the quoted maximum"
+
+const repriced = (response: Response): boolean => {
+  const header = response.headers.get("payment-required")
+  if (response.status !== 402 || header === null) return false
+  try {
+    return (decodeX402Header(header) as { error?: unknown }).error === REPRICED
+  } catch {
+    return false
+  }
+}
+
+/**
+ * The official `@x402/fetch` wrapper, used as an application uses it. The wrapper signs the quote of the
+ * first 402 and retries once. Against the live fleet the quote can move in between (the fleet refreshes
+ * its quotes, the auction's latency scores move with every request served): the router then refuses the
+ * signature, before any inference and with no money moved, with a second 402 carrying the new quote, and
+ * the wrapper hands that 402 back (it never retries twice). An application calls again, and the client
+ * signs the new quote; so does this, up to `calls` calls. Any other 402 goes back to the test as it came.
+ */
+export const officialPayingFetch = (client: x402Client, calls = 3) => {
+  const paying = wrapFetchWithPayment(fetch, client)
+  return async (input: string | URL | Request, init?: RequestInit): Promise<Response> => {
+    const request = new Request(input, init)
+    for (let call = 1; ; call++) {
+      const response = await paying(request.clone())
+      if (call >= calls || !repriced(response)) return response
+      await response.body?.cancel()
+    }
+  }
+}
+
+/** An official x402 client paying from `account` on the local chain (its token allowed, 10 USDC a call). */
+export const exactClient = (
+  chain: { readonly network: `${string}:${string}`; readonly token: string },
+  account: PrivateKeyAccount
+) =>
+  new x402Client().register(chain.network, new ExactEvmScheme(account)).setSpendControls({
+    allowedAssets: [{ network: chain.network, asset: chain.token, maxAmountPerPayment: "10000000" }]
+  })
 
 /** A demo wallet of the local chain and an official x402 client paying from it. */
 export const payer = (index = 0) =>
   Effect.gen(function* () {
     const chain = yield* Chain
     const account = privateKeyToAccount(chain.demoWallets[index]!.privateKey!)
-    const client = new x402Client().register(chain.network, new ExactEvmScheme(account)).setSpendControls({
-      allowedAssets: [{ network: chain.network, asset: chain.token, maxAmountPerPayment: "10000000" }]
-    })
-    return { chain, account, payingFetch: wrapFetchWithPayment(fetch, client) }
+    return { chain, account, payingFetch: officialPayingFetch(exactClient(chain, account)) }
   })
 
 /** A hand-built x402 v2 envelope for negative tests (the official client only signs what it is asked). */
@@ -78,11 +118,28 @@ export const waitFor = <A, R>(
     return yield* Effect.die(new Error(`timed out waiting for ${what}`))
   })
 
+/** How many quotes each class has once every provider of the default fleet has published. */
+const fleetDepth = new Map<string, number>()
+for (const provider of defaultFleet) {
+  for (const offer of provider.offers) {
+    fleetDepth.set(offer.modelClass, (fleetDepth.get(offer.modelClass) ?? 0) + 1)
+  }
+}
+
+/**
+ * Waits until every provider of the default fleet has its quotes in the book. The fleet publishes provider
+ * by provider: a test that names a provider, reads depth or needs a runner-up must not start on a book
+ * where only some have arrived (one quote per class is not enough).
+ */
 export const waitForBook = waitFor(
-  "the fleet's quotes",
-  Effect.map(call("/v1/market/book"), (r) =>
-    (r.json as { classes: Array<{ depth: number }> }).classes.every((c) => c.depth > 0) ? true : undefined
-  )
+  "every provider's quotes",
+  Effect.map(call("/v1/market/book"), (r) => {
+    const classes = (r.json as { classes: Array<{ model_class: string; depth: number }> }).classes
+    const full = [...fleetDepth].every(([id, depth]) =>
+      classes.some((c) => c.model_class === id && c.depth >= depth)
+    )
+    return full ? true : undefined
+  })
 )
 
 export interface ReceiptView {

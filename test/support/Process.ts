@@ -77,6 +77,37 @@ export const childrenOf = (pid: number): Array<number> => {
     })
 }
 
+/**
+ * Whether `pid` still runs. A zombie does not: it has exited and only waits for whoever inherited it to
+ * reap it. A child that outlives the router is re-parented to pid 1, which on some machines (a container
+ * without an init, these VMs) reaps late or never, and `kill(pid, 0)` still succeeds on a zombie.
+ */
+export const isRunning = (pid: number): boolean => {
+  if (!isAlive(pid)) return false
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
+    const state = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0]
+    return state !== "Z" && state !== "X"
+  } catch {
+    // Elsewhere than Linux there is no /proc to tell a zombie; on Linux it is gone by now.
+    return !existsSync("/proc")
+  }
+}
+
+/**
+ * The pids among `pids` still running after up to `timeoutMs` (empty as soon as all have stopped). For
+ * processes that stop on their own once the router is gone, such as tsx's esbuild service: it exits when
+ * its stdin closes, which is after the router exited, however quickly.
+ */
+export const runningAfter = async (pids: ReadonlyArray<number>, timeoutMs = 10_000) => {
+  const started = Date.now()
+  for (;;) {
+    const running = pids.filter(isRunning)
+    if (running.length === 0 || Date.now() - started >= timeoutMs) return running
+    await sleep(50)
+  }
+}
+
 /** A fresh, empty database on the test server (the router migrates it), dropped by `drop`. */
 export const freshDatabase = async () => {
   const admin = inject("adminDatabaseUrl")
