@@ -650,6 +650,10 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
             ttft_sum = market_rollups.ttft_sum + EXCLUDED.ttft_sum;
         PERFORM pg_notify('market_clears', row_to_json(c)::text);
         RETURN NULL;
+      EXCEPTION WHEN OTHERS THEN
+        -- Market data never costs a paid request its capture: a record it cannot read is skipped, loudly.
+        RAISE WARNING 'market_clear_record skipped %: %', NEW.request_id, SQLERRM;
+        RETURN NULL;
       END
       $$
     `
