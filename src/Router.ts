@@ -40,6 +40,7 @@ import { KeysAuth } from "./payment/KeysAuth.ts"
 import { PaymentVerifier } from "./payment/PaymentVerifier.ts"
 import { Sessions } from "./payment/Sessions.ts"
 import { Settlement } from "./payment/Settlement.ts"
+import { TaskBudgets } from "./payment/TaskBudgets.ts"
 import { X402Config } from "./payment/X402.ts"
 import { Points } from "./points/Points.ts"
 import { Rewards } from "./points/Rewards.ts"
@@ -49,6 +50,8 @@ import { RouterConfig } from "./RouterConfig.ts"
 import { AgentSetups } from "./setup/AgentSetups.ts"
 import { ApprovalPage } from "./setup/ApprovalPage.ts"
 import { SetupSettings } from "./setup/SetupSettings.ts"
+import { TaskEvents } from "./tasks/TaskEvents.ts"
+import { Tasks } from "./tasks/Tasks.ts"
 
 /** The market: registry, book, latency and the RFQ over them (the auction itself is pure). */
 export const MarketLive = Layer.mergeAll(Rfq.layer, Listings.layer).pipe(
@@ -81,7 +84,13 @@ export const InferenceLive = Layer.mergeAll(Pipeline.layer, Reaper.layer, Routin
   Layer.provideMerge(Serve.layer),
   Layer.provideMerge(Layer.mergeAll(FundingService.layer, Settle.layer)),
   Layer.provideMerge(
-    Layer.mergeAll(LiveStreams.layer, Upstream.layerFetch, CreditKeys.layer, Sessions.layer)
+    Layer.mergeAll(
+      LiveStreams.layer,
+      Upstream.layerFetch,
+      CreditKeys.layer,
+      Sessions.layer,
+      TaskBudgets.layer
+    )
   ),
   Layer.provideMerge(PaymentsLive),
   Layer.provideMerge(MarketLive)
@@ -97,8 +106,11 @@ export const SetupLive = Layer.mergeAll(AgentSetups.layer, ApprovalPage.layer).p
   Layer.provideMerge(SetupSettings.layer)
 )
 
+/** Durable tasks (spec 4.3): the task records, their event log's wake-ups and the retention reaper. */
+export const TasksLive = Tasks.layer.pipe(Layer.provideMerge(TaskEvents.layer))
+
 /** Every service of the router over a database and a chain. */
-export const ServicesLive = Layer.mergeAll(ProgramsLive, SetupLive, Readiness.layer).pipe(
+export const ServicesLive = Layer.mergeAll(ProgramsLive, SetupLive, TasksLive, Readiness.layer).pipe(
   Layer.provideMerge(InferenceLive),
   Layer.provideMerge(Drain.layer)
 )

@@ -558,5 +558,149 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
       WHERE status IN ('pending', 'approved')
     `
     yield* sql`CREATE INDEX agent_setups_expiry ON agent_setups (expires_at) WHERE status <> 'exchanged'`
+  }),
+  "0012_tasks": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // Durable tasks (spec 4.3, D135-D141). The capability token is stored only as SHA-256. The budget
+    // columns are moved only by payment/TaskBudgets.ts: `held` is the worst case of the task's paid calls
+    // in flight, `spent` the sum of their receipts' charges; the CHECKs make overspending impossible
+    // whatever the interleaving. `fence` grows on every new claim; writes under an older fence are refused.
+    yield* sql`
+      CREATE TABLE tasks (
+        task_id TEXT PRIMARY KEY,
+        token_hash TEXT NOT NULL UNIQUE,
+        owner_key_id TEXT,
+        goal TEXT NOT NULL,
+        max_steps INTEGER NOT NULL CHECK (max_steps > 0),
+        budget BIGINT NOT NULL CHECK (budget >= 0),
+        retention_hours INTEGER NOT NULL CHECK (retention_hours BETWEEN 1 AND 720),
+        state TEXT NOT NULL CHECK (state IN ('pending', 'running', 'succeeded', 'failed')),
+        steps INTEGER NOT NULL DEFAULT 0,
+        spent BIGINT NOT NULL DEFAULT 0 CHECK (spent >= 0),
+        held BIGINT NOT NULL DEFAULT 0 CHECK (held >= 0),
+        last_seq BIGINT NOT NULL DEFAULT 0,
+        fence BIGINT NOT NULL DEFAULT 0,
+        lease_id TEXT,
+        lease_worker TEXT,
+        lease_expires_at BIGINT,
+        acceptance JSONB,
+        acceptance_frozen_at BIGINT,
+        parent_task_id TEXT,
+        parent_snapshot_id TEXT,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        CHECK (spent + held <= budget),
+        CHECK (steps <= max_steps)
+      )
+    `
+    yield* sql`CREATE INDEX tasks_expiry ON tasks (expires_at)`
+    yield* sql`CREATE INDEX tasks_owner ON tasks (owner_key_id) WHERE owner_key_id IS NOT NULL`
+    yield* sql`
+      CREATE TABLE task_events (
+        task_id TEXT NOT NULL REFERENCES tasks (task_id) ON DELETE CASCADE,
+        seq BIGINT NOT NULL,
+        type TEXT NOT NULL,
+        source TEXT NOT NULL CHECK (source IN ('client', 'router')),
+        data JSONB NOT NULL,
+        created_at BIGINT NOT NULL,
+        PRIMARY KEY (task_id, seq)
+      )
+    `
+    yield* sql`
+      CREATE TABLE task_checkpoints (
+        task_id TEXT NOT NULL REFERENCES tasks (task_id) ON DELETE CASCADE,
+        checkpoint_no INTEGER NOT NULL,
+        fence BIGINT NOT NULL,
+        execution JSONB NOT NULL,
+        context JSONB NOT NULL,
+        created_at BIGINT NOT NULL,
+        PRIMARY KEY (task_id, checkpoint_no)
+      )
+    `
+    yield* sql`
+      CREATE TABLE task_effects (
+        task_id TEXT NOT NULL REFERENCES tasks (task_id) ON DELETE CASCADE,
+        effect_id TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('begun', 'completed', 'abandoned')),
+        fence BIGINT NOT NULL,
+        description JSONB NOT NULL,
+        result JSONB,
+        begun_at BIGINT NOT NULL,
+        resolved_at BIGINT,
+        PRIMARY KEY (task_id, effect_id)
+      )
+    `
+    // The paid calls made for a task: held while in flight, charged from the receipt once settled.
+    yield* sql`
+      CREATE TABLE task_calls (
+        request_id TEXT PRIMARY KEY,
+        task_id TEXT NOT NULL REFERENCES tasks (task_id) ON DELETE CASCADE,
+        held BIGINT NOT NULL CHECK (held >= 0),
+        charged BIGINT,
+        created_at BIGINT NOT NULL,
+        settled_at BIGINT
+      )
+    `
+    yield* sql`CREATE INDEX task_calls_task ON task_calls (task_id, created_at)`
+    yield* sql`CREATE INDEX task_calls_open ON task_calls (created_at) WHERE settled_at IS NULL`
+  }),
+  "0013_workspaces_evals": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // Content-addressed workspaces (D142): a file's bytes are stored once by SHA-256, whichever task
+    // and snapshot name them; a snapshot is a manifest of paths to hashes.
+    yield* sql`
+      CREATE TABLE workspace_blobs (
+        hash TEXT PRIMARY KEY,
+        content BYTEA NOT NULL,
+        size INTEGER NOT NULL
+      )
+    `
+    yield* sql`
+      CREATE TABLE workspace_snapshots (
+        snapshot_id TEXT PRIMARY KEY,
+        task_id TEXT,
+        created_at BIGINT NOT NULL
+      )
+    `
+    yield* sql`CREATE INDEX workspace_snapshots_task ON workspace_snapshots (task_id)`
+    yield* sql`
+      CREATE TABLE workspace_files (
+        snapshot_id TEXT NOT NULL REFERENCES workspace_snapshots (snapshot_id) ON DELETE CASCADE,
+        path TEXT NOT NULL,
+        hash TEXT NOT NULL REFERENCES workspace_blobs (hash),
+        PRIMARY KEY (snapshot_id, path)
+      )
+    `
+    yield* sql`CREATE INDEX workspace_files_hash ON workspace_files (hash)`
+    // Evaluation runs (D146-D148): wallet-owned, paid by the creating key, results per case.
+    yield* sql`
+      CREATE TABLE eval_runs (
+        run_id TEXT PRIMARY KEY,
+        key_id TEXT NOT NULL,
+        wallet TEXT NOT NULL,
+        suite TEXT NOT NULL,
+        target TEXT NOT NULL,
+        budget BIGINT NOT NULL CHECK (budget > 0),
+        spent BIGINT NOT NULL DEFAULT 0,
+        status TEXT NOT NULL CHECK (status IN ('running', 'completed', 'failed')),
+        created_at BIGINT NOT NULL,
+        finished_at BIGINT
+      )
+    `
+    yield* sql`CREATE INDEX eval_runs_key ON eval_runs (key_id, created_at)`
+    yield* sql`
+      CREATE TABLE eval_results (
+        run_id TEXT NOT NULL REFERENCES eval_runs (run_id) ON DELETE CASCADE,
+        case_id TEXT NOT NULL,
+        dialect TEXT NOT NULL,
+        passed BOOLEAN NOT NULL,
+        outcome TEXT NOT NULL,
+        request_id TEXT,
+        charged BIGINT NOT NULL DEFAULT 0,
+        latency_ms INTEGER NOT NULL,
+        detail TEXT NOT NULL,
+        PRIMARY KEY (run_id, case_id)
+      )
+    `
   })
 }

@@ -11,6 +11,7 @@ import { PointsApi } from "./PointsApi.ts"
 import { SessionsApi } from "./SessionsApi.ts"
 import { AgentSetupApi, AgentSetupPageApi } from "./SetupApi.ts"
 import { SystemApi } from "./SystemApi.ts"
+import { TasksApi } from "./TasksApi.ts"
 
 export class Api extends HttpApi.make("svc")
   .add(SystemApi)
@@ -36,6 +37,7 @@ export class Api extends HttpApi.make("svc")
   .add(PointsApi)
   .add(AgentSetupApi)
   .add(AgentSetupPageApi)
+  .add(TasksApi)
   .annotateMerge(
     OpenApi.annotations({
       title: "svc market-cleared inference router",

@@ -47,6 +47,7 @@ export const paidContextOf = (
   paymentHeader: request.headers["payment-signature"] ?? request.headers["x-payment"],
   creditKey: request.headers["x-credit-key"],
   sessionToken: request.headers["x-session-token"],
+  taskToken: request.headers["x-task-token"],
   resourceUrl,
   agent: agentHeadersOf(request)
 })

@@ -27,6 +27,7 @@ import { ReceiptHandlers } from "./handlers/Receipts.ts"
 import { SessionHandlers } from "./handlers/Sessions.ts"
 import { AgentSetupHandlers, AgentSetupPageHandlers } from "./handlers/Setup.ts"
 import { SystemHandlers } from "./handlers/System.ts"
+import { TasksHandlers } from "./handlers/Tasks.ts"
 import { Cors, RouterMiddleware } from "./Middleware.ts"
 import { PaidCalls } from "./PaidCall.ts"
 
@@ -55,7 +56,8 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     ProviderClaimsHandlers,
     PointsHandlers,
     AgentSetupHandlers,
-    AgentSetupPageHandlers
+    AgentSetupPageHandlers,
+    TasksHandlers
   ]),
   Layer.provide(Layer.mergeAll(OperatorAuthLive, ChallengesGateLive, PaidCalls.layer, Images.layer)),
   Layer.provide([RouterMiddleware, DrainGate, Cors])

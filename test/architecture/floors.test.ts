@@ -26,6 +26,8 @@ const FLOORS: Readonly<Record<string, number>> = {
   points: 3,
   integrity: 3,
   setup: 3,
+  tasks: 3,
+  evals: 3,
   http: 4,
   "Banner.ts": 5,
   "Router.ts": 5,
