@@ -47,6 +47,14 @@ export interface X402Hold {
 const isUniqueViolation = (error: SqlError.SqlError) => error.reason._tag === "UniqueViolation"
 
 /**
+ * What refuses a credit reservation: a CHECK of the key's cap or the balance (23514), or the division
+ * guard of an owner with no balance row (22012). Anything else (a lost connection, a deadlock that kept
+ * coming back) is a fault, not the caller's: it is not answered as "your balance cannot cover this".
+ */
+const isRefusal = (error: SqlError.SqlError) =>
+  error.reason._tag === "ConstraintError" || /division by zero/i.test(String(error.reason.cause))
+
+/**
  * The reservation statements of the paid path: an x402 authorization, a funded key's worst case, a
  * session turn. Each is one statement (one round trip) that writes the request, its hold and its
  * ledger row together or not at all.
@@ -167,12 +175,17 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
       )
       SELECT (SELECT remaining FROM k)::text AS remaining, 1 / (SELECT count(*)::int FROM w) AS guard
     `.pipe(
+      // Two statements that lock the same key and balance rows can meet in a deadlock (Postgres aborts
+      // one); the statement is atomic, so it is run again.
+      Effect.retry({ while: (error) => error.reason._tag === "DeadlockError", times: 3 }),
       Effect.catchTag("SqlError", (error) =>
-        Effect.fail(
-          new CreditRefused({
-            code: /api_keys/.test(String(error.reason.cause)) ? "key_budget_exhausted" : "key_unfunded"
-          })
-        )
+        isRefusal(error)
+          ? Effect.fail(
+              new CreditRefused({
+                code: /api_keys/.test(String(error.reason.cause)) ? "key_budget_exhausted" : "key_unfunded"
+              })
+            )
+          : Effect.die(error)
       )
     )
     return { keyRemaining: Number(rows[0]?.remaining ?? 0) }
