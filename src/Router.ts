@@ -30,6 +30,7 @@ import { ModelCatalog } from "./market/ModelCatalog.ts"
 import { Providers } from "./market/Providers.ts"
 import { QuoteBook } from "./market/QuoteBook.ts"
 import { Rfq } from "./market/Rfq.ts"
+import { MarketData, MarketDataConfig } from "./marketdata/MarketData.ts"
 import { CreditKeys } from "./payment/CreditKeys.ts"
 import { Credits } from "./payment/Credits.ts"
 import { FundingService } from "./payment/Funding.ts"
@@ -116,11 +117,17 @@ export const TasksLive = Layer.mergeAll(Verification.layer, TaskTraces.layer).pi
   Layer.provideMerge(TaskEvents.layer)
 )
 
+/** Public market data and analytics (spec 4.4), read from the clearing records the paid path leaves. */
+export const MarketDataLive = MarketData.layer.pipe(Layer.provideMerge(MarketDataConfig.layer))
+
 /** Every service of the router over a database and a chain. */
-export const ServicesLive = Layer.mergeAll(ProgramsLive, SetupLive, TasksLive, Readiness.layer).pipe(
-  Layer.provideMerge(InferenceLive),
-  Layer.provideMerge(Drain.layer)
-)
+export const ServicesLive = Layer.mergeAll(
+  ProgramsLive,
+  SetupLive,
+  TasksLive,
+  MarketDataLive,
+  Readiness.layer
+).pipe(Layer.provideMerge(InferenceLive), Layer.provideMerge(Drain.layer))
 
 /** The simulated fleet runs unless `SIMULATED_FLEET=false` (real upstreams register themselves). */
 const FleetWhenEnabled = Layer.unwrap(

@@ -22,6 +22,7 @@ import {
 import { KeyAnalyticsHandlers } from "./handlers/KeyAnalytics.ts"
 import { CreditsHandlers, KeysHandlers, WalletsAdminHandlers } from "./handlers/Keys.ts"
 import { AdminHandlers, MarketHandlers, ProviderHandlers, RoutingHandlers } from "./handlers/Market.ts"
+import { MarketDataHandlers } from "./handlers/MarketData.ts"
 import { PointsHandlers } from "./handlers/Points.ts"
 import { ReceiptHandlers } from "./handlers/Receipts.ts"
 import { SessionHandlers } from "./handlers/Sessions.ts"
@@ -39,6 +40,7 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     AdminHandlers,
     ProviderHandlers,
     MarketHandlers,
+    MarketDataHandlers,
     RoutingHandlers,
     ChatHandlers,
     ReceiptHandlers,

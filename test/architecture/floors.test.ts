@@ -28,6 +28,7 @@ const FLOORS: Readonly<Record<string, number>> = {
   setup: 3,
   tasks: 3,
   evals: 3,
+  marketdata: 3,
   http: 4,
   "Banner.ts": 5,
   "Router.ts": 5,
