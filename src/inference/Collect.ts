@@ -27,7 +27,8 @@ export const collect = (live: LiveStreams["Service"], admitted: Admitted) =>
           const delta = event.event
           if (delta._tag === "TextDelta") text += delta.text
           if (delta._tag === "ToolCallDelta") {
-            const call = (toolCalls[delta.index] ??= { name: "", arguments: "" })
+            const call = toolCalls[delta.index] ?? { name: "", arguments: "" }
+            toolCalls[delta.index] = call
             if (delta.name !== undefined) call.name = delta.name
             call.arguments += delta.argumentsDelta
           }

@@ -121,8 +121,11 @@ export const violations = (schema: unknown, value: unknown, at = "$"): ReadonlyA
       problems.push(`${at}: fewer than ${schema.minItems} items`)
     if (typeof schema.maxItems === "number" && value.length > schema.maxItems)
       problems.push(`${at}: more than ${schema.maxItems} items`)
-    if (schema.items !== undefined)
-      value.forEach((item, i) => problems.push(...violations(schema.items, item, `${at}[${i}]`)))
+    if (schema.items !== undefined) {
+      value.forEach((item, i) => {
+        problems.push(...violations(schema.items, item, `${at}[${i}]`))
+      })
+    }
   }
   if (isObject(value)) {
     const properties = isObject(schema.properties) ? schema.properties : {}
