@@ -135,11 +135,7 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
     sql`UPDATE x402_authorizations SET status = 'pending', updated_at = now()
         WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}`
 
-  const capture = Effect.fn("Ledger.capture")(function* ({
-    receipt,
-    economics,
-    source = X402Source
-  }: CaptureRecord) {
+  const capture = Effect.fnUntraced(function* ({ receipt, economics, source = X402Source }: CaptureRecord) {
     const { routerFee, providerShare } = feeSplit(receipt.charged)
     const refund = receipt.authorized - receipt.charged
     const entries: Array<Entry> = [
@@ -183,11 +179,7 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
     if (claimed && settledOnCapture(source)) yield* receipts.enqueue(receipt)
   })
 
-  const release = Effect.fn("Ledger.release")(function* ({
-    receipt,
-    economics,
-    source = X402Source
-  }: CaptureRecord) {
+  const release = Effect.fnUntraced(function* ({ receipt, economics, source = X402Source }: CaptureRecord) {
     const entries: Array<Entry> = []
     const effects: Array<Effect_> = []
     const releaseAuthorization = () => {

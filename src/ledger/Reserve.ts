@@ -146,10 +146,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
    * Over the cap or the balance, a CHECK constraint fails and nothing is written; an owner
    * with no balance row trips the division guard. Any number of router instances share it.
    */
-  const reserveCredit = Effect.fn("Ledger.reserveCredit")(function* (
-    record: ReservationRecord,
-    keyId: string
-  ) {
+  const reserveCredit = Effect.fnUntraced(function* (record: ReservationRecord, keyId: string) {
     const rows = yield* sql<{ remaining: string; guard: number }>`
       WITH k AS (
         UPDATE api_keys SET reserved = reserved + ${record.authorized}, requests = requests + 1
