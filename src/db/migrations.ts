@@ -805,5 +805,11 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
         PRIMARY KEY (run_id, case_id)
       )
     `
+  }),
+  // Receipts are signed just after they are stored (issue 12): the sweep finds the few an instance left
+  // unsigned when it stopped, without reading the whole table.
+  "0017_receipts_unsigned": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    yield* sql`CREATE INDEX receipts_unsigned ON receipts (created_at) WHERE signature IS NULL`
   })
 }
