@@ -33,14 +33,6 @@ import { makeOutgoing, type OutgoingCall, type OutgoingTransactions } from "./Ou
 import { ensureUptoContracts, PERMIT2_ADDRESS, UPTO_PROXY_ADDRESS } from "./Permit2.ts"
 
 export { ChainError, type ChainErrorReason } from "./ChainError.ts"
-export type {
-  BroadcastResult,
-  GasPlan,
-  OutgoingCall,
-  OutgoingTransactions,
-  SignedTransaction,
-  TransactionState
-} from "./Outgoing.ts"
 export {
   randomAuthorizationNonce,
   signTransferAuthorization,
@@ -49,6 +41,14 @@ export {
   transferWithAuthorizationTypes,
   verifyTransferAuthorization
 } from "./Eip3009.ts"
+export type {
+  BroadcastResult,
+  GasPlan,
+  OutgoingCall,
+  OutgoingTransactions,
+  SignedTransaction,
+  TransactionState
+} from "./Outgoing.ts"
 
 /** 10,000 USDC in base units: what every embedded demo wallet starts with. */
 export const DEMO_WALLET_FUNDING = 10_000_000_000n
@@ -215,7 +215,8 @@ const makeSender = Effect.fnUntraced(function* (connection: Connection, account:
     semaphore.withPermit(
       Effect.gen(function* () {
         const nonce = yield* Effect.tryPromise({
-          try: () => connection.publicClient.getTransactionCount({ address: account.address, blockTag: "pending" }),
+          try: () =>
+            connection.publicClient.getTransactionCount({ address: account.address, blockTag: "pending" }),
           catch: fromViemError(operation)
         })
         return yield* Effect.tryPromise({
@@ -586,8 +587,8 @@ const embedded = Effect.fnUntraced(function* (stateDir: string | undefined) {
   }
   const contracts = reused ? recorded : yield* deployFresh(connection, router)
   if (stateDir !== undefined && !reused) yield* writeContracts(stateDir, contracts)
-  // A resumed chain may miss its last seconds (docs/decisions.md D80). The exactly-once transfer sender
-  // (issue 11 item 7) rebroadcasts, at start, every transaction it recorded that this chain does not know.
+  // A resumed chain may miss its last seconds (docs/decisions.md D80): the treasury's recovery pass at
+  // start (ledger/Treasury.ts, D168) offers again every transaction it recorded that this chain does not know.
   const token = getAddress(contracts.token)
   const anchor = getAddress(contracts.anchor)
   const demoWallets = demoWalletAccounts()

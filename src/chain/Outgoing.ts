@@ -58,7 +58,11 @@ export interface OutgoingTransactions {
   /** Gas (with a margin) and fees for a call; fails `Reverted` when the call would revert now. */
   readonly plan: (call: OutgoingCall) => Effect.Effect<GasPlan, ChainError>
   /** Signs locally (no RPC); fails `Config` for an address the router holds no key for. */
-  readonly sign: (call: OutgoingCall, plan: GasPlan, nonce: number) => Effect.Effect<SignedTransaction, ChainError>
+  readonly sign: (
+    call: OutgoingCall,
+    plan: GasPlan,
+    nonce: number
+  ) => Effect.Effect<SignedTransaction, ChainError>
   readonly broadcast: (raw: Hex) => Effect.Effect<BroadcastResult, ChainError>
   readonly state: (hash: Hash) => Effect.Effect<TransactionState, ChainError>
   /** How many transactions of the account are mined (`latest`): the lowest nonce still free on chain. */
@@ -108,7 +112,9 @@ export const makeOutgoing = (
       )
       return {
         gas: (gas * GAS_MARGIN_PERCENT) / 100n,
-        maxFeePerGas: fees.maxFeePerGas,
+        // A ceiling, not a price: the base fee actually paid is the block's. Twice the estimate rides out
+        // several full blocks of base-fee growth before a signed transaction could get stuck (D169).
+        maxFeePerGas: fees.maxFeePerGas * 2n,
         maxPriorityFeePerGas: fees.maxPriorityFeePerGas
       } satisfies GasPlan
     })

@@ -120,12 +120,17 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
         }
         const outcome = yield* treasury.confirm(hash)
         if (outcome.status === "success") return yield* markPaid(payout, hash)
-        yield* release(payout, `the payout transaction ${outcome.status === "replaced" ? "was replaced" : "reverted"}`)
+        yield* release(
+          payout,
+          `the payout transaction ${outcome.status === "replaced" ? "was replaced" : "reverted"}`
+        )
         return false
       })
 
     const resumeOne = (payout: Payout): Effect.Effect<boolean, ChainError> =>
-      sendAndSettle(payout).pipe(Effect.withSpan("Payouts.resume", { attributes: { payout_id: payout.payout_id } }))
+      sendAndSettle(payout).pipe(
+        Effect.withSpan("Payouts.resume", { attributes: { payout_id: payout.payout_id } })
+      )
 
     const claim = (provider: typeof Accrued.Type, signer: string, epochId: number) =>
       Effect.gen(function* () {

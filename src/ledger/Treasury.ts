@@ -110,7 +110,8 @@ const Recorded = Schema.Struct({
 type Recorded = typeof Recorded.Type
 const decodeRecorded = Schema.decodeUnknownEffect(Schema.Array(Recorded))
 
-const COLUMNS = "id::text AS id, purpose, sender, nonce::text AS nonce, tx_hash, raw_tx, to_address, call_data, status, block_number::text AS block_number"
+const COLUMNS =
+  "id::text AS id, purpose, sender, nonce::text AS nonce, tx_hash, raw_tx, to_address, call_data, status, block_number::text AS block_number"
 
 export interface TreasuryOptions {
   /** Blocks a receipt must be deep before a transfer counts as final (1: its own block). */
@@ -200,7 +201,12 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
        * database transaction: the nonce is spent exactly when the record exists. The nonce is the higher of
        * the lowest one no record holds and the chain's mined count (a transaction sent by someone else).
        */
-      const signAndRecord = (purpose: string, kind: string, call: OutgoingCall, plan: Parameters<typeof chain.outgoing.sign>[1]) =>
+      const signAndRecord = (
+        purpose: string,
+        kind: string,
+        call: OutgoingCall,
+        plan: Parameters<typeof chain.outgoing.sign>[1]
+      ) =>
         sql.withTransaction(
           Effect.gen(function* () {
             const sender = call.from.toLowerCase()
@@ -290,10 +296,12 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
           : Effect.map(chain.blockNumber(), (latest) => latest - blockNumber + 1n >= BigInt(confirmations))
 
       const minedOutcome = (record: Recorded, state: Extract<TransactionState, { _tag: "Mined" }>) =>
-        Effect.flatMap(deepEnough(state.blockNumber), (deep): Effect.Effect<Resolution> =>
-          deep
-            ? finalize(record, { status: state.status, blockNumber: state.blockNumber })
-            : Effect.succeed({ status: "pending" })
+        Effect.flatMap(
+          deepEnough(state.blockNumber),
+          (deep): Effect.Effect<Resolution> =>
+            deep
+              ? finalize(record, { status: state.status, blockNumber: state.blockNumber })
+              : Effect.succeed({ status: "pending" })
         )
 
       /**
@@ -318,6 +326,21 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
           }
           yield* broadcast(record)
           return { status: "pending" } as const
+        })
+
+      /**
+       * A transaction waits for every lower nonce of its sender: when one of those is unknown to the node
+       * (its broadcast lost), this one can sit in the pool forever. Looking at the sender's open
+       * transactions below it offers those bytes again and fills the gap (docs/decisions.md D169).
+       */
+      const fillGapBelow = (record: Recorded) =>
+        Effect.gen(function* () {
+          const below = yield* decoded(
+            sql`SELECT ${sql.literal(COLUMNS)} FROM outgoing_transactions
+                WHERE sender = ${record.sender} AND nonce < ${record.nonce} AND status IN ('signed', 'broadcast')
+                ORDER BY outgoing_transactions.nonce`
+          )
+          for (const earlier of below) yield* resolve(earlier)
         })
 
       const send = (transfer: OutgoingTransfer) =>
@@ -355,6 +378,7 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
           while (true) {
             const resolution = yield* resolve(record)
             if (resolution.status !== "pending") return resolution
+            yield* fillGapBelow(record)
             if ((yield* Clock.currentTimeMillis) >= deadline) {
               return yield* new ChainError({
                 reason: "Timeout",
@@ -371,7 +395,7 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
       const recover = Effect.gen(function* () {
         const open = yield* decoded(
           sql`SELECT ${sql.literal(COLUMNS)} FROM outgoing_transactions
-              WHERE status IN ('signed', 'broadcast') ORDER BY sender, nonce`
+              WHERE status IN ('signed', 'broadcast') ORDER BY outgoing_transactions.sender, outgoing_transactions.nonce`
         )
         let left = 0
         for (const record of open) {
