@@ -48,7 +48,14 @@ export const ConflictCode = Schema.Literals([
   "challenge_replayed",
   "challenge_not_open",
   "claim_stale",
-  "setup_already_decided"
+  "setup_already_decided",
+  // durable tasks (docs/decisions.md D137, D138, D143)
+  "lease_held",
+  "lease_lost",
+  "lease_expired",
+  "stale_fence",
+  "effect_resolved",
+  "acceptance_frozen"
 ])
 export class Conflict extends Schema.TaggedError<Conflict>()(
   "Conflict",
@@ -59,6 +66,12 @@ export class Conflict extends Schema.TaggedError<Conflict>()(
 export class PayloadTooLarge extends Schema.TaggedError<PayloadTooLarge>()("PayloadTooLarge", fields, {
   httpApiStatus: 413
 }) {}
+
+export class UnsupportedMediaType extends Schema.TaggedError<UnsupportedMediaType>()(
+  "UnsupportedMediaType",
+  fields,
+  { httpApiStatus: 415 }
+) {}
 
 export class UpstreamFailed extends Schema.TaggedError<UpstreamFailed>()("UpstreamFailed", fields, {
   httpApiStatus: 502
@@ -89,6 +102,7 @@ export const DialectErrors = [
   NotFound,
   Conflict,
   PayloadTooLarge,
+  UnsupportedMediaType,
   UpstreamFailed,
   ServiceUnavailable
 ] as const
@@ -107,6 +121,7 @@ export const errorTypes: Record<
   NotFound: { openai: "not_found_error", anthropic: "not_found_error" },
   Conflict: { openai: "conflict_error", anthropic: "invalid_request_error" },
   PayloadTooLarge: { openai: "invalid_request_error", anthropic: "request_too_large" },
+  UnsupportedMediaType: { openai: "invalid_request_error", anthropic: "invalid_request_error" },
   UpstreamFailed: { openai: "upstream_error", anthropic: "api_error" },
   ServiceUnavailable: { openai: "service_unavailable", anthropic: "overloaded_error" }
 }

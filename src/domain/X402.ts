@@ -33,7 +33,11 @@ export const PaymentRequiredCode = Schema.Literals([
   "wrong_scheme",
   "key_unfunded",
   "key_budget_exhausted",
-  "session_budget_exhausted"
+  "session_budget_exhausted",
+  // a paid call made for a durable task (docs/decisions.md D140)
+  "task_budget_exhausted",
+  "task_steps_exhausted",
+  "task_closed"
 ])
 export type PaymentRequiredCode = typeof PaymentRequiredCode.Type
 
@@ -118,7 +122,16 @@ export const ExactPayload = Schema.Struct({
   payload: Schema.Struct({ authorization: ExactAuthorization, signature: HexBytes })
 })
 
-const Rail = Schema.Struct({ scheme: Schema.String, network: Schema.String })
+/**
+ * The rail a payment names. `asset` and `payTo` are echoed by the official client (under
+ * `accepted`) and may be sent in the flat envelope; when present they are checked against the quote.
+ */
+const Rail = Schema.Struct({
+  scheme: Schema.String,
+  network: Schema.String,
+  asset: Schema.optionalKey(Schema.String),
+  payTo: Schema.optionalKey(Schema.String)
+})
 /** x402 v2 as the official client sends it: the chosen requirements echoed under `accepted`. */
 export const NestedEnvelopeHead = Schema.Struct({ accepted: Rail })
 /** Spec 2.7: `scheme` and `network` at the top level. */
@@ -136,6 +149,10 @@ export const FlatExactEnvelope = Schema.Struct({
 export interface ExactPayment {
   readonly scheme: "exact"
   readonly network: string
+  /** The token the envelope names (`accepted.asset`), when it names one. */
+  readonly asset?: string | undefined
+  /** The recipient the envelope names (`accepted.payTo`), when it names one. */
+  readonly payTo?: string | undefined
   readonly authorization: typeof ExactAuthorization.Type
   readonly signature: Hex
 }

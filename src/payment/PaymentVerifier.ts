@@ -120,12 +120,23 @@ export class PaymentVerifier extends Context.Service<
             message
           )
         }
-        const { network, authorization, signature } = decoded.success
+        const { network, asset, payTo, authorization, signature } = decoded.success
         const { from, to, value, validAfter, validBefore, nonce } = authorization
         yield* Effect.annotateCurrentSpan({ "payment.payer": from, "payment.value": value.toString() })
 
         if (network !== settings.network) {
           return yield* rejectWith("payment_invalid", `network must be ${settings.network}`)
+        }
+        // Every field the envelope names is the quote's: a signature valid for the real token under
+        // an envelope naming another asset or recipient is refused, before anything is reserved.
+        if (asset !== undefined && asset.toLowerCase() !== settings.asset.toLowerCase()) {
+          return yield* rejectWith(
+            "payment_invalid",
+            `accepted.asset must be the quoted token ${settings.asset} on ${settings.network}`
+          )
+        }
+        if (payTo !== undefined && payTo.toLowerCase() !== settings.payTo.toLowerCase()) {
+          return yield* rejectWith("payment_invalid", `accepted.payTo must be the treasury ${settings.payTo}`)
         }
         if (to !== settings.payTo) {
           return yield* rejectWith(

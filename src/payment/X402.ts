@@ -201,7 +201,7 @@ export const decodePaymentSignature = (
       : Schema.decodeUnknownResult(FlatEnvelopeHead)(envelope)
   if (Result.isFailure(head))
     return malformed(`malformed payment envelope: ${describeIssue(head.failure.issue)}`)
-  const { scheme, network } = head.success
+  const { scheme, network, asset, payTo } = head.success
   if (scheme !== "exact") {
     return Result.fail(
       new PaymentEnvelopeError({
@@ -214,5 +214,5 @@ export const decodePaymentSignature = (
   if (Result.isFailure(body))
     return malformed(`malformed exact payload: ${describeIssue(body.failure.issue)}`)
   const { authorization, signature } = body.success.payload
-  return Result.succeed({ scheme: "exact", network, authorization, signature })
+  return Result.succeed({ scheme: "exact", network, asset, payTo, authorization, signature })
 }
