@@ -153,18 +153,19 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
       }
       case "SessionOpening":
         // The remainder stays in the session budget until the session closes.
-        if (source.funding._tag === "X402") effects.push(["authorization", submitAuthorization(receipt)])
-        effects.push(["session", spendSession(receipt, source.sessionId, source.prefixTokens)])
+        if (source.funding._tag === "X402")
+          effects.push(["authorization_settled", submitAuthorization(receipt)])
+        effects.push(["session_settled", spendSession(receipt, source.sessionId, source.prefixTokens)])
         break
       case "SessionTurn":
-        effects.push(["session", spendSession(receipt, source.sessionId, source.prefixTokens)])
+        effects.push(["session_settled", spendSession(receipt, source.sessionId, source.prefixTokens)])
         break
       case "X402":
-        effects.push(["authorization", submitAuthorization(receipt)])
+        effects.push(["authorization_settled", submitAuthorization(receipt)])
         if (refund > 0) {
           entries.push({ account: receipt.wallet, kind: "refund_due", amount: refund })
           effects.push([
-            "refund",
+            "refund_recorded",
             sql`
               INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
               SELECT request_id, ${receipt.wallet}, ${refund}, ${receipt.epoch_id}, 'due' FROM claimed
@@ -185,7 +186,7 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
     const releaseAuthorization = () => {
       // The authorization is never submitted; its signature is erased.
       effects.push([
-        "authorization",
+        "authorization_settled",
         sql`
           UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
           WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}
@@ -210,13 +211,13 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
         if (source.funding._tag === "Credit") releaseCredit(source.funding.keyId)
         else releaseAuthorization()
         effects.push([
-          "session",
+          "session_settled",
           sql`DELETE FROM sessions WHERE session_id = ${source.sessionId} AND turns = 0 AND ${claimedOnly}`
         ])
         break
       case "SessionTurn":
         effects.push([
-          "session",
+          "session_settled",
           sql`UPDATE sessions SET in_flight = NULL
               WHERE session_id = ${source.sessionId} AND in_flight = ${receipt.request_id} AND ${claimedOnly}`
         ])
