@@ -115,12 +115,14 @@ describe("evaluations (spec 4.3)", () => {
         yield* waitForBook
         const key = yield* fundedKey({ budget: 1_000_000_000, balance: 1_000_000_000 })
         const headers = { "x-credit-key": key.secret }
+        const before = yield* providerRequests
         const created = yield* postJson(
           "/v1/evals/runs",
           { suite: "harness-regression-v1", target: OPENAI_CLASS, budget: 1 },
           headers
         )
         const run = yield* finished((created.json as Run).id, headers)
+        assert.strictEqual(yield* providerRequests, before)
         assert.strictEqual(run.spent, 0)
         for (const c of run.cases.filter((c) => c.case_id !== "hosted-computer-tool")) {
           assert.deepInclude(c, {
