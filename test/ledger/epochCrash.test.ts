@@ -49,6 +49,30 @@ const receiptBody = (requestId: string, epochId: number): ReceiptBody => ({
   created_at: epochId * EPOCH_SECONDS * 1000 + 500
 })
 
+/** One x402 request reserved for `authorized` by `payer`. */
+const reserve = (requestId: string, payer: string, authorized: number) =>
+  Effect.gen(function* () {
+    const ledger = yield* Ledger
+    return yield* ledger.reserveX402(
+      {
+        requestId,
+        dialect: "openai",
+        payer,
+        requestedModel: "chat-medium",
+        modelClass: "chat-medium",
+        providerId: "prov-a",
+        authorized,
+        agent: {}
+      },
+      {
+        nonce: randomAuthorizationNonce(),
+        validAfter: 0n,
+        validBefore: 2n ** 40n,
+        signature: `0x${"11".repeat(65)}`
+      }
+    )
+  })
+
 /** Receipts of one epoch: `landed` ones captured and settled, `released` ones never charged. */
 const seed = (epochId: number, landed: number, released: number) =>
   Effect.gen(function* () {
@@ -57,24 +81,7 @@ const seed = (epochId: number, landed: number, released: number) =>
     for (let i = 0; i < landed + released; i++) {
       const requestId = `req_e${epochId}_${String(i).padStart(2, "0")}`
       ids.push(requestId)
-      yield* ledger.reserveX402(
-        {
-          requestId,
-          dialect: "openai",
-          payer: WALLET,
-          requestedModel: "chat-medium",
-          modelClass: "chat-medium",
-          providerId: "prov-a",
-          authorized: 1440,
-          agent: {}
-        },
-        {
-          nonce: randomAuthorizationNonce(),
-          validAfter: 0n,
-          validBefore: 2n ** 40n,
-          signature: `0x${"11".repeat(65)}`
-        }
-      )
+      yield* reserve(requestId, WALLET, 1440)
       const body = receiptBody(requestId, epochId)
       if (i < landed) {
         yield* ledger.capture({ receipt: body, economics: seededEconomics(requestId) })
@@ -388,24 +395,7 @@ describe("epoch close: crashes and restarts complete it exactly once", () => {
           // Two captured x402 requests of `payer`, each authorized 20,000 and charged 1,440: 37,120 due.
           for (const i of [0, 1]) {
             const requestId = `req_refund_${epochId}_${i}`
-            yield* ledger.reserveX402(
-              {
-                requestId,
-                dialect: "openai",
-                payer,
-                requestedModel: "chat-medium",
-                modelClass: "chat-medium",
-                providerId: "prov-a",
-                authorized: 20_000,
-                agent: {}
-              },
-              {
-                nonce: randomAuthorizationNonce(),
-                validAfter: 0n,
-                validBefore: 2n ** 40n,
-                signature: `0x${"11".repeat(65)}`
-              }
-            )
+            yield* reserve(requestId, payer, 20_000)
             yield* ledger.capture({
               receipt: { ...receiptBody(requestId, epochId), wallet: payer, authorized: 20_000 },
               economics: seededEconomics(requestId)
