@@ -3,6 +3,7 @@ import { BannerLive } from "./Banner.ts"
 import { Chain } from "./chain/Chain.ts"
 import { DatabaseLive } from "./db/Database.ts"
 import { Fleet } from "./devnet/fleet/Fleet.ts"
+import { Evals } from "./evals/Evals.ts"
 import { HttpServerLive } from "./http/Server.ts"
 import { LiveStreams } from "./inference/LiveStreams.ts"
 import { Pipeline } from "./inference/Pipeline.ts"
@@ -30,6 +31,8 @@ import { ModelCatalog } from "./market/ModelCatalog.ts"
 import { Providers } from "./market/Providers.ts"
 import { QuoteBook } from "./market/QuoteBook.ts"
 import { Rfq } from "./market/Rfq.ts"
+import { Analytics } from "./marketdata/Analytics.ts"
+import { Feedback } from "./marketdata/Feedback.ts"
 import { MarketData, MarketDataConfig } from "./marketdata/MarketData.ts"
 import { CreditKeys } from "./payment/CreditKeys.ts"
 import { Credits } from "./payment/Credits.ts"
@@ -53,6 +56,9 @@ import { ApprovalPage } from "./setup/ApprovalPage.ts"
 import { SetupSettings } from "./setup/SetupSettings.ts"
 import { TaskEvents } from "./tasks/TaskEvents.ts"
 import { Tasks } from "./tasks/Tasks.ts"
+import { TaskTraces } from "./tasks/Trace.ts"
+import { Verification } from "./tasks/Verification.ts"
+import { Workspaces } from "./tasks/Workspaces.ts"
 
 /** The market: registry, book, latency and the RFQ over them (the auction itself is pure). */
 export const MarketLive = Layer.mergeAll(Rfq.layer, Listings.layer).pipe(
@@ -107,11 +113,18 @@ export const SetupLive = Layer.mergeAll(AgentSetups.layer, ApprovalPage.layer).p
   Layer.provideMerge(SetupSettings.layer)
 )
 
-/** Durable tasks (spec 4.3): the task records, their event log's wake-ups and the retention reaper. */
-export const TasksLive = Tasks.layer.pipe(Layer.provideMerge(TaskEvents.layer))
+/** Durable tasks and evaluations (spec 4.3): records, event wake-ups, workspaces, verdicts, traces, evals. */
+export const TasksLive = Layer.mergeAll(Verification.layer, TaskTraces.layer, Evals.layer).pipe(
+  Layer.provideMerge(Workspaces.layer),
+  Layer.provideMerge(Tasks.layer),
+  Layer.provideMerge(TaskEvents.layer)
+)
 
 /** Public market data and analytics (spec 4.4), read from the clearing records the paid path leaves. */
-export const MarketDataLive = MarketData.layer.pipe(Layer.provideMerge(MarketDataConfig.layer))
+export const MarketDataLive = Layer.mergeAll(Analytics.layer, Feedback.layer).pipe(
+  Layer.provideMerge(MarketData.layer),
+  Layer.provideMerge(MarketDataConfig.layer)
+)
 
 /** Every service of the router over a database and a chain. */
 export const ServicesLive = Layer.mergeAll(

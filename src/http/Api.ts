@@ -1,13 +1,14 @@
 import { HttpApi, OpenApi } from "effect/http-api"
 import { MessagesApi, ResponsesApi } from "./AdaptersApi.ts"
 import { ChatApi, ReceiptsApi } from "./ChatApi.ts"
+import { EvalsApi } from "./EvalsApi.ts"
 import { GatedApi } from "./GatedApi.ts"
 import { ImagesApi } from "./ImagesApi.ts"
 import { ChallengesApi, IntegrityAdminApi, IntegrityApi, ProviderClaimsApi } from "./IntegrityApi.ts"
 import { KeyAnalyticsApi } from "./KeyAnalyticsApi.ts"
 import { CreditsApi, KeysApi, WalletsAdminApi } from "./KeysApi.ts"
 import { AdminApi, MarketApi, ProviderApi, RoutingApi } from "./MarketApi.ts"
-import { MarketDataApi } from "./MarketDataApi.ts"
+import { FeedbackApi, MarketAnalyticsApi, MarketDataApi } from "./MarketDataApi.ts"
 import { PointsApi } from "./PointsApi.ts"
 import { SessionsApi } from "./SessionsApi.ts"
 import { AgentSetupApi, AgentSetupPageApi } from "./SetupApi.ts"
@@ -21,6 +22,8 @@ export class Api extends HttpApi.make("svc")
   .add(ProviderApi)
   .add(MarketApi)
   .add(MarketDataApi)
+  .add(MarketAnalyticsApi)
+  .add(FeedbackApi)
   .add(RoutingApi)
   .add(ChatApi)
   .add(ReceiptsApi)
@@ -40,6 +43,7 @@ export class Api extends HttpApi.make("svc")
   .add(AgentSetupApi)
   .add(AgentSetupPageApi)
   .add(TasksApi)
+  .add(EvalsApi)
   .annotateMerge(
     OpenApi.annotations({
       title: "svc market-cleared inference router",

@@ -11,6 +11,7 @@ import { ChallengesGateLive } from "./ChallengesGate.ts"
 import { DrainGate } from "./DrainGate.ts"
 import { MessagesHandlers, ResponsesHandlers } from "./handlers/Adapters.ts"
 import { ChatHandlers } from "./handlers/Chat.ts"
+import { EvalsHandlers } from "./handlers/Evals.ts"
 import { GatedHandlers } from "./handlers/Gated.ts"
 import { ImagesHandlers } from "./handlers/Images.ts"
 import {
@@ -22,7 +23,7 @@ import {
 import { KeyAnalyticsHandlers } from "./handlers/KeyAnalytics.ts"
 import { CreditsHandlers, KeysHandlers, WalletsAdminHandlers } from "./handlers/Keys.ts"
 import { AdminHandlers, MarketHandlers, ProviderHandlers, RoutingHandlers } from "./handlers/Market.ts"
-import { MarketDataHandlers } from "./handlers/MarketData.ts"
+import { FeedbackHandlers, MarketAnalyticsHandlers, MarketDataHandlers } from "./handlers/MarketData.ts"
 import { PointsHandlers } from "./handlers/Points.ts"
 import { ReceiptHandlers } from "./handlers/Receipts.ts"
 import { SessionHandlers } from "./handlers/Sessions.ts"
@@ -41,6 +42,8 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     ProviderHandlers,
     MarketHandlers,
     MarketDataHandlers,
+    MarketAnalyticsHandlers,
+    FeedbackHandlers,
     RoutingHandlers,
     ChatHandlers,
     ReceiptHandlers,
@@ -59,7 +62,8 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     PointsHandlers,
     AgentSetupHandlers,
     AgentSetupPageHandlers,
-    TasksHandlers
+    TasksHandlers,
+    EvalsHandlers
   ]),
   Layer.provide(Layer.mergeAll(OperatorAuthLive, ChallengesGateLive, PaidCalls.layer, Images.layer)),
   Layer.provide([RouterMiddleware, DrainGate, Cors])

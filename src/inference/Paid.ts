@@ -25,6 +25,8 @@ export interface PaidRequestContext {
   readonly creditKey?: string | undefined
   /** `x-task-token`: the call is one of a durable task's steps, held within the task's budget. */
   readonly taskToken?: string | undefined
+  /** A call the router makes for a task itself (its rubric review): held like a `x-task-token` call. */
+  readonly taskId?: string | undefined
   readonly resourceUrl: string
   readonly agent: AgentHeaders
 }
@@ -49,6 +51,14 @@ export interface ServeSummary {
   readonly ttftMs: number
   readonly error: { readonly code: string; readonly message: string } | null
 }
+
+/**
+ * Whether the provider broke off mid-answer (or the request was stopped): the receipt says
+ * `partial` and names the error. Every dialect's reply then says so too (D152): chat a
+ * `finish_reason` of `"error"` and no `stop` after its error chunk, Messages a `null` `stop_reason`
+ * (or its `error` event), Responses `failed`.
+ */
+export const wasCut = (summary: ServeSummary) => summary.status === "partial" && summary.error !== null
 
 /** What a reader of a served request sees: content as it arrives, then exactly one `End`. */
 export type ServeEvent =

@@ -47,42 +47,46 @@ export class Settlement extends Context.Service<
     const alreadyUsed = (row: ClaimedAuthorization) =>
       chain.authorizationState(getAddress(row.payer), row.nonce as Hex)
 
-    const settleOne = (row: ClaimedAuthorization) =>
-      Effect.gen(function* () {
-        if (row.attempts > 1 && (yield* alreadyUsed(row))) {
-          return yield* landed(row, (row.tx_hash ?? "unknown") as Hex)
-        }
-        if (row.signature === null) return yield* failed(row, "no signature on record")
-        const authorization = {
+    /**
+     * Submission is idempotent per request (ledger/Treasury.ts): a retry after a crash or a failed wait
+     * gets the transaction already recorded for this authorization, with its hash, never a second one.
+     */
+    const transferOf = (row: ClaimedAuthorization, signature: Hex) =>
+      ({
+        _tag: "X402Settlement",
+        requestId: row.request_id,
+        authorization: {
           from: getAddress(row.payer),
           to: chain.treasury,
           value: BigInt(row.value),
           validAfter: BigInt(row.valid_after),
           validBefore: BigInt(row.valid_before),
           nonce: row.nonce as Hex,
-          signature: row.signature as Hex
+          signature
         }
-        const hash = yield* treasury.send({
-          _tag: "X402Settlement",
-          requestId: row.request_id,
-          authorization
-        })
-        yield* authorizations.recordBroadcast(row, hash)
+      }) as const
+
+    const settleOne = (row: ClaimedAuthorization) =>
+      Effect.gen(function* () {
+        if (row.signature === null) return yield* failed(row, "no signature on record")
+        const hash = yield* treasury.send(transferOf(row, row.signature as Hex))
+        if (row.tx_hash !== hash) yield* authorizations.recordBroadcast(row, hash)
         const outcome = yield* treasury.confirm(hash)
         if (outcome.status === "success") return yield* landed(row, hash)
-        // A revert after an earlier attempt may mean that attempt landed: the token says which.
+        // Moved nothing; the token says whether another submission (not ours) used the authorization.
         if (yield* alreadyUsed(row)) return yield* landed(row, (row.tx_hash ?? hash) as Hex)
-        return yield* failed(row, "transfer reverted")
+        return yield* failed(row, `transfer ${outcome.status}`)
       }).pipe(
         Effect.catchTag("ChainError", (e) =>
-          // A failed send or wait can hide a transfer that did land (a resend then fails at gas
-          // estimation): ask the token before recording a failure.
-          alreadyUsed(row).pipe(
-            Effect.orElseSucceed(() => false),
-            Effect.flatMap((used) =>
-              used ? landed(row, (row.tx_hash ?? "unknown") as Hex) : failed(row, `${e.reason}: ${e.message}`)
-            )
-          )
+          // Nothing recorded for this authorization (a refused estimate), or a wait that failed: the token
+          // says whether it is used. Used with no transaction of ours means someone else submitted it.
+          Effect.gen(function* () {
+            const ours = yield* treasury.recorded(transferOf(row, (row.signature ?? "0x") as Hex))
+            const used = yield* alreadyUsed(row).pipe(Effect.orElseSucceed(() => false))
+            if (used) return yield* landed(row, (ours ?? row.tx_hash ?? "unknown") as Hex)
+            // A transaction of ours still open is not a failure: the next pass confirms it.
+            return yield* failed(row, `${e.reason}: ${e.message}`)
+          })
         ),
         Effect.withSpan("Settlement.settle", { attributes: { request_id: row.request_id } })
       )
