@@ -29,6 +29,8 @@ import { demoWalletAccounts, routerSignerAccount, treasuryAccount } from "./DevA
 import type { TokenDomain } from "./Eip3009.ts"
 import { type EmbeddedContracts, prepareState, readContracts, writeContracts } from "./EmbeddedState.ts"
 import { ensureUptoContracts, PERMIT2_ADDRESS, UPTO_PROXY_ADDRESS } from "./Permit2.ts"
+import { permit2Abi } from "./permit2Artifact.ts"
+import { nonceBitmapPosition, type UptoPermit, uptoSettleCall } from "./UptoPermit.ts"
 
 export { ChainError, type ChainErrorReason } from "./ChainError.ts"
 export {
@@ -96,6 +98,15 @@ export interface ChainShape {
   readonly balanceOf: (address: Address) => Effect.Effect<bigint, ChainError>
   /** A quick read (paid path): fails `Timeout` when the node does not answer in time. */
   readonly authorizationState: (authorizer: Address, nonce: Hex) => Effect.Effect<boolean, ChainError>
+  /** A quick read (paid path): whether Permit2 has spent `owner`'s unordered `nonce` (an `upto` settlement). */
+  readonly permit2NonceUsed: (owner: Address, nonce: bigint) => Effect.Effect<boolean, ChainError>
+  /** A quick read (paid path): the token allowance `owner` gave Permit2. */
+  readonly permit2Allowance: (owner: Address) => Effect.Effect<bigint, ChainError>
+  /**
+   * Settles `amount` (at most the ceiling) of an `upto` permit through the upto proxy, from the router signer
+   * (the witness's facilitator), which pays gas; returns once broadcast, not mined.
+   */
+  readonly submitUptoSettlement: (permit: UptoPermit, amount: bigint) => Effect.Effect<Hash, ChainError>
   /** Sends the authorization from the router signer, which pays gas; returns once broadcast, not mined. */
   /** Dry-runs the authorization as the router would send it (eth_call): fails `Reverted` with the token's reason. */
   readonly simulateTransferWithAuthorization: (
@@ -294,6 +305,36 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     )
   )
 
+  const permit2NonceUsed = Effect.fn("Chain.permit2NonceUsed")(function* (owner: Address, nonce: bigint) {
+    const { wordPos, bitPos } = nonceBitmapPosition(nonce)
+    const word = yield* quickCall("Chain.permit2NonceUsed", () =>
+      connection.quickClient.readContract({
+        address: PERMIT2_ADDRESS,
+        abi: permit2Abi,
+        functionName: "nonceBitmap",
+        args: [owner, wordPos]
+      })
+    )
+    return ((word >> bitPos) & 1n) === 1n
+  })
+
+  const permit2Allowance = Effect.fn("Chain.permit2Allowance")((owner: Address) =>
+    quickCall("Chain.permit2Allowance", () =>
+      connection.quickClient.readContract({
+        address: token,
+        abi: testUsdcAbi,
+        functionName: "allowance",
+        args: [owner, PERMIT2_ADDRESS]
+      })
+    )
+  )
+
+  const submitUptoSettlement = Effect.fn("Chain.submitUptoSettlement")((permit: UptoPermit, amount: bigint) =>
+    router.send("Chain.submitUptoSettlement", (wallet, nonce) =>
+      wallet.writeContract({ ...uptoSettleCall(permit, amount), nonce })
+    )
+  )
+
   const simulateTransferWithAuthorization = Effect.fn("Chain.simulateTransferWithAuthorization")(
     (a: TransferAuthorization) => {
       const split = splitSignature(a.signature)
@@ -440,6 +481,9 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     probe,
     balanceOf,
     authorizationState,
+    permit2NonceUsed,
+    permit2Allowance,
+    submitUptoSettlement,
     simulateTransferWithAuthorization,
     submitTransferWithAuthorization,
     waitForReceipt,

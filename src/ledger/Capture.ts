@@ -5,9 +5,12 @@ import type { EconomicsRecord } from "../domain/Economics.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import type { ReceiptStore } from "./ReceiptStore.ts"
 
-/** How a captured request was paid: an x402 authorization, or a funded key's reservation. */
+/**
+ * How a captured request was paid: an x402 authorization (`exact` unless said: an `upto` one settles the
+ * charge itself, so it has no refund), or a funded key's reservation.
+ */
 export type PaymentSource =
-  | { readonly _tag: "X402" }
+  | { readonly _tag: "X402"; readonly scheme?: "exact" | "upto" }
   | { readonly _tag: "Credit"; readonly keyId: string }
   /** The call that opened a session: its authorization or key reservation is the session budget. */
   | {
@@ -75,8 +78,33 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
       WHERE session_id = ${sessionId} AND in_flight = ${receipt.request_id}
     `
 
+  /**
+   * An `upto` authorization is settled at the charge itself: the proxy moves exactly that much, so the
+   * queue's `value` becomes the charge and nothing is refunded; the unused ceiling is never taken. A zero
+   * charge settles nothing: the authorization is released unsubmitted (its signature erased).
+   */
+  const settleUpto = (receipt: ReceiptBody) =>
+    Effect.gen(function* () {
+      yield* receipt.charged > 0
+        ? sql`
+            UPDATE x402_authorizations SET status = 'pending', value = ${receipt.charged}, updated_at = now()
+            WHERE request_id = ${receipt.request_id} AND status = 'reserved'
+          `
+        : sql`
+            UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
+            WHERE request_id = ${receipt.request_id} AND status = 'reserved'
+          `
+      yield* entry(
+        receipt.request_id,
+        receipt.wallet,
+        "authorization_released",
+        receipt.authorized - receipt.charged
+      )
+    })
+
   /** Whether the receipt is final as captured (balance- or budget-backed) or waits for a transfer. */
-  const settledOnCapture = (source: PaymentSource) =>
+  const settledOnCapture = (source: PaymentSource, receipt: ReceiptBody) =>
+    (source._tag === "X402" && source.scheme === "upto" && receipt.charged === 0) ||
     source._tag === "Credit" ||
     source._tag === "SessionTurn" ||
     (source._tag === "SessionOpening" && source.funding._tag === "Credit")
@@ -88,7 +116,7 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
   }: CaptureRecord) {
     const { routerFee, providerShare } = feeSplit(receipt.charged)
     const refund = receipt.authorized - receipt.charged
-    const signature = settledOnCapture(source) ? yield* Effect.orDie(sign(receipt)) : null
+    const signature = settledOnCapture(source, receipt) ? yield* Effect.orDie(sign(receipt)) : null
     yield* sql
       .withTransaction(
         Effect.gen(function* () {
@@ -119,6 +147,10 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
               yield* spendSession(receipt, source.sessionId, source.prefixTokens)
               break
             case "X402":
+              if (source.scheme === "upto") {
+                yield* settleUpto(receipt)
+                break
+              }
               yield* submitAuthorization
               if (refund > 0) {
                 yield* entry(receipt.request_id, receipt.wallet, "refund_due", refund)

@@ -6,6 +6,7 @@ import {
   type TransactionOutcome,
   type TransferAuthorization
 } from "../chain/Chain.ts"
+import type { UptoPermit } from "../chain/UptoPermit.ts"
 
 /**
  * Every transfer the router sends, named by what it is for and by the record it settles, so that
@@ -17,6 +18,17 @@ export type OutgoingTransfer =
       readonly _tag: "X402Settlement"
       readonly requestId: string
       readonly authorization: TransferAuthorization
+    }
+  /**
+   * A captured x402 `upto` authorization: exactly the charged `amount` (at most the signed ceiling) moves
+   * payer → treasury through the upto proxy, sent by the router signer as the witness's facilitator.
+   * Permit2 spends the nonce with it, so one authorization can never transfer twice.
+   */
+  | {
+      readonly _tag: "UptoSettlement"
+      readonly requestId: string
+      readonly permit: UptoPermit
+      readonly amount: bigint
     }
   /** The overage of a payer's ended requests, batched (treasury → payer). */
   | {
@@ -45,6 +57,7 @@ export type OutgoingTransfer =
 const attributes = (transfer: OutgoingTransfer): Record<string, string> => {
   switch (transfer._tag) {
     case "X402Settlement":
+    case "UptoSettlement":
       return { purpose: transfer._tag, request_id: transfer.requestId }
     case "RefundBatch":
       return { purpose: transfer._tag, refunds: String(transfer.requestIds.length) }
@@ -58,7 +71,7 @@ const attributes = (transfer: OutgoingTransfer): Record<string, string> => {
 }
 
 /**
- * The one way money (or an anchor) leaves the router: x402 settlement submissions, refund batches,
+ * The one way money (or an anchor) leaves the router: x402 settlement submissions (`exact` and `upto`), refund batches,
  * provider payouts, withdrawals and epoch anchors. Callers keep their own records (hash recorded
  * before the receipt is awaited, resume and adoption rules); this module is where a send happens.
  */
@@ -80,6 +93,8 @@ export class Treasury extends Context.Service<
         switch (transfer._tag) {
           case "X402Settlement":
             return chain.submitTransferWithAuthorization(transfer.authorization)
+          case "UptoSettlement":
+            return chain.submitUptoSettlement(transfer.permit, transfer.amount)
           case "RefundBatch":
           case "ProviderPayout":
           case "Withdrawal":
