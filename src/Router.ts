@@ -30,6 +30,7 @@ import { ModelCatalog } from "./market/ModelCatalog.ts"
 import { Providers } from "./market/Providers.ts"
 import { QuoteBook } from "./market/QuoteBook.ts"
 import { Rfq } from "./market/Rfq.ts"
+import { MarketData, MarketDataConfig } from "./marketdata/MarketData.ts"
 import { CreditKeys } from "./payment/CreditKeys.ts"
 import { Credits } from "./payment/Credits.ts"
 import { FundingService } from "./payment/Funding.ts"
@@ -40,6 +41,7 @@ import { KeysAuth } from "./payment/KeysAuth.ts"
 import { PaymentVerifier } from "./payment/PaymentVerifier.ts"
 import { Sessions } from "./payment/Sessions.ts"
 import { Settlement } from "./payment/Settlement.ts"
+import { TaskBudgets } from "./payment/TaskBudgets.ts"
 import { X402Config } from "./payment/X402.ts"
 import { Points } from "./points/Points.ts"
 import { Rewards } from "./points/Rewards.ts"
@@ -49,6 +51,8 @@ import { RouterConfig } from "./RouterConfig.ts"
 import { AgentSetups } from "./setup/AgentSetups.ts"
 import { ApprovalPage } from "./setup/ApprovalPage.ts"
 import { SetupSettings } from "./setup/SetupSettings.ts"
+import { TaskEvents } from "./tasks/TaskEvents.ts"
+import { Tasks } from "./tasks/Tasks.ts"
 
 /** The market: registry, book, latency and the RFQ over them (the auction itself is pure). */
 export const MarketLive = Layer.mergeAll(Rfq.layer, Listings.layer).pipe(
@@ -81,7 +85,13 @@ export const InferenceLive = Layer.mergeAll(Pipeline.layer, Reaper.layer, Routin
   Layer.provideMerge(Serve.layer),
   Layer.provideMerge(Layer.mergeAll(FundingService.layer, Settle.layer)),
   Layer.provideMerge(
-    Layer.mergeAll(LiveStreams.layer, Upstream.layerFetch, CreditKeys.layer, Sessions.layer)
+    Layer.mergeAll(
+      LiveStreams.layer,
+      Upstream.layerFetch,
+      CreditKeys.layer,
+      Sessions.layer,
+      TaskBudgets.layer
+    )
   ),
   Layer.provideMerge(PaymentsLive),
   Layer.provideMerge(MarketLive)
@@ -97,11 +107,20 @@ export const SetupLive = Layer.mergeAll(AgentSetups.layer, ApprovalPage.layer).p
   Layer.provideMerge(SetupSettings.layer)
 )
 
+/** Durable tasks (spec 4.3): the task records, their event log's wake-ups and the retention reaper. */
+export const TasksLive = Tasks.layer.pipe(Layer.provideMerge(TaskEvents.layer))
+
+/** Public market data and analytics (spec 4.4), read from the clearing records the paid path leaves. */
+export const MarketDataLive = MarketData.layer.pipe(Layer.provideMerge(MarketDataConfig.layer))
+
 /** Every service of the router over a database and a chain. */
-export const ServicesLive = Layer.mergeAll(ProgramsLive, SetupLive, Readiness.layer).pipe(
-  Layer.provideMerge(InferenceLive),
-  Layer.provideMerge(Drain.layer)
-)
+export const ServicesLive = Layer.mergeAll(
+  ProgramsLive,
+  SetupLive,
+  TasksLive,
+  MarketDataLive,
+  Readiness.layer
+).pipe(Layer.provideMerge(InferenceLive), Layer.provideMerge(Drain.layer))
 
 /** The simulated fleet runs unless `SIMULATED_FLEET=false` (real upstreams register themselves). */
 const FleetWhenEnabled = Layer.unwrap(

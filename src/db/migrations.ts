@@ -559,6 +559,253 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
     `
     yield* sql`CREATE INDEX agent_setups_expiry ON agent_setups (expires_at) WHERE status <> 'exchanged'`
   }),
+  "0011_market_data": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // The compact clearing record of every served request (docs/decisions.md D120): derived from the
+    // receipt and economics the paid path already writes, by the trigger below, in their transaction.
+    // Rebuildable from those two records; it holds no prompt, no reply and nothing of a payment.
+    yield* sql`
+      CREATE TABLE market_clears (
+        id BIGSERIAL PRIMARY KEY,
+        request_id TEXT NOT NULL UNIQUE REFERENCES requests (request_id),
+        at_ms BIGINT NOT NULL,
+        model_class TEXT NOT NULL,
+        provider_id TEXT NOT NULL,
+        wallet TEXT NOT NULL,
+        profile TEXT NOT NULL,
+        price_in BIGINT NOT NULL,
+        price_out BIGINT NOT NULL,
+        price_in_cached BIGINT,
+        tokens_in BIGINT NOT NULL,
+        tokens_out BIGINT NOT NULL,
+        tokens_cached BIGINT NOT NULL,
+        charge_num BIGINT NOT NULL,
+        charged BIGINT NOT NULL,
+        ttft_ms INTEGER NOT NULL,
+        price_setter TEXT NOT NULL,
+        quotes_competing INTEGER NOT NULL
+      )
+    `
+    yield* sql`CREATE INDEX market_clears_at ON market_clears (at_ms)`
+    yield* sql`CREATE INDEX market_clears_provider ON market_clears (provider_id, at_ms)`
+    // Hourly aggregates per (class, provider), kept 90 days (D124). Spread over 8 shards by request id,
+    // as the points of a provider are, so concurrent captures do not queue on one row; a read sums them.
+    yield* sql`
+      CREATE TABLE market_rollups (
+        hour_ms BIGINT NOT NULL,
+        model_class TEXT NOT NULL,
+        provider_id TEXT NOT NULL,
+        shard SMALLINT NOT NULL,
+        clears BIGINT NOT NULL,
+        tokens BIGINT NOT NULL,
+        charge_num NUMERIC NOT NULL,
+        volume BIGINT NOT NULL,
+        high BIGINT NOT NULL,
+        low BIGINT NOT NULL,
+        ttft_sum BIGINT NOT NULL,
+        PRIMARY KEY (hour_ms, model_class, provider_id, shard)
+      )
+    `
+    // At commit (deferred), when both records of a request are there: a released request cleared
+    // nothing and a reaped one has no auction, so neither leaves a clear. Listeners learn of each
+    // clear (its row, as JSON) when the transaction commits.
+    yield* sql`
+      CREATE FUNCTION market_clear_record() RETURNS trigger
+      LANGUAGE plpgsql AS $$
+      DECLARE
+        r JSONB; e JSONB := NEW.body; c market_clears%ROWTYPE; num BIGINT; tokens BIGINT;
+      BEGIN
+        IF e ? 'reaped' THEN RETURN NULL; END IF;
+        SELECT body INTO r FROM receipts WHERE request_id = NEW.request_id;
+        IF r IS NULL OR r->>'status' = 'released' THEN RETURN NULL; END IF;
+        num := ((r->>'in_tokens')::bigint - (r->>'cached_tokens')::bigint) * (r->>'price_in')::bigint
+             + (r->>'cached_tokens')::bigint * COALESCE((r->>'price_in_cached')::bigint, (r->>'price_in')::bigint)
+             + (r->>'out_tokens')::bigint * (r->>'price_out')::bigint;
+        INSERT INTO market_clears (request_id, at_ms, model_class, provider_id, wallet, profile, price_in,
+                                   price_out, price_in_cached, tokens_in, tokens_out, tokens_cached, charge_num,
+                                   charged, ttft_ms, price_setter, quotes_competing)
+        VALUES (NEW.request_id, (r->>'created_at')::bigint, r->>'model_class', r->>'provider_id',
+                lower(r->>'wallet'), e->>'profile', (r->>'price_in')::bigint, (r->>'price_out')::bigint,
+                (r->>'price_in_cached')::bigint, (r->>'in_tokens')::bigint, (r->>'out_tokens')::bigint,
+                (r->>'cached_tokens')::bigint, num, (r->>'charged')::bigint, (r->>'ttft_ms')::integer,
+                e->>'price_setter', (e->>'quotes_competing')::integer)
+        ON CONFLICT (request_id) DO NOTHING
+        RETURNING * INTO c;
+        IF c.id IS NULL THEN RETURN NULL; END IF;
+        tokens := c.tokens_in + c.tokens_out;
+        INSERT INTO market_rollups (hour_ms, model_class, provider_id, shard, clears, tokens, charge_num, volume,
+                                    high, low, ttft_sum)
+        VALUES (c.at_ms - c.at_ms % 3600000, c.model_class, c.provider_id, hashtext(c.request_id) & 7, 1, tokens,
+                num, c.charged,
+                CASE WHEN tokens > 0 THEN round(num::numeric / tokens) ELSE 0 END,
+                CASE WHEN tokens > 0 THEN round(num::numeric / tokens) ELSE 9223372036854775807 END,
+                c.ttft_ms)
+        ON CONFLICT (hour_ms, model_class, provider_id, shard) DO UPDATE
+        SET clears = market_rollups.clears + 1,
+            tokens = market_rollups.tokens + EXCLUDED.tokens,
+            charge_num = market_rollups.charge_num + EXCLUDED.charge_num,
+            volume = market_rollups.volume + EXCLUDED.volume,
+            high = GREATEST(market_rollups.high, EXCLUDED.high),
+            low = LEAST(market_rollups.low, EXCLUDED.low),
+            ttft_sum = market_rollups.ttft_sum + EXCLUDED.ttft_sum;
+        PERFORM pg_notify('market_clears', row_to_json(c)::text);
+        RETURN NULL;
+      EXCEPTION WHEN OTHERS THEN
+        -- Market data never costs a paid request its capture: a record it cannot read is skipped, loudly.
+        RAISE WARNING 'market_clear_record skipped %: %', NEW.request_id, SQLERRM;
+        RETURN NULL;
+      END
+      $$
+    `
+    yield* sql`
+      CREATE CONSTRAINT TRIGGER economics_market_clear AFTER INSERT ON economics
+      DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION market_clear_record()
+    `
+  }),
+  "0012_tasks": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // Durable tasks (spec 4.3, D135-D141). The capability token is stored only as SHA-256. The budget
+    // columns are moved only by payment/TaskBudgets.ts: `held` is the worst case of the task's paid calls
+    // in flight, `spent` the sum of their receipts' charges; the CHECKs make overspending impossible
+    // whatever the interleaving. `fence` grows on every new claim; writes under an older fence are refused.
+    yield* sql`
+      CREATE TABLE tasks (
+        task_id TEXT PRIMARY KEY,
+        token_hash TEXT NOT NULL UNIQUE,
+        owner_key_id TEXT,
+        goal TEXT NOT NULL,
+        max_steps INTEGER NOT NULL CHECK (max_steps > 0),
+        budget BIGINT NOT NULL CHECK (budget >= 0),
+        retention_hours INTEGER NOT NULL CHECK (retention_hours BETWEEN 1 AND 720),
+        state TEXT NOT NULL CHECK (state IN ('pending', 'running', 'succeeded', 'failed')),
+        steps INTEGER NOT NULL DEFAULT 0,
+        spent BIGINT NOT NULL DEFAULT 0 CHECK (spent >= 0),
+        held BIGINT NOT NULL DEFAULT 0 CHECK (held >= 0),
+        last_seq BIGINT NOT NULL DEFAULT 0,
+        fence BIGINT NOT NULL DEFAULT 0,
+        lease_id TEXT,
+        lease_worker TEXT,
+        lease_expires_at BIGINT,
+        acceptance JSONB,
+        acceptance_frozen_at BIGINT,
+        parent_task_id TEXT,
+        parent_snapshot_id TEXT,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        CHECK (spent + held <= budget),
+        CHECK (steps <= max_steps)
+      )
+    `
+    yield* sql`CREATE INDEX tasks_expiry ON tasks (expires_at)`
+    yield* sql`CREATE INDEX tasks_owner ON tasks (owner_key_id) WHERE owner_key_id IS NOT NULL`
+    yield* sql`
+      CREATE TABLE task_events (
+        task_id TEXT NOT NULL REFERENCES tasks (task_id) ON DELETE CASCADE,
+        seq BIGINT NOT NULL,
+        type TEXT NOT NULL,
+        source TEXT NOT NULL CHECK (source IN ('client', 'router')),
+        data JSONB NOT NULL,
+        created_at BIGINT NOT NULL,
+        PRIMARY KEY (task_id, seq)
+      )
+    `
+    yield* sql`
+      CREATE TABLE task_checkpoints (
+        task_id TEXT NOT NULL REFERENCES tasks (task_id) ON DELETE CASCADE,
+        checkpoint_no INTEGER NOT NULL,
+        fence BIGINT NOT NULL,
+        execution JSONB NOT NULL,
+        context JSONB NOT NULL,
+        created_at BIGINT NOT NULL,
+        PRIMARY KEY (task_id, checkpoint_no)
+      )
+    `
+    yield* sql`
+      CREATE TABLE task_effects (
+        task_id TEXT NOT NULL REFERENCES tasks (task_id) ON DELETE CASCADE,
+        effect_id TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('begun', 'completed', 'abandoned')),
+        fence BIGINT NOT NULL,
+        description JSONB NOT NULL,
+        result JSONB,
+        begun_at BIGINT NOT NULL,
+        resolved_at BIGINT,
+        PRIMARY KEY (task_id, effect_id)
+      )
+    `
+    // The paid calls made for a task: held while in flight, charged from the receipt once settled.
+    yield* sql`
+      CREATE TABLE task_calls (
+        request_id TEXT PRIMARY KEY,
+        task_id TEXT NOT NULL REFERENCES tasks (task_id) ON DELETE CASCADE,
+        held BIGINT NOT NULL CHECK (held >= 0),
+        charged BIGINT,
+        created_at BIGINT NOT NULL,
+        settled_at BIGINT
+      )
+    `
+    yield* sql`CREATE INDEX task_calls_task ON task_calls (task_id, created_at)`
+    yield* sql`CREATE INDEX task_calls_open ON task_calls (created_at) WHERE settled_at IS NULL`
+  }),
+  "0013_workspaces_evals": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // Content-addressed workspaces (D142): a file's bytes are stored once by SHA-256, whichever task
+    // and snapshot name them; a snapshot is a manifest of paths to hashes.
+    yield* sql`
+      CREATE TABLE workspace_blobs (
+        hash TEXT PRIMARY KEY,
+        content BYTEA NOT NULL,
+        size INTEGER NOT NULL
+      )
+    `
+    yield* sql`
+      CREATE TABLE workspace_snapshots (
+        snapshot_id TEXT PRIMARY KEY,
+        task_id TEXT,
+        created_at BIGINT NOT NULL
+      )
+    `
+    yield* sql`CREATE INDEX workspace_snapshots_task ON workspace_snapshots (task_id)`
+    yield* sql`
+      CREATE TABLE workspace_files (
+        snapshot_id TEXT NOT NULL REFERENCES workspace_snapshots (snapshot_id) ON DELETE CASCADE,
+        path TEXT NOT NULL,
+        hash TEXT NOT NULL REFERENCES workspace_blobs (hash),
+        PRIMARY KEY (snapshot_id, path)
+      )
+    `
+    yield* sql`CREATE INDEX workspace_files_hash ON workspace_files (hash)`
+    // Evaluation runs (D146-D148): wallet-owned, paid by the creating key, results per case.
+    yield* sql`
+      CREATE TABLE eval_runs (
+        run_id TEXT PRIMARY KEY,
+        key_id TEXT NOT NULL,
+        wallet TEXT NOT NULL,
+        suite TEXT NOT NULL,
+        target TEXT NOT NULL,
+        budget BIGINT NOT NULL CHECK (budget > 0),
+        spent BIGINT NOT NULL DEFAULT 0,
+        status TEXT NOT NULL CHECK (status IN ('running', 'completed', 'failed')),
+        created_at BIGINT NOT NULL,
+        finished_at BIGINT
+      )
+    `
+    yield* sql`CREATE INDEX eval_runs_key ON eval_runs (key_id, created_at)`
+    yield* sql`
+      CREATE TABLE eval_results (
+        run_id TEXT NOT NULL REFERENCES eval_runs (run_id) ON DELETE CASCADE,
+        case_id TEXT NOT NULL,
+        dialect TEXT NOT NULL,
+        passed BOOLEAN NOT NULL,
+        outcome TEXT NOT NULL,
+        request_id TEXT,
+        charged BIGINT NOT NULL DEFAULT 0,
+        latency_ms INTEGER NOT NULL,
+        detail TEXT NOT NULL,
+        PRIMARY KEY (run_id, case_id)
+      )
+    `
+  }),
   "0016_upto_authorizations": Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
     // An x402 `upto` authorization (a Permit2 witness transfer) shares the queue of `exact` ones. Its `nonce`

@@ -48,7 +48,14 @@ export const ConflictCode = Schema.Literals([
   "challenge_replayed",
   "challenge_not_open",
   "claim_stale",
-  "setup_already_decided"
+  "setup_already_decided",
+  // durable tasks (docs/decisions.md D137, D138, D143)
+  "lease_held",
+  "lease_lost",
+  "lease_expired",
+  "stale_fence",
+  "effect_resolved",
+  "acceptance_frozen"
 ])
 export class Conflict extends Schema.TaggedError<Conflict>()(
   "Conflict",

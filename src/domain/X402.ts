@@ -41,7 +41,11 @@ export const PaymentRequiredCode = Schema.Literals([
   "wrong_scheme",
   "key_unfunded",
   "key_budget_exhausted",
-  "session_budget_exhausted"
+  "session_budget_exhausted",
+  // a paid call made for a durable task (docs/decisions.md D140)
+  "task_budget_exhausted",
+  "task_steps_exhausted",
+  "task_closed"
 ])
 export type PaymentRequiredCode = typeof PaymentRequiredCode.Type
 

@@ -7,10 +7,12 @@ import { ChallengesApi, IntegrityAdminApi, IntegrityApi, ProviderClaimsApi } fro
 import { KeyAnalyticsApi } from "./KeyAnalyticsApi.ts"
 import { CreditsApi, KeysApi, WalletsAdminApi } from "./KeysApi.ts"
 import { AdminApi, MarketApi, ProviderApi, RoutingApi } from "./MarketApi.ts"
+import { MarketDataApi } from "./MarketDataApi.ts"
 import { PointsApi } from "./PointsApi.ts"
 import { SessionsApi } from "./SessionsApi.ts"
 import { AgentSetupApi, AgentSetupPageApi } from "./SetupApi.ts"
 import { SystemApi } from "./SystemApi.ts"
+import { TasksApi } from "./TasksApi.ts"
 
 export class Api extends HttpApi.make("svc")
   .add(SystemApi)
@@ -18,6 +20,7 @@ export class Api extends HttpApi.make("svc")
   .add(AdminApi)
   .add(ProviderApi)
   .add(MarketApi)
+  .add(MarketDataApi)
   .add(RoutingApi)
   .add(ChatApi)
   .add(ReceiptsApi)
@@ -36,6 +39,7 @@ export class Api extends HttpApi.make("svc")
   .add(PointsApi)
   .add(AgentSetupApi)
   .add(AgentSetupPageApi)
+  .add(TasksApi)
   .annotateMerge(
     OpenApi.annotations({
       title: "svc market-cleared inference router",

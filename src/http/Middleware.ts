@@ -150,6 +150,7 @@ export const Cors = HttpRouter.cors({
     "idempotency-key",
     "x-session-token",
     "x-stream-token",
+    "x-task-token",
     "x-routing-agent-role",
     "x-routing-parent-task",
     "x-routing-agent-id"

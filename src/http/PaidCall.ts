@@ -48,6 +48,7 @@ export const paidContextOf = (
   paymentHeader: request.headers["payment-signature"] ?? request.headers["x-payment"],
   creditKey: request.headers["x-credit-key"],
   sessionToken: request.headers["x-session-token"],
+  taskToken: request.headers["x-task-token"],
   resourceUrl,
   agent: agentHeadersOf(request)
 })
@@ -155,14 +156,20 @@ export class PaidCalls extends Context.Service<
               return yield* replay(0)
             }
           }
-          const admitted = yield* pipeline
-            .admit(options.chat, context)
-            .pipe(Effect.tapError(() => (key === undefined ? Effect.void : idempotency.abandon(key))))
+          // Admission is uninterruptible but for the wait for the first token; once it returns, the
+          // key is completed with its request id in the same step, so a hang-up either frees the
+          // key (nothing was served) or leaves it pointing at the request that answered it.
+          const admitted = yield* Effect.uninterruptibleMask((restore) =>
+            restore(pipeline.admit(options.chat, context)).pipe(
+              Effect.tap((admitted) =>
+                key === undefined ? Effect.void : idempotency.complete(key, admitted.requestId)
+              )
+            )
+          )
           const original: Original<P> = { admitted, agent: context.agent, payload: options.payload }
           served.set(admitted.stream, (from) => options.respond(original, from))
-          if (key !== undefined) yield* idempotency.complete(key, admitted.requestId)
           return yield* options.respond(original, 0)
-        }).pipe(Effect.withSpan("PaidCalls.serve", { attributes: { path: options.path } }))
+        }).pipe(Effect.scoped, Effect.withSpan("PaidCalls.serve", { attributes: { path: options.path } }))
 
       const find = (id: string, token: string | undefined) =>
         Effect.gen(function* () {

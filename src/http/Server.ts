@@ -22,11 +22,13 @@ import {
 import { KeyAnalyticsHandlers } from "./handlers/KeyAnalytics.ts"
 import { CreditsHandlers, KeysHandlers, WalletsAdminHandlers } from "./handlers/Keys.ts"
 import { AdminHandlers, MarketHandlers, ProviderHandlers, RoutingHandlers } from "./handlers/Market.ts"
+import { MarketDataHandlers } from "./handlers/MarketData.ts"
 import { PointsHandlers } from "./handlers/Points.ts"
 import { ReceiptHandlers } from "./handlers/Receipts.ts"
 import { SessionHandlers } from "./handlers/Sessions.ts"
 import { AgentSetupHandlers, AgentSetupPageHandlers } from "./handlers/Setup.ts"
 import { SystemHandlers } from "./handlers/System.ts"
+import { TasksHandlers } from "./handlers/Tasks.ts"
 import { Cors, RouterMiddleware } from "./Middleware.ts"
 import { PaidCalls } from "./PaidCall.ts"
 
@@ -38,6 +40,7 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     AdminHandlers,
     ProviderHandlers,
     MarketHandlers,
+    MarketDataHandlers,
     RoutingHandlers,
     ChatHandlers,
     ReceiptHandlers,
@@ -55,7 +58,8 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     ProviderClaimsHandlers,
     PointsHandlers,
     AgentSetupHandlers,
-    AgentSetupPageHandlers
+    AgentSetupPageHandlers,
+    TasksHandlers
   ]),
   Layer.provide(Layer.mergeAll(OperatorAuthLive, ChallengesGateLive, PaidCalls.layer, Images.layer)),
   Layer.provide([RouterMiddleware, DrainGate, Cors])

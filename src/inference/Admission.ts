@@ -6,6 +6,7 @@ import type { PaymentSource } from "../ledger/Ledger.ts"
 import { Rfq } from "../market/Rfq.ts"
 import { FundingService } from "../payment/Funding.ts"
 import { type SessionRow, Sessions } from "../payment/Sessions.ts"
+import { TaskBudgets } from "../payment/TaskBudgets.ts"
 import { agentRecord, type Launch, newRequestId, type PaidRequestContext, reservationOf } from "./Paid.ts"
 import { marketRequestOf } from "./Requirements.ts"
 
@@ -19,6 +20,32 @@ export const makeAdmission = Effect.gen(function* () {
   const rfq = yield* Rfq
   const fundingService = yield* FundingService
   const sessions = yield* Sessions
+  const taskBudgets = yield* TaskBudgets
+
+  /**
+   * A task's call holds its worst case on the task before it is funded (in the request's scope, so
+   * the hold closes after its capture or release); a task that cannot cover it is a 402 here.
+   */
+  const holdForTask = (
+    context: PaidRequestContext,
+    requestId: string,
+    worstCase: number,
+    description: string
+  ) =>
+    context.taskToken === undefined
+      ? Effect.succeed(undefined)
+      : taskBudgets.hold({ token: context.taskToken, requestId, worstCase }).pipe(
+          Effect.map((hold) => hold.held),
+          Effect.catchTag("TaskRefused", (refused) =>
+            Effect.fail(
+              fundingService.quote(
+                { worstCase, resourceUrl: context.resourceUrl, description },
+                refused.code,
+                refused.message
+              )
+            )
+          )
+        )
 
   const route = Effect.fn("Completions.route")(function* (
     request: ChatCompletionRequest,
@@ -64,6 +91,7 @@ export const makeAdmission = Effect.gen(function* () {
       : `${auction.winner.model_class} completion, at most ${maxTokensOf(request)} output tokens`
     const requestId = newRequestId()
     const createdAt = yield* Clock.currentTimeMillis
+    const chargeCap = yield* holdForTask(context, requestId, worstCase, description)
     let sessionToken: string | undefined
     const { funding, payer, authorized } = yield* fundingService.fund({
       creditKey: context.creditKey,
@@ -122,7 +150,8 @@ export const makeAdmission = Effect.gen(function* () {
       promptEstimate,
       cachedEstimate: 0,
       sessionToken,
-      agent: agentRecord(context.agent)
+      agent: agentRecord(context.agent),
+      chargeCap
     } satisfies Launch
   })
 
@@ -157,6 +186,7 @@ export const makeAdmission = Effect.gen(function* () {
     )
     const requestId = newRequestId()
     const createdAt = yield* Clock.currentTimeMillis
+    const chargeCap = yield* holdForTask(context, requestId, worstCase, `session ${session.session_id} turn`)
     const { funding, payer, authorized } = yield* fundingService.fundTurn({
       sessionId: session.session_id,
       token: context.sessionToken,
@@ -176,7 +206,8 @@ export const makeAdmission = Effect.gen(function* () {
       promptEstimate,
       cachedEstimate,
       sessionToken: undefined,
-      agent: agentRecord(context.agent)
+      agent: agentRecord(context.agent),
+      chargeCap
     } satisfies Launch
   })
 

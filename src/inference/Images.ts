@@ -278,12 +278,13 @@ export class Images extends Context.Service<
               message: `This Idempotency-Key already produced request ${claim.requestId}; the image is not stored, its receipt is at /v1/receipts/${claim.requestId}`
             })
           }
-          const generated = yield* generateOnce(request, context).pipe(
-            Effect.tapError(() => idempotency.abandon(key))
+          // The claim is freed with its scope unless the delivered image completed it first.
+          return yield* Effect.uninterruptibleMask((restore) =>
+            restore(generateOnce(request, context)).pipe(
+              Effect.tap((generated) => idempotency.complete(key, generated.requestId))
+            )
           )
-          yield* idempotency.complete(key, generated.requestId)
-          return generated
-        })
+        }).pipe(Effect.scoped)
       }
 
       return Images.of({ generate })

@@ -1,4 +1,5 @@
 import { randomBytes } from "node:crypto"
+import type { Scope } from "effect"
 import type { ChatCompletionRequest } from "../domain/Chat.ts"
 import type { PaidCallError } from "../domain/Errors.ts"
 import type { PaymentSource } from "../ledger/Ledger.ts"
@@ -22,6 +23,8 @@ export interface PaidRequestContext {
   readonly sessionToken?: string | undefined
   /** `x-credit-key`: spend a funded key's budget instead of signing per request. */
   readonly creditKey?: string | undefined
+  /** `x-task-token`: the call is one of a durable task's steps, held within the task's budget. */
+  readonly taskToken?: string | undefined
   readonly resourceUrl: string
   readonly agent: AgentHeaders
 }
@@ -70,6 +73,10 @@ export interface Launch {
   /** Returned once, when this request opened a session. */
   readonly sessionToken: string | undefined
   readonly agent: Record<string, string>
+  /** At most this is charged: the task budget hold a task's call took (the hold is its own cap). */
+  readonly chargeCap?: number | undefined
+  /** The request's own scope (its task hold): closed once the request is captured or released. */
+  readonly scope?: Scope.Closeable | undefined
 }
 
 /** An admitted request being served: what the caller's encoder reads. */

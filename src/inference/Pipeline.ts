@@ -1,9 +1,9 @@
-import { Context, Effect, Layer } from "effect"
+import { Context, Effect, Exit, Layer, Scope } from "effect"
 import type { ChatCompletionRequest } from "../domain/Chat.ts"
 import { Sessions } from "../payment/Sessions.ts"
 import { makeAdmission } from "./Admission.ts"
 import { gateChat } from "./Gate.ts"
-import type { Admitted, CompletionError, PaidRequestContext } from "./Paid.ts"
+import type { Admitted, CompletionError, Launch, PaidRequestContext } from "./Paid.ts"
 import { Serve } from "./Serve.ts"
 import { estimatePromptTokens } from "./Tokens.ts"
 
@@ -48,11 +48,18 @@ export class Pipeline extends Context.Service<
         const promptEstimate = estimatePromptTokens(request.messages)
         const sessionId = request.routing?.session_id
         const session = sessionId === undefined ? undefined : yield* sessions.find(sessionId)
-        const launch =
+        // The request's own scope holds what it takes before funding (a task's budget hold); the
+        // serve step closes it after the capture or release, a refused admission closes it here.
+        const scope = yield* Scope.make()
+        const admitting: Effect.Effect<Launch, CompletionError, Scope.Scope> =
           session === undefined
-            ? yield* admission.fresh(request, context, promptEstimate)
-            : yield* admission.turn(request, context, session, promptEstimate)
-        return yield* serve.launch(launch)
+            ? admission.fresh(request, context, promptEstimate)
+            : admission.turn(request, context, session, promptEstimate)
+        const launch = yield* admitting.pipe(
+          Scope.provide(scope),
+          Effect.onError(() => Scope.close(scope, Exit.void))
+        )
+        return yield* serve.launch({ ...launch, scope })
       })
 
       return Pipeline.of({

@@ -1,4 +1,4 @@
-import { Cause, Clock, Context, Deferred, Effect, Exit, Layer, Option, Stream } from "effect"
+import { Cause, Clock, Context, Deferred, Effect, Exit, Layer, Option, Scope, Stream } from "effect"
 import { charge } from "../domain/Billing.ts"
 import { maxTokensOf } from "../domain/Chat.ts"
 import { ServiceUnavailable, UpstreamFailed } from "../domain/Errors.ts"
@@ -120,7 +120,9 @@ const finish =
       })
       const tokens = billableTokens(usage)
       const released = !meter.delivered
-      const charged = released ? 0 : Math.min(charge(tokens, auction.clear), input.authorized)
+      const charged = released
+        ? 0
+        : Math.min(charge(tokens, auction.clear), input.authorized, input.chargeCap ?? input.authorized)
       const interrupted = Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause)
       const status: ServeSummary["status"] = released
         ? "released"
@@ -153,6 +155,8 @@ const finish =
           agent: input.agent
         }
       })
+      // What the request held until its settlement (a task's budget hold) closes once it is settled.
+      if (input.scope !== undefined) yield* Scope.close(input.scope, Exit.void)
       yield* input.emit({
         _tag: "End",
         summary: {

@@ -171,28 +171,45 @@ export class QuoteBook extends Context.Service<
         for (const [key, quote] of standing) if (quote.valid_until < nowS - 60) standing.delete(key)
       }).pipe(Effect.withSpan("QuoteBook.sync"))
 
-      const acquireSlot = Effect.fn("QuoteBook.acquireSlot")(function* (quote: SignedQuote) {
+      // The lease row and its release are one uninterruptible step (acquireRelease): a caller
+      // hanging up while the row is being written still leaves a registered release behind it.
+      const acquireSlot = (quote: SignedQuote) => {
         const key = slotKey(quote.provider_id, quote.model_class)
         const leaseId = crypto.randomUUID()
-        const rows = yield* sql<{ granted: boolean }>`
-          SELECT acquire_capacity(${quote.provider_id}, ${quote.model_class}, ${quote.capacity_rps}, ${leaseId},
-                                  ${LEASE_TTL}::interval) AS granted
-        `.pipe(Effect.orDie)
-        const granted = rows[0]?.granted === true
-        if (!granted) {
-          return yield* new ServiceUnavailable({
-            code: "capacity_exhausted",
-            message: `${quote.provider_id} is at its signed capacity for ${quote.model_class}`
-          })
-        }
-        inFlight.set(key, (inFlight.get(key) ?? 0) + 1)
-        yield* Effect.addFinalizer(() =>
-          Effect.gen(function* () {
-            inFlight.set(key, Math.max(0, (inFlight.get(key) ?? 1) - 1))
-            yield* sql`DELETE FROM capacity_leases WHERE lease_id = ${leaseId}`.pipe(Effect.ignore)
-          })
+        return Effect.acquireRelease(
+          sql<{ granted: boolean }>`
+            SELECT acquire_capacity(${quote.provider_id}, ${quote.model_class}, ${quote.capacity_rps}, ${leaseId},
+                                    ${LEASE_TTL}::interval) AS granted
+          `.pipe(
+            Effect.map((rows) => rows[0]?.granted === true),
+            Effect.tap((granted) =>
+              Effect.sync(() => {
+                if (granted) inFlight.set(key, (inFlight.get(key) ?? 0) + 1)
+              })
+            ),
+            Effect.orDie
+          ),
+          (granted) =>
+            granted
+              ? Effect.gen(function* () {
+                  inFlight.set(key, Math.max(0, (inFlight.get(key) ?? 1) - 1))
+                  yield* sql`DELETE FROM capacity_leases WHERE lease_id = ${leaseId}`.pipe(Effect.ignore)
+                })
+              : Effect.void
+        ).pipe(
+          Effect.flatMap((granted) =>
+            granted
+              ? Effect.void
+              : Effect.fail(
+                  new ServiceUnavailable({
+                    code: "capacity_exhausted",
+                    message: `${quote.provider_id} is at its signed capacity for ${quote.model_class}`
+                  })
+                )
+          ),
+          Effect.withSpan("QuoteBook.acquireSlot")
         )
-      })
+      }
 
       yield* sync
       yield* repeatInBackground(sync, {

@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto"
-import { Context, Effect, Layer } from "effect"
+import { Context, Effect, Layer, type Scope } from "effect"
 import { SqlClient } from "effect/sql"
 import { Conflict } from "../domain/Errors.ts"
 
@@ -13,13 +13,19 @@ export const bodyHash = (body: unknown) => createHash("sha256").update(JSON.stri
  * result (never a second charge or provider call); a different body, or a duplicate while
  * the first is still running, is a 409. A key whose request failed before anything was
  * reserved is freed, so the client can retry it (for example after a 402).
+ *
+ * A fresh claim is a scoped resource: taken and its release registered in one uninterruptible
+ * step, and released with its scope whatever ends it (success, failure, a hang-up, shutdown). The
+ * release frees the key unless the request completed it with its request id first, so an
+ * interrupted request never leaves its key `in_progress` for every retry to meet a 409.
  */
 export class Idempotency extends Context.Service<
   Idempotency,
   {
-    readonly claim: (key: string, hash: string) => Effect.Effect<Claim, Conflict>
+    /** Claims the key for the life of the scope (see above); `Replay` holds nothing. */
+    readonly claim: (key: string, hash: string) => Effect.Effect<Claim, Conflict, Scope.Scope>
+    /** Marks the key done with the request that answered it: the scope's release then keeps it. */
     readonly complete: (key: string, requestId: string) => Effect.Effect<void>
-    readonly abandon: (key: string) => Effect.Effect<void>
     /** Forgets keys older than a day (each holds a hash of its body). */
     readonly expire: Effect.Effect<void>
   }
@@ -29,7 +35,7 @@ export class Idempotency extends Context.Service<
     Effect.gen(function* () {
       const sql = yield* SqlClient.SqlClient
 
-      const claim = Effect.fn("Idempotency.claim")(function* (
+      const claimOnce = Effect.fn("Idempotency.claim")(function* (
         key: string,
         hash: string
       ): Effect.fn.Return<Claim, Conflict> {
@@ -42,7 +48,7 @@ export class Idempotency extends Context.Service<
           SELECT body_hash, request_id, state FROM idempotency_keys WHERE key = ${key}
         `.pipe(Effect.orDie)
         const row = rows[0]
-        if (row === undefined) return yield* claim(key, hash)
+        if (row === undefined) return yield* claimOnce(key, hash)
         if (row.body_hash !== hash) {
           return yield* new Conflict({
             code: "idempotency_replay",
@@ -71,12 +77,17 @@ export class Idempotency extends Context.Service<
           Effect.orDie
         )
 
+      const claim = (key: string, hash: string) =>
+        Effect.acquireRelease(claimOnce(key, hash), (claimed) =>
+          claimed._tag === "Fresh" ? abandon(key) : Effect.void
+        )
+
       const expire = sql`DELETE FROM idempotency_keys WHERE created_at < now() - interval '1 day'`.pipe(
         Effect.asVoid,
         Effect.orDie
       )
 
-      return Idempotency.of({ claim, complete, abandon, expire })
+      return Idempotency.of({ claim, complete, expire })
     })
   )
 }

@@ -1,5 +1,6 @@
 import { assert, describe, layer } from "@effect/vitest"
-import { Effect, Exit, Layer, Schema, Scope } from "effect"
+import { Effect, Exit, Fiber, Layer, Schema, Scope } from "effect"
+import { SqlClient } from "effect/sql"
 import { TestClock } from "effect/testing"
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
 import { quoteSigningString, SignedQuote } from "../../src/domain/Quote.ts"
@@ -76,6 +77,30 @@ describe("quote book", () => {
         assert.strictEqual((yield* book.live)[0]!.inFlight, 0)
         yield* Effect.scoped(book.acquireSlot(quote))
       })
+    )
+    it.effect("a request interrupted while it takes its slot leaves no lease behind", () =>
+      TestClock.withLive(
+        Effect.gen(function* () {
+          const book = yield* QuoteBook
+          const sql = yield* SqlClient.SqlClient
+          const quote = yield* quoteAt(Math.floor(Date.now() / 1000) + 30, 1_000, "q-interrupted")
+          yield* book.ingest(quote)
+          // A caller hanging up 0–4 ms in lands before, during and after the lease's own statement.
+          for (let i = 0; i < 60; i++) {
+            const fiber = yield* Effect.forkChild(
+              Effect.scoped(Effect.andThen(book.acquireSlot(quote), Effect.never))
+            )
+            yield* Effect.sleep(i % 5)
+            yield* Fiber.interrupt(fiber)
+          }
+          const left = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM capacity_leases`
+          assert.strictEqual(left[0]!.n, 0)
+          assert.strictEqual(
+            (yield* book.live).find((q) => q.quote.quote_id === "q-interrupted")!.inFlight,
+            0
+          )
+        })
+      )
     )
   })
 })

@@ -1,0 +1,402 @@
+import { PgClient } from "@effect/sql-pg"
+import { Clock, Config, Context, Effect, Layer, Queue, Schedule, type Stream } from "effect"
+import { SqlClient } from "effect/sql"
+import { InvalidRequest } from "../domain/Errors.ts"
+import type { ModelList } from "../domain/Market.ts"
+import type { Candles, MarketIndex, MarketSnapshot, MarketStats } from "../domain/MarketData.ts"
+import { Listings } from "../market/Listings.ts"
+import { ModelCatalog } from "../market/ModelCatalog.ts"
+import { type Fanout, makeFanout } from "./Fanout.ts"
+import {
+  byTime,
+  type ClearRecord,
+  candles,
+  classStats,
+  compositeIndex,
+  type Grid,
+  PRICE_UNIT,
+  resolveGrid,
+  SERIES_BOUNDS,
+  tapeEntry
+} from "./Series.ts"
+
+/** The rolling window of spec 8 (24 h): what stats cover and what is kept in memory for the series. */
+export const STATS_WINDOW_MS = 86_400_000
+/** Clears on the snapshot's tape, newest first. */
+export const TAPE_LENGTH = 50
+/** The snapshot's index: the whole market over the stats window in hourly buckets. */
+const SNAPSHOT_INDEX_BUCKET_MS = 3_600_000
+
+export interface MarketDataSettings {
+  /** Subscribers `GET /v1/market/events` holds at once; one more is answered 503. */
+  readonly eventsCapacity: number
+  /** Frames a subscriber may fall behind by before it is dropped. */
+  readonly subscriberQueue: number
+  readonly heartbeatMs: number
+  /** How often the book is looked at for quotes in or out. */
+  readonly bookPollMs: number
+  /** The least time between two published frames (a burst of clears is one frame). */
+  readonly minFrameGapMs: number
+}
+
+export class MarketDataConfig extends Context.Service<MarketDataConfig, MarketDataSettings>()(
+  "router/marketdata/MarketDataConfig"
+) {
+  static readonly layer = Layer.effect(
+    MarketDataConfig,
+    Effect.gen(function* () {
+      const eventsCapacity = yield* Config.Int("MARKET_EVENTS_CAPACITY").pipe(Config.withDefault(1000))
+      const heartbeatSeconds = yield* Config.Int("MARKET_EVENTS_HEARTBEAT_SECONDS").pipe(
+        Config.withDefault(15)
+      )
+      return MarketDataConfig.of({
+        eventsCapacity,
+        subscriberQueue: 16,
+        heartbeatMs: heartbeatSeconds * 1000,
+        bookPollMs: 1000,
+        minFrameGapMs: 20
+      })
+    })
+  )
+
+  static readonly layerTest = (overrides: Partial<MarketDataSettings> = {}) =>
+    Layer.succeed(
+      MarketDataConfig,
+      MarketDataConfig.of({
+        eventsCapacity: 1000,
+        subscriberQueue: 16,
+        heartbeatMs: 15_000,
+        bookPollMs: 200,
+        minFrameGapMs: 20,
+        ...overrides
+      })
+    )
+}
+
+export interface SeriesQuery {
+  readonly window_ms?: number | undefined
+  readonly bucket_ms?: number | undefined
+}
+
+/** A `market_clears` row (BIGINT columns arrive as strings from the driver, as numbers in a notification). */
+export const clearOfRow = (row: Record<string, unknown>): ClearRecord => ({
+  id: Number(row.id),
+  requestId: String(row.request_id),
+  at: Number(row.at_ms),
+  modelClass: String(row.model_class),
+  provider: String(row.provider_id),
+  profile: String(row.profile),
+  priceIn: Number(row.price_in),
+  priceOut: Number(row.price_out),
+  tokensIn: Number(row.tokens_in),
+  tokensOut: Number(row.tokens_out),
+  tokensCached: Number(row.tokens_cached),
+  chargeNum: Number(row.charge_num),
+  charged: Number(row.charged),
+  ttftMs: Number(row.ttft_ms),
+  priceSetter: String(row.price_setter),
+  quotesCompeting: Number(row.quotes_competing)
+})
+
+const CLEAR_COLUMNS = `id, request_id, at_ms, model_class, provider_id, profile, price_in, price_out, tokens_in,
+  tokens_out, tokens_cached, charge_num, charged, ttft_ms, price_setter, quotes_competing`
+
+/** First index whose clear is not before `at` (clears sorted `byTime`). */
+const lowerBound = (clears: ReadonlyArray<ClearRecord>, at: number) => {
+  let lo = 0
+  let hi = clears.length
+  while (lo < hi) {
+    const mid = (lo + hi) >>> 1
+    if (clears[mid]!.at < at) lo = mid + 1
+    else hi = mid
+  }
+  return lo
+}
+
+const encoder = new TextEncoder()
+
+/**
+ * Public market data (spec 4.4, docs/decisions.md D120–D126). The clears of the last 24 h are held in
+ * memory, sorted by time: loaded from `market_clears` at start, then fed by the trigger's notification
+ * of each committed clear (with a catch-up read every 10 s in case one was missed). The snapshot is
+ * computed once per change (a clear, a quote in or out) and encoded once; every subscriber of the
+ * events gets those same bytes (`Fanout.ts`). Reads of candles, the index and stats run over the window
+ * in memory, never a query per request.
+ */
+export class MarketData extends Context.Service<
+  MarketData,
+  {
+    readonly snapshot: Effect.Effect<MarketSnapshot>
+    readonly candles: (
+      query: SeriesQuery & { readonly model_class?: string | undefined }
+    ) => Effect.Effect<Candles, InvalidRequest>
+    readonly index: (
+      query: SeriesQuery & { readonly classes?: string | undefined }
+    ) => Effect.Effect<MarketIndex, InvalidRequest>
+    readonly stats: Effect.Effect<MarketStats>
+    /** The events stream of one new subscriber (the current snapshot first), or undefined when full. */
+    readonly subscribe: Effect.Effect<Stream.Stream<Uint8Array> | undefined>
+    /** The clears of the rolling window, oldest first (for the analytics of the same records). */
+    readonly window: Effect.Effect<ReadonlyArray<ClearRecord>>
+    readonly fanout: Fanout
+  }
+>()("router/marketdata/MarketData") {
+  static readonly layer = Layer.effect(
+    MarketData,
+    Effect.gen(function* () {
+      const sql = yield* SqlClient.SqlClient
+      const pg = yield* PgClient.PgClient
+      const listings = yield* Listings
+      const catalog = yield* ModelCatalog
+      const settings = yield* MarketDataConfig
+      const classIds = catalog.classes.map((c) => c.id)
+
+      let clears: Array<ClearRecord> = []
+      const seen = new Set<number>()
+      let maxId = 0
+
+      const add = (c: ClearRecord) => {
+        if (seen.has(c.id)) return false
+        seen.add(c.id)
+        if (c.id > maxId) maxId = c.id
+        const last = clears[clears.length - 1]
+        if (last === undefined || byTime(last, c) <= 0) clears.push(c)
+        else {
+          let i = clears.length
+          while (i > 0 && byTime(clears[i - 1]!, c) > 0) i -= 1
+          clears.splice(i, 0, c)
+        }
+        return true
+      }
+
+      const evict = (now: number) => {
+        const cut = lowerBound(clears, now - STATS_WINDOW_MS)
+        if (cut === 0) return
+        for (const c of clears.slice(0, cut)) seen.delete(c.id)
+        clears = clears.slice(cut)
+      }
+
+      const load = (rows: ReadonlyArray<Record<string, unknown>>) => {
+        let added = false
+        for (const row of rows) added = add(clearOfRow(row)) || added
+        return added
+      }
+
+      const since = (yield* Clock.currentTimeMillis) - STATS_WINDOW_MS
+      load(
+        yield* sql
+          .unsafe<Record<string, unknown>>(
+            `SELECT ${CLEAR_COLUMNS} FROM market_clears WHERE at_ms >= $1 ORDER BY at_ms, id`,
+            [since]
+          )
+          .pipe(Effect.orDie)
+      )
+
+      // The book and the model list as of the last look, with what makes them differ.
+      let models: ModelList["data"] = []
+      let book: MarketSnapshot["book"] = []
+      let bookPrint = ""
+      const lookAtBook = Effect.gen(function* () {
+        const [list, ladder] = yield* Effect.all([listings.models, listings.book])
+        const print = JSON.stringify([ladder.classes, list.data.map((m) => [m.id, m.live_depth, m.best_ask])])
+        models = list.data
+        book = ladder.classes
+        if (print === bookPrint) return false
+        bookPrint = print
+        return true
+      })
+      yield* lookAtBook
+
+      let sequence = yield* Clock.currentTimeMillis
+      const economicsAt = (now: number) => {
+        evict(now)
+        const window = clears.filter((c) => c.at <= now)
+        const grid: Grid = {
+          windowMs: STATS_WINDOW_MS,
+          bucketMs: SNAPSHOT_INDEX_BUCKET_MS,
+          from: (Math.floor(now / SNAPSHOT_INDEX_BUCKET_MS) + 1) * SNAPSHOT_INDEX_BUCKET_MS - STATS_WINDOW_MS,
+          to: (Math.floor(now / SNAPSHOT_INDEX_BUCKET_MS) + 1) * SNAPSHOT_INDEX_BUCKET_MS,
+          points: STATS_WINDOW_MS / SNAPSHOT_INDEX_BUCKET_MS
+        }
+        const byClass = new Map<string, Array<ClearRecord>>(classIds.map((id) => [id, []]))
+        for (const c of window) byClass.get(c.modelClass)?.push(c)
+        const index = compositeIndex(window, classIds, grid)
+        return {
+          last_clears: window.slice(-TAPE_LENGTH).reverse().map(tapeEntry),
+          index: { value: index.value, components: index.components },
+          stats: classIds.map((id) => classStats(id, byClass.get(id) ?? []))
+        }
+      }
+
+      const compute = Effect.gen(function* () {
+        const now = yield* Clock.currentTimeMillis
+        sequence += 1
+        const snapshot: MarketSnapshot = {
+          object: "market.snapshot",
+          as_of: now,
+          sequence,
+          unit: PRICE_UNIT,
+          models,
+          book,
+          economics: economicsAt(now)
+        }
+        return snapshot
+      })
+
+      const frameOf = (snapshot: MarketSnapshot) =>
+        encoder.encode(`id: ${snapshot.sequence}\ndata: ${JSON.stringify(snapshot)}\n\n`)
+
+      let current = yield* compute
+      let currentFrame = frameOf(current)
+      const fanout = makeFanout({ capacity: settings.eventsCapacity, queue: settings.subscriberQueue })
+
+      // One computation per change, fanned out: the publisher waits for a change, computes and encodes
+      // the snapshot once, offers the same bytes to every subscriber, then lets a burst gather.
+      const wake = yield* Queue.sliding<void>(1)
+      const changed = () => {
+        Queue.offerUnsafe(wake, undefined)
+      }
+      const publish = Effect.gen(function* () {
+        yield* Queue.take(wake)
+        current = yield* compute
+        currentFrame = frameOf(current)
+        fanout.publish(currentFrame)
+        yield* Effect.sleep(settings.minFrameGapMs)
+      })
+      yield* Effect.forever(publish).pipe(Effect.forkScoped)
+
+      const catchUp = Effect.gen(function* () {
+        const rows = yield* sql.unsafe<Record<string, unknown>>(
+          `SELECT ${CLEAR_COLUMNS} FROM market_clears WHERE id > $1 AND at_ms >= $2 ORDER BY id`,
+          [Math.max(0, maxId - 1000), (yield* Clock.currentTimeMillis) - STATS_WINDOW_MS]
+        )
+        if (load(rows)) changed()
+      })
+
+      const listen = Effect.scoped(
+        Effect.gen(function* () {
+          const notes = yield* pg.listen("market_clears")
+          yield* catchUp
+          yield* Effect.forever(
+            Effect.gen(function* () {
+              const note = yield* Queue.take(notes)
+              if (add(clearOfRow(JSON.parse(note.payload) as Record<string, unknown>))) changed()
+            })
+          )
+        })
+      )
+      yield* listen.pipe(
+        Effect.catchCause((cause) => Effect.logWarning("market data: clear notifications lost", cause)),
+        Effect.repeat(Schedule.spaced("1 second")),
+        Effect.forkScoped
+      )
+      yield* catchUp.pipe(
+        Effect.catchCause((cause) => Effect.logWarning("market data: catch-up failed", cause)),
+        Effect.repeat(Schedule.spaced("10 seconds")),
+        Effect.forkScoped
+      )
+      yield* Effect.gen(function* () {
+        if (yield* lookAtBook) changed()
+      }).pipe(
+        Effect.catchCause((cause) => Effect.logWarning("market data: book look failed", cause)),
+        Effect.repeat(Schedule.spaced(settings.bookPollMs)),
+        Effect.forkScoped
+      )
+      const heartbeat = encoder.encode(": heartbeat\n\n")
+      yield* Effect.sync(() => fanout.publish(heartbeat)).pipe(
+        Effect.repeat(Schedule.spaced(settings.heartbeatMs)),
+        Effect.forkScoped
+      )
+
+      const refuse = (error: { param: string; message: string }) =>
+        new InvalidRequest({ code: "invalid_range", param: error.param, message: error.message })
+
+      const gridFor = (query: SeriesQuery) =>
+        Effect.flatMap(Clock.currentTimeMillis, (now) => {
+          const resolved = resolveGrid(now, SERIES_BOUNDS, query.window_ms, query.bucket_ms)
+          return resolved._tag === "Refused"
+            ? Effect.fail(refuse(resolved.error))
+            : Effect.succeed(resolved.grid)
+        })
+
+      const inGrid = (grid: Grid) => clears.slice(lowerBound(clears, grid.from), lowerBound(clears, grid.to))
+
+      const seriesFields = (grid: Grid) => ({
+        unit: PRICE_UNIT,
+        window_ms: grid.windowMs,
+        bucket_ms: grid.bucketMs,
+        from: grid.from,
+        to: grid.to
+      })
+
+      const knownClass = (id: string) =>
+        catalog.find(id) === undefined
+          ? Effect.fail(
+              new InvalidRequest({
+                code: "unknown_model_class",
+                param: "model_class",
+                message: `Unknown model class ${id}`
+              })
+            )
+          : Effect.succeed(id)
+
+      const candlesOf = Effect.fn("MarketData.candles")(function* (
+        query: SeriesQuery & { readonly model_class?: string | undefined }
+      ) {
+        const grid = yield* gridFor(query)
+        const modelClass = query.model_class === undefined ? null : yield* knownClass(query.model_class)
+        const rows = inGrid(grid)
+        return {
+          object: "market.candles" as const,
+          model_class: modelClass,
+          ...seriesFields(grid),
+          candles: candles(modelClass === null ? rows : rows.filter((c) => c.modelClass === modelClass), grid)
+        }
+      })
+
+      const indexOf = Effect.fn("MarketData.index")(function* (
+        query: SeriesQuery & { readonly classes?: string | undefined }
+      ) {
+        const grid = yield* gridFor(query)
+        const basket =
+          query.classes === undefined || query.classes.trim() === ""
+            ? classIds
+            : [...new Set(query.classes.split(",").map((s) => s.trim()))]
+        for (const id of basket) yield* knownClass(id)
+        const result = compositeIndex(inGrid(grid), basket, grid)
+        return {
+          object: "market.index" as const,
+          classes: basket,
+          ...seriesFields(grid),
+          value: result.value,
+          components: result.components,
+          series: result.series
+        }
+      })
+
+      const stats = Effect.gen(function* () {
+        const now = yield* Clock.currentTimeMillis
+        const window = clears.slice(lowerBound(clears, now - STATS_WINDOW_MS))
+        const byClass = new Map<string, Array<ClearRecord>>(classIds.map((id) => [id, []]))
+        for (const c of window) byClass.get(c.modelClass)?.push(c)
+        return {
+          object: "market.stats" as const,
+          unit: PRICE_UNIT,
+          window_ms: STATS_WINDOW_MS,
+          as_of: now,
+          classes: classIds.map((id) => classStats(id, byClass.get(id) ?? []))
+        }
+      }).pipe(Effect.withSpan("MarketData.stats"))
+
+      return MarketData.of({
+        snapshot: Effect.sync(() => current),
+        candles: candlesOf,
+        index: indexOf,
+        stats,
+        subscribe: Effect.suspend(() => fanout.open(currentFrame)),
+        window: Effect.sync(() => clears),
+        fanout
+      })
+    })
+  )
+}

@@ -1,0 +1,123 @@
+import { assert, describe, layer } from "@effect/vitest"
+import { Effect, Fiber } from "effect"
+import { SqlClient } from "effect/sql"
+import { fundedKey, keyState } from "../support/Keys.ts"
+import { waitFor, waitForBook } from "../support/Pay.ts"
+import { RouterUrl, routerWithFleet } from "../support/Router.ts"
+
+const chat = (content: string, extra: Record<string, unknown> = {}) => ({
+  model: "chat-medium",
+  messages: [{ role: "user", content }],
+  max_tokens: 64,
+  ...extra
+})
+
+/** A key-paid completion the caller can hang up on; resolves to the status, or 0 when cut. */
+const keyPost = (secret: string, body: unknown, signal?: AbortSignal, headers: Record<string, string> = {}) =>
+  Effect.gen(function* () {
+    const base = yield* RouterUrl
+    return yield* Effect.promise(async () => {
+      try {
+        const response = await fetch(`${base}/v1/chat/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json", "x-credit-key": secret, ...headers },
+          body: JSON.stringify(body),
+          ...(signal === undefined ? {} : { signal })
+        })
+        await response.text()
+        return response.status
+      } catch {
+        return 0
+      }
+    })
+  })
+
+/** What requests left open: reservations still `reserved` and capacity leases still held. */
+const leftOpen = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const reserved = yield* sql<{
+    n: number
+  }>`SELECT count(*)::int AS n FROM requests WHERE status = 'reserved'`
+  const leases = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM capacity_leases`
+  return { reservations: reserved[0]!.n, leases: leases[0]!.n }
+}).pipe(Effect.orDie)
+
+describe("hang-ups leave nothing behind (issue 11)", () => {
+  layer(routerWithFleet({ epochSeconds: 3600 }), { excludeTestServices: true, timeout: 180_000 })((it) => {
+    it.effect(
+      "an Idempotency-Key request cut before its first token frees its key: the retry is served",
+      () =>
+        Effect.gen(function* () {
+          yield* waitForBook
+          const sql = yield* SqlClient.SqlClient
+          const key = yield* fundedKey({ budget: 10_000_000, balance: 10_000_000 })
+          // The simulated provider is ten times slower to its first token: the hang-up lands in the wait.
+          const body = chat("hang up on me [[sim:slow]]")
+          const headers = { "idempotency-key": "cut-before-first-token" }
+          const controller = new AbortController()
+          const first = yield* Effect.forkChild(keyPost(key.secret, body, controller.signal, headers))
+          yield* waitFor(
+            "the request's reservation",
+            Effect.map(
+              sql<{ n: number }>`SELECT count(*)::int AS n FROM requests WHERE status = 'reserved'`.pipe(
+                Effect.orDie
+              ),
+              (rows) => (rows[0]!.n > 0 ? true : undefined)
+            )
+          )
+          controller.abort()
+          yield* Fiber.await(first)
+          yield* waitFor(
+            "the key to leave in_progress",
+            Effect.map(
+              sql<{
+                n: number
+              }>`SELECT count(*)::int AS n FROM idempotency_keys WHERE state = 'in_progress'`.pipe(
+                Effect.orDie
+              ),
+              (rows) => (rows[0]!.n === 0 ? true : undefined)
+            ),
+            10_000
+          )
+          yield* waitFor(
+            "the cut request to settle",
+            Effect.map(leftOpen, (open) => (open.reservations === 0 ? true : undefined))
+          )
+          const retried = yield* keyPost(key.secret, body, undefined, headers)
+          assert.strictEqual(retried, 200)
+          const replayed = yield* keyPost(key.secret, body, undefined, headers)
+          assert.strictEqual(replayed, 200)
+          // One answer was served and paid; the cut request was released whole.
+          const statuses = yield* sql<{ status: string }>`SELECT status FROM requests`
+          assert.deepStrictEqual(statuses.map((r) => r.status).sort(), ["captured", "released"])
+        })
+    )
+
+    it.effect("hang-ups 10–60 ms after sending leave no capacity lease and no reservation behind", () =>
+      Effect.gen(function* () {
+        yield* waitForBook
+        const key = yield* fundedKey({ budget: 100_000_000, balance: 100_000_000 })
+        yield* Effect.forEach(
+          Array.from({ length: 40 }, (_, i) => i),
+          (i) =>
+            Effect.gen(function* () {
+              const controller = new AbortController()
+              setTimeout(() => controller.abort(), 10 + ((i * 7) % 51))
+              yield* keyPost(key.secret, chat(`hang-up ${i}`, { stream: i % 2 === 0 }), controller.signal)
+            }),
+          { concurrency: 8, discard: true }
+        )
+        const open = yield* waitFor(
+          "every cut request to settle",
+          Effect.map(leftOpen, (open) => (open.reservations === 0 && open.leases === 0 ? open : undefined)),
+          30_000
+        )
+        assert.deepStrictEqual(open, { reservations: 0, leases: 0 })
+        const state = yield* keyState(key.keyId)
+        assert.strictEqual(state.reserved, 0)
+        assert.strictEqual(state.walletReserved, 0)
+        assert.strictEqual(state.spent + state.available, 100_000_000)
+      })
+    )
+  })
+})
