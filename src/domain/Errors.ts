@@ -67,6 +67,12 @@ export class PayloadTooLarge extends Schema.TaggedError<PayloadTooLarge>()("Payl
   httpApiStatus: 413
 }) {}
 
+export class UnsupportedMediaType extends Schema.TaggedError<UnsupportedMediaType>()(
+  "UnsupportedMediaType",
+  fields,
+  { httpApiStatus: 415 }
+) {}
+
 export class UpstreamFailed extends Schema.TaggedError<UpstreamFailed>()("UpstreamFailed", fields, {
   httpApiStatus: 502
 }) {}
@@ -96,6 +102,7 @@ export const DialectErrors = [
   NotFound,
   Conflict,
   PayloadTooLarge,
+  UnsupportedMediaType,
   UpstreamFailed,
   ServiceUnavailable
 ] as const
@@ -114,6 +121,7 @@ export const errorTypes: Record<
   NotFound: { openai: "not_found_error", anthropic: "not_found_error" },
   Conflict: { openai: "conflict_error", anthropic: "invalid_request_error" },
   PayloadTooLarge: { openai: "invalid_request_error", anthropic: "request_too_large" },
+  UnsupportedMediaType: { openai: "invalid_request_error", anthropic: "invalid_request_error" },
   UpstreamFailed: { openai: "upstream_error", anthropic: "api_error" },
   ServiceUnavailable: { openai: "service_unavailable", anthropic: "overloaded_error" }
 }

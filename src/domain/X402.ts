@@ -145,7 +145,16 @@ export const UptoPayload = Schema.Struct({
   payload: Schema.Struct({ permit2Authorization: UptoAuthorization, signature: HexBytes })
 })
 
-const Rail = Schema.Struct({ scheme: Schema.String, network: Schema.String })
+/**
+ * The rail a payment names. `asset` and `payTo` are echoed by the official client (under
+ * `accepted`) and may be sent in the flat envelope; when present they are checked against the quote.
+ */
+const Rail = Schema.Struct({
+  scheme: Schema.String,
+  network: Schema.String,
+  asset: Schema.optionalKey(Schema.String),
+  payTo: Schema.optionalKey(Schema.String)
+})
 /** x402 v2 as the official client sends it: the chosen requirements echoed under `accepted`. */
 export const NestedEnvelopeHead = Schema.Struct({ accepted: Rail })
 /** Spec 2.7: `scheme` and `network` at the top level. */
@@ -163,6 +172,10 @@ export const FlatExactEnvelope = Schema.Struct({
 export interface ExactPayment {
   readonly scheme: "exact"
   readonly network: string
+  /** The token the envelope names (`accepted.asset`), when it names one. */
+  readonly asset?: string | undefined
+  /** The recipient the envelope names (`accepted.payTo`), when it names one. */
+  readonly payTo?: string | undefined
   readonly authorization: typeof ExactAuthorization.Type
   readonly signature: Hex
 }
@@ -171,6 +184,10 @@ export interface ExactPayment {
 export interface UptoPayment {
   readonly scheme: "upto"
   readonly network: string
+  /** The token the envelope names (`accepted.asset`), when it names one. */
+  readonly asset?: string | undefined
+  /** The recipient the envelope names (`accepted.payTo`), when it names one. */
+  readonly payTo?: string | undefined
   readonly authorization: typeof UptoAuthorization.Type
   readonly signature: Hex
 }

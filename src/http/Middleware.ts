@@ -12,7 +12,8 @@ import {
   InvalidRequest,
   NotFound,
   PayloadTooLarge,
-  ServiceUnavailable
+  ServiceUnavailable,
+  UnsupportedMediaType
 } from "../domain/Errors.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { Api } from "./Api.ts"
@@ -106,7 +107,19 @@ export const RouterMiddleware = HttpRouter.middleware(
         )
         let response: HttpServerResponse.HttpServerResponse
         if (Exit.isSuccess(exit)) {
-          response = exit.value
+          // The API framework answers a body it has no decoder for with a plain-text 415; the caller
+          // gets it as a JSON error in its own dialect like every other refusal.
+          response =
+            exit.value.status === 415 && exit.value.headers["content-type"]?.startsWith("text/plain") === true
+              ? renderError(
+                  dialectOf(path),
+                  new UnsupportedMediaType({
+                    code: "unsupported_media_type",
+                    param: "content-type",
+                    message: `Send the body as application/json (got ${(request.headers["content-type"] ?? "none").slice(0, 80)})`
+                  })
+                )
+              : exit.value
         } else {
           const known = frameworkError(exit.cause, path)
           if (known !== undefined) {

@@ -147,6 +147,17 @@ export class PaymentVerifier extends Context.Service<
             )
           )
 
+      /**
+       * Every field the envelope names is the quote's: a signature valid for the real token under an
+       * envelope naming another asset or recipient is refused, before anything is reserved.
+       */
+      const envelopeNamesQuote = ({ asset, payTo }: ExactPayment | UptoPayment): string | undefined =>
+        asset !== undefined && asset.toLowerCase() !== settings.asset.toLowerCase()
+          ? `accepted.asset must be the quoted token ${settings.asset} on ${settings.network}`
+          : payTo !== undefined && payTo.toLowerCase() !== settings.payTo.toLowerCase()
+            ? `accepted.payTo must be the treasury ${settings.payTo}`
+            : undefined
+
       const nowSeconds = Effect.map(Clock.currentTimeMillis, (ms) => BigInt(Math.floor(ms / 1000)))
       const skew = BigInt(PAYMENT_CLOCK_SKEW_S)
 
@@ -159,6 +170,8 @@ export class PaymentVerifier extends Context.Service<
         if (network !== settings.network) {
           return yield* rejectWith("payment_invalid", `network must be ${settings.network}`)
         }
+        const named = envelopeNamesQuote(payment)
+        if (named !== undefined) return yield* rejectWith("payment_invalid", named)
         if (to !== settings.payTo) {
           return yield* rejectWith(
             "payment_invalid",
@@ -263,6 +276,8 @@ export class PaymentVerifier extends Context.Service<
         if (network !== settings.network) {
           return yield* rejectWith("payment_invalid", `network must be ${settings.network}`)
         }
+        const named = envelopeNamesQuote(payment)
+        if (named !== undefined) return yield* rejectWith("payment_invalid", named)
         if (permitted.token !== settings.asset) {
           return yield* rejectWith("payment_invalid", `permitted.token must be the asset ${settings.asset}`)
         }

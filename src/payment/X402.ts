@@ -264,7 +264,7 @@ export const decodePaymentSignature = (
       : Schema.decodeUnknownResult(FlatEnvelopeHead)(envelope)
   if (Result.isFailure(head))
     return malformed(`malformed payment envelope: ${describeIssue(head.failure.issue)}`)
-  const { scheme, network } = head.success
+  const { scheme, network, asset, payTo } = head.success
   if (scheme === "upto" && !schemes.includes("upto")) {
     return Result.fail(
       new PaymentEnvelopeError({
@@ -279,7 +279,14 @@ export const decodePaymentSignature = (
     if (Result.isFailure(upto))
       return malformed(`malformed upto payload: ${describeIssue(upto.failure.issue)}`)
     const { permit2Authorization, signature } = upto.success.payload
-    return Result.succeed({ scheme: "upto", network, authorization: permit2Authorization, signature })
+    return Result.succeed({
+      scheme: "upto",
+      network,
+      asset,
+      payTo,
+      authorization: permit2Authorization,
+      signature
+    })
   }
   if (scheme !== "exact") {
     return Result.fail(
@@ -293,5 +300,5 @@ export const decodePaymentSignature = (
   if (Result.isFailure(body))
     return malformed(`malformed exact payload: ${describeIssue(body.failure.issue)}`)
   const { authorization, signature } = body.success.payload
-  return Result.succeed({ scheme: "exact", network, authorization, signature })
+  return Result.succeed({ scheme: "exact", network, asset, payTo, authorization, signature })
 }

@@ -128,6 +128,26 @@ describe("foundation HTTP surface", () => {
       })
     )
 
+    it.effect("a body that is not JSON is a 415 rendered as a JSON error in the caller's dialect", () =>
+      Effect.gen(function* () {
+        const post = (path: string, contentType: string) =>
+          call(path, { method: "POST", headers: { "content-type": contentType }, body: "model=auto" })
+        for (const path of ["/v1/chat/completions", "/v1/responses", "/v1/images/generations"]) {
+          const r = yield* post(path, "application/x-www-form-urlencoded")
+          assert.strictEqual(r.status, 415, path)
+          assert.match(r.headers.get("content-type") ?? "", /application\/json/)
+          const body = r.json as OpenAiError
+          assert.strictEqual(body.error.code, "unsupported_media_type")
+          assert.strictEqual(body.error.type, "invalid_request_error")
+        }
+        const messages = yield* post("/v1/messages", "text/plain")
+        assert.strictEqual(messages.status, 415)
+        const body = messages.json as AnthropicError
+        assert.strictEqual(body.type, "error")
+        assert.strictEqual(body.error.type, "invalid_request_error")
+      })
+    )
+
     it.effect("the admin surface never answers without the operator token", () =>
       Effect.gen(function* () {
         const none = yield* call("/v1/admin/providers")

@@ -59,13 +59,20 @@ const uptoPayer = (index: number) =>
     return { chain, account, openai }
   })
 
-/** A `PAYMENT-SIGNATURE` the official upto client signs for `requirements` (which a test may bend). */
-const officialUptoHeader = (account: PrivateKeyAccount, requirements: PaymentRequirements) =>
+/**
+ * A `PAYMENT-SIGNATURE` the official upto client signs for `requirements` (which a test may bend), echoing
+ * `accepted` (the requirements signed, unless a test echoes the quote over a bent signature).
+ */
+const officialUptoHeader = (
+  account: PrivateKeyAccount,
+  requirements: PaymentRequirements,
+  accepted: PaymentRequirements = requirements
+) =>
   Effect.promise(async () => {
     const created = await new UptoEvmScheme(account).createPaymentPayload(2, requirements)
-    return Buffer.from(
-      JSON.stringify({ x402Version: 2, accepted: requirements, payload: created.payload })
-    ).toString("base64")
+    return Buffer.from(JSON.stringify({ x402Version: 2, accepted, payload: created.payload })).toString(
+      "base64"
+    )
   })
 
 const quoteOf = (body: unknown) =>
@@ -227,8 +234,9 @@ describe("x402 upto: authorize a ceiling, settle the metered actual (official cl
           ["exact"]
         )
 
+        // The signed permit is bent; the envelope echoes the quote (the router checks both).
         const bent = (changes: Partial<PaymentRequirements>) =>
-          officialUptoHeader(account, { ...upto, ...changes })
+          officialUptoHeader(account, { ...upto, ...changes }, upto)
         yield* refused(
           chat("hello"),
           yield* bent({ payTo: account.address }),
@@ -246,6 +254,12 @@ describe("x402 upto: authorize a ceiling, settle the metered actual (official cl
           yield* bent({ asset: chain.anchor }),
           "payment_invalid",
           /permitted.token must be the asset/
+        )
+        yield* refused(
+          chat("hello"),
+          yield* officialUptoHeader(account, { ...upto, payTo: account.address }),
+          "payment_invalid",
+          /accepted.payTo must be the treasury/
         )
         // A ceiling below the worst case (a request whose worst case is above the solo settlement floor).
         const long = chat("hello", { model: "chat-medium", max_tokens: 4000 })

@@ -292,6 +292,51 @@ layer(TestLayer, { timeout: "90 seconds", excludeTestServices: true })(
       })
     )
 
+    it.effect("e2) a v2 envelope naming another asset or recipient under accepted: payment_invalid", () =>
+      Effect.gen(function* () {
+        const chain = yield* Chain
+        // The signature is valid for the real token and treasury; only the echoed requirements lie.
+        const accepted = (overrides: Record<string, unknown>) => ({
+          scheme: "exact",
+          network: chain.network,
+          amount: "100000",
+          asset: chain.token,
+          payTo: chain.treasury,
+          maxTimeoutSeconds: 300,
+          extra: { name: chain.tokenDomain.name, version: chain.tokenDomain.version },
+          ...overrides
+        })
+        const nested = (p: Signed, overrides: Record<string, unknown>) =>
+          Buffer.from(
+            JSON.stringify({
+              x402Version: 2,
+              accepted: accepted(overrides),
+              payload: { authorization: wire(p), signature: p.signature }
+            })
+          ).toString("base64")
+        const bogusAsset = yield* sign(yield* demoAccount(0))
+        const wrongAsset = yield* expectRejected(
+          bogusAsset.from,
+          bogusAsset.nonce,
+          "payment_invalid",
+          verify(nested(bogusAsset, { asset: "0x000000000000000000000000000000000000dEaD" }))
+        )
+        assert.include(wrongAsset.error, "accepted.asset")
+        const bogusPayTo = yield* sign(yield* demoAccount(0))
+        const wrongPayTo = yield* expectRejected(
+          bogusPayTo.from,
+          bogusPayTo.nonce,
+          "payment_invalid",
+          verify(nested(bogusPayTo, { payTo: chain.routerSigner }))
+        )
+        assert.include(wrongPayTo.error, "accepted.payTo")
+        // The same envelope naming the quoted asset (in any letter case) and recipient passes.
+        const honest = yield* sign(yield* demoAccount(0))
+        const verified = yield* verify(nested(honest, { asset: chain.token.toLowerCase() }))
+        assert.strictEqual(verified.payer, honest.from)
+      })
+    )
+
     it.effect("f) below the solo settlement floor: solo_settle_floor, session_required and the floor", () =>
       Effect.gen(function* () {
         const payment = yield* sign(yield* demoAccount(0), { value: 9_999n })

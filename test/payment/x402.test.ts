@@ -102,12 +102,18 @@ describe("decodePaymentSignature", () => {
   it.effect("reads the official v2 envelope and the spec's flat one as the same payment", () =>
     Effect.gen(function* () {
       const official = yield* officialPaymentHeader(250_000)
-      const nested = decodeX402Header(official) as { accepted: { network: string }; payload: unknown }
+      const nested = decodeX402Header(official) as {
+        accepted: { network: string; asset: string; payTo: string }
+        payload: unknown
+      }
       assert.containsAllKeys(nested, ["x402Version", "accepted", "payload"])
+      // The flat envelope may name the asset and recipient too; both shapes carry them to the verifier.
       const flat = base64({
         x402Version: 2,
         scheme: "exact",
         network: "eip155:31337",
+        asset: nested.accepted.asset,
+        payTo: nested.accepted.payTo,
         payload: nested.payload
       })
 
@@ -115,6 +121,8 @@ describe("decodePaymentSignature", () => {
       assert.deepStrictEqual(decodeOk(flat), fromOfficial)
       assert.strictEqual(fromOfficial.scheme, "exact")
       assert.strictEqual(fromOfficial.network, "eip155:31337")
+      assert.strictEqual(fromOfficial.asset, settings.asset)
+      assert.strictEqual(fromOfficial.payTo, settings.payTo)
       assert.strictEqual(fromOfficial.authorization.from, payer.address)
       assert.strictEqual(fromOfficial.authorization.to, settings.payTo)
       assert.strictEqual(fromOfficial.authorization.value, 250_000n)
@@ -183,7 +191,15 @@ describe("decodePaymentSignature", () => {
           const payload = { authorization, signature: hex(a.signature) }
           const accepted = { scheme: "exact", network: "eip155:8453", amount: "1", asset: settings.asset }
           const nested = decodeOk(base64({ x402Version: 2, accepted, payload }))
-          const flat = decodeOk(base64({ x402Version: 2, scheme: "exact", network: "eip155:8453", payload }))
+          const flat = decodeOk(
+            base64({
+              x402Version: 2,
+              scheme: "exact",
+              network: "eip155:8453",
+              asset: settings.asset,
+              payload
+            })
+          )
           assert.deepStrictEqual(nested, flat)
           assert.deepStrictEqual(nested.authorization, {
             from: getAddress(authorization.from),
