@@ -123,6 +123,12 @@ export interface ChainShape {
   readonly anchoredRoot: (epochId: bigint) => Effect.Effect<Hex, ChainError>
   /** EIP-712 signature by the router signer (receipts); no transaction, no gas. */
   readonly signTypedData: (typedData: TypedDataDefinition) => Effect.Effect<Hex, ChainError>
+  /**
+   * The router signer's signature over a 32-byte digest (an EIP-712 hash computed elsewhere): the same
+   * bytes `signTypedData` gives for the typed data of that digest (RFC 6979, low s), without viem's
+   * generic encoding. Receipts are signed this way (`domain/Receipt.ts` `receiptDigest`).
+   */
+  readonly signDigest: (digest: Hex) => Effect.Effect<Hex, ChainError>
   /** Token Transfer events in an inclusive block range (RPCs cap the range; callers page). */
   readonly readTransferLogs: (range: {
     readonly fromBlock: bigint
@@ -492,6 +498,12 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     anchoredRoot,
     signTypedData: (typedData: TypedDataDefinition) =>
       call("Chain.signTypedData", () => router.account.signTypedData(typedData)),
+    signDigest: (digest: Hex) =>
+      call("Chain.signDigest", () => {
+        const sign = router.account.sign
+        if (sign === undefined) throw new Error("the router signer cannot sign a digest")
+        return sign({ hash: digest })
+      }),
     readTransferLogs
   } satisfies ChainShape
 })

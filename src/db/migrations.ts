@@ -820,5 +820,11 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
         ADD CONSTRAINT x402_authorizations_upto_ceiling
           CHECK ((scheme = 'exact' AND ceiling IS NULL) OR (scheme = 'upto' AND ceiling >= value))
     `
+  }),
+  // Receipts are signed just after they are stored (issue 12): the sweep finds the few an instance left
+  // unsigned when it stopped, without reading the whole table.
+  "0017_receipts_unsigned": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    yield* sql`CREATE INDEX receipts_unsigned ON receipts (created_at) WHERE signature IS NULL`
   })
 }

@@ -1,5 +1,5 @@
 import { Effect } from "effect"
-import type { SqlClient } from "effect/sql"
+import type { SqlClient, Statement } from "effect/sql"
 import { feeSplit } from "../domain/Billing.ts"
 import type { EconomicsRecord } from "../domain/Economics.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
@@ -31,83 +31,123 @@ export interface CaptureRecord {
 
 const X402Source: PaymentSource = { _tag: "X402" }
 
-/** One ledger row, only for a positive amount. */
-export const ledgerEntry =
-  (sql: SqlClient.SqlClient) =>
-  (requestId: string, account: string, kind: string, amount: number, ref: string | null = null) =>
-    amount > 0
-      ? sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
-            VALUES (${requestId}, ${account}, ${kind}, ${amount}, ${ref})`
-      : Effect.void
+/** A ledger row the settling statement writes (only for a positive amount). */
+interface Entry {
+  readonly account: string
+  readonly kind: string
+  readonly amount: number
+}
 
 /**
  * Capture and release: how a reservation ends. Either is idempotent (only a request still `reserved`
  * is settled), writes the receipt and economics, and moves the money by the way it was paid, in one
- * transaction.
+ * statement: one round trip, atomic, every write gated on the claim of the request. The receipt is
+ * signed after the statement, off the reply's path (`ReceiptStore.enqueue`; the spec lets a receipt
+ * finalize shortly after the response).
  */
 export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) => {
-  const entry = ledgerEntry(sql)
-  const { store: storeReceipt, sign } = receipts
+  /**
+   * Whether the receipt is final as captured (balance- or budget-backed, or an `upto` authorization charged
+   * zero, which settles nothing) or waits for a transfer.
+   */
+  const settledOnCapture = (source: PaymentSource, receipt: ReceiptBody) =>
+    (source._tag === "X402" && source.scheme === "upto" && receipt.charged === 0) ||
+    source._tag === "Credit" ||
+    source._tag === "SessionTurn" ||
+    (source._tag === "SessionOpening" && source.funding._tag === "Credit")
+
+  /**
+   * One statement: `claimed` takes the request from `reserved` to `status` (no row: settled already,
+   * and every other write, gated on `claimed`, does nothing); the ledger rows, the receipt and the
+   * economics are inserted, and the payment's own writes (`effects`) run.
+   */
+  const settleStatement = (
+    record: CaptureRecord,
+    status: "captured" | "released",
+    entries: ReadonlyArray<Entry>,
+    effects: ReadonlyArray<Statement.Fragment>
+  ) => {
+    const { receipt, economics } = record
+    const rows = entries.filter((e) => e.amount > 0)
+    const ctes = [
+      sql`claimed AS (
+        UPDATE requests SET charged = ${receipt.charged}, status = ${status}, finished_at = now()
+        WHERE request_id = ${receipt.request_id} AND status = 'reserved'
+        RETURNING request_id
+      )`,
+      sql`receipt AS (
+        INSERT INTO receipts (request_id, epoch_id, body)
+        SELECT request_id, ${receipt.epoch_id}, ${JSON.stringify(receipt)}::jsonb FROM claimed
+      )`,
+      sql`economics AS (
+        INSERT INTO economics (request_id, body) SELECT request_id, ${JSON.stringify(economics)}::jsonb FROM claimed
+      )`,
+      ...(rows.length === 0
+        ? []
+        : [
+            sql`entries AS (
+              INSERT INTO ledger_entries (request_id, account, kind, amount)
+              SELECT claimed.request_id, e.account, e.kind, e.amount
+              FROM claimed, jsonb_to_recordset(${JSON.stringify(rows)}::jsonb)
+                   AS e(account text, kind text, amount bigint)
+            )`
+          ]),
+      ...effects.map((effect, i) => sql`${sql.literal(`effect${i}`)} AS (${effect})`)
+    ]
+    return sql<{ claimed: number }>`
+      WITH ${sql.join(", ", false)(ctes)}
+      SELECT count(*)::int AS claimed FROM claimed
+    `.pipe(Effect.map((result) => (result[0]?.claimed ?? 0) > 0))
+  }
+
+  const claimedOnly = sql`EXISTS (SELECT 1 FROM claimed)`
 
   /** A funded key's reservation goes back: the cap and the owner's balance, less what was spent. */
-  const settleCredit = (receipt: ReceiptBody, keyId: string) =>
-    Effect.gen(function* () {
-      yield* sql`
-        UPDATE api_keys SET reserved = reserved - ${receipt.authorized}, spent = spent + ${receipt.charged}
-        WHERE key_id = ${keyId}
-      `
-      yield* sql`
-        UPDATE wallet_balances
-        SET reserved = reserved - ${receipt.authorized},
-            available = available + ${receipt.authorized - receipt.charged}, updated_at = now()
-        WHERE wallet = ${receipt.wallet}
-      `
-      yield* entry(
-        receipt.request_id,
-        receipt.wallet,
-        "credit_released",
-        receipt.authorized - receipt.charged
-      )
-    })
+  const settleCredit = (receipt: ReceiptBody, keyId: string) => ({
+    entries: [
+      { account: receipt.wallet, kind: "credit_released", amount: receipt.authorized - receipt.charged }
+    ],
+    effects: [
+      sql`UPDATE api_keys SET reserved = reserved - ${receipt.authorized}, spent = spent + ${receipt.charged}
+          WHERE key_id = ${keyId} AND ${claimedOnly}`,
+      sql`UPDATE wallet_balances
+          SET reserved = reserved - ${receipt.authorized},
+              available = available + ${receipt.authorized - receipt.charged}, updated_at = now()
+          WHERE wallet = ${receipt.wallet} AND ${claimedOnly}`
+    ]
+  })
 
   /** A served turn (or the opening call) is spent from its session and lets the session go. */
   const spendSession = (receipt: ReceiptBody, sessionId: string, prefixTokens: number) =>
-    sql`
-      UPDATE sessions SET spent = spent + ${receipt.charged}, in_flight = NULL, turns = turns + 1,
-                          prefix_tokens = ${prefixTokens}
-      WHERE session_id = ${sessionId} AND in_flight = ${receipt.request_id}
-    `
+    sql`UPDATE sessions SET spent = spent + ${receipt.charged}, in_flight = NULL, turns = turns + 1,
+                            prefix_tokens = ${prefixTokens}
+        WHERE session_id = ${sessionId} AND in_flight = ${receipt.request_id} AND ${claimedOnly}`
+
+  const submitAuthorization = (receipt: ReceiptBody) =>
+    sql`UPDATE x402_authorizations SET status = 'pending', updated_at = now()
+        WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}`
 
   /**
    * An `upto` authorization is settled at the charge itself: the proxy moves exactly that much, so the
    * queue's `value` becomes the charge and nothing is refunded; the unused ceiling is never taken. A zero
    * charge settles nothing: the authorization is released unsubmitted (its signature erased).
    */
-  const settleUpto = (receipt: ReceiptBody) =>
-    Effect.gen(function* () {
-      yield* receipt.charged > 0
-        ? sql`
-            UPDATE x402_authorizations SET status = 'pending', value = ${receipt.charged}, updated_at = now()
-            WHERE request_id = ${receipt.request_id} AND status = 'reserved'
-          `
-        : sql`
-            UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
-            WHERE request_id = ${receipt.request_id} AND status = 'reserved'
-          `
-      yield* entry(
-        receipt.request_id,
-        receipt.wallet,
-        "authorization_released",
-        receipt.authorized - receipt.charged
-      )
-    })
-
-  /** Whether the receipt is final as captured (balance- or budget-backed) or waits for a transfer. */
-  const settledOnCapture = (source: PaymentSource, receipt: ReceiptBody) =>
-    (source._tag === "X402" && source.scheme === "upto" && receipt.charged === 0) ||
-    source._tag === "Credit" ||
-    source._tag === "SessionTurn" ||
-    (source._tag === "SessionOpening" && source.funding._tag === "Credit")
+  const settleUpto = (receipt: ReceiptBody) => ({
+    entries: [
+      {
+        account: receipt.wallet,
+        kind: "authorization_released",
+        amount: receipt.authorized - receipt.charged
+      }
+    ],
+    effects: [
+      receipt.charged > 0
+        ? sql`UPDATE x402_authorizations SET status = 'pending', value = ${receipt.charged}, updated_at = now()
+              WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}`
+        : sql`UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
+              WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}`
+    ]
+  })
 
   const capture = Effect.fn("Ledger.capture")(function* ({
     receipt,
@@ -116,57 +156,48 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
   }: CaptureRecord) {
     const { routerFee, providerShare } = feeSplit(receipt.charged)
     const refund = receipt.authorized - receipt.charged
-    const signature = settledOnCapture(source, receipt) ? yield* Effect.orDie(sign(receipt)) : null
-    yield* sql
-      .withTransaction(
-        Effect.gen(function* () {
-          const claimed = yield* sql`
-            UPDATE requests SET charged = ${receipt.charged}, status = 'captured', finished_at = now()
-            WHERE request_id = ${receipt.request_id} AND status = 'reserved'
-            RETURNING request_id
-          `
-          // Settled already (a retried capture whose first commit went through): nothing to do.
-          if (claimed.length === 0) return
-          yield* entry(receipt.request_id, receipt.wallet, "capture", receipt.charged)
-          yield* entry(receipt.request_id, "router", "router_fee", routerFee)
-          yield* entry(receipt.request_id, `provider:${receipt.provider_id}`, "provider_share", providerShare)
-          const submitAuthorization = sql`
-            UPDATE x402_authorizations SET status = 'pending', updated_at = now()
-            WHERE request_id = ${receipt.request_id} AND status = 'reserved'
-          `
-          switch (source._tag) {
-            case "Credit":
-              yield* settleCredit(receipt, source.keyId)
-              break
-            case "SessionOpening":
-              // The remainder stays in the session budget until the session closes.
-              if (source.funding._tag === "X402") yield* submitAuthorization
-              yield* spendSession(receipt, source.sessionId, source.prefixTokens)
-              break
-            case "SessionTurn":
-              yield* spendSession(receipt, source.sessionId, source.prefixTokens)
-              break
-            case "X402":
-              if (source.scheme === "upto") {
-                yield* settleUpto(receipt)
-                break
-              }
-              yield* submitAuthorization
-              if (refund > 0) {
-                yield* entry(receipt.request_id, receipt.wallet, "refund_due", refund)
-                yield* sql`
-                  INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
-                  VALUES (${receipt.request_id}, ${receipt.wallet}, ${refund}, ${receipt.epoch_id}, 'due')
-                `
-              }
-          }
-          yield* storeReceipt(receipt, economics)
-          if (signature !== null) {
-            yield* sql`UPDATE receipts SET signature = ${signature}, final = true WHERE request_id = ${receipt.request_id}`
-          }
-        })
-      )
-      .pipe(Effect.orDie)
+    const entries: Array<Entry> = [
+      { account: receipt.wallet, kind: "capture", amount: receipt.charged },
+      { account: "router", kind: "router_fee", amount: routerFee },
+      { account: `provider:${receipt.provider_id}`, kind: "provider_share", amount: providerShare }
+    ]
+    const effects: Array<Statement.Fragment> = []
+    switch (source._tag) {
+      case "Credit": {
+        const credit = settleCredit(receipt, source.keyId)
+        entries.push(...credit.entries)
+        effects.push(...credit.effects)
+        break
+      }
+      case "SessionOpening":
+        // The remainder stays in the session budget until the session closes.
+        if (source.funding._tag === "X402") effects.push(submitAuthorization(receipt))
+        effects.push(spendSession(receipt, source.sessionId, source.prefixTokens))
+        break
+      case "SessionTurn":
+        effects.push(spendSession(receipt, source.sessionId, source.prefixTokens))
+        break
+      case "X402":
+        if (source.scheme === "upto") {
+          const upto = settleUpto(receipt)
+          entries.push(...upto.entries)
+          effects.push(...upto.effects)
+          break
+        }
+        effects.push(submitAuthorization(receipt))
+        if (refund > 0) {
+          entries.push({ account: receipt.wallet, kind: "refund_due", amount: refund })
+          effects.push(sql`
+            INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
+            SELECT request_id, ${receipt.wallet}, ${refund}, ${receipt.epoch_id}, 'due' FROM claimed
+          `)
+        }
+    }
+    const claimed = yield* settleStatement({ receipt, economics }, "captured", entries, effects).pipe(
+      Effect.orDie
+    )
+    // A charge settled on a balance or a budget is final now: its receipt is signed shortly after.
+    if (claimed && settledOnCapture(source, receipt)) yield* receipts.enqueue(receipt)
   })
 
   const release = Effect.fn("Ledger.release")(function* ({
@@ -174,47 +205,46 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
     economics,
     source = X402Source
   }: CaptureRecord) {
-    const signature = yield* Effect.orDie(sign(receipt))
-    yield* sql
-      .withTransaction(
-        Effect.gen(function* () {
-          const claimed = yield* sql`
-            UPDATE requests SET charged = 0, status = 'released', finished_at = now()
-            WHERE request_id = ${receipt.request_id} AND status = 'reserved'
-            RETURNING request_id
-          `
-          if (claimed.length === 0) return
-          const releaseAuthorization = Effect.gen(function* () {
-            // The authorization is never submitted; its signature is erased.
-            yield* sql`
-              UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
-              WHERE request_id = ${receipt.request_id} AND status = 'reserved'
-            `
-            yield* entry(receipt.request_id, receipt.wallet, "authorization_released", receipt.authorized)
-          })
-          switch (source._tag) {
-            case "Credit":
-              yield* settleCredit(receipt, source.keyId)
-              break
-            case "X402":
-              yield* releaseAuthorization
-              break
-            case "SessionOpening":
-              // Nothing was served: the session never opened and its funding goes back whole.
-              if (source.funding._tag === "Credit") yield* settleCredit(receipt, source.funding.keyId)
-              else yield* releaseAuthorization
-              yield* sql`DELETE FROM sessions WHERE session_id = ${source.sessionId} AND turns = 0`
-              break
-            case "SessionTurn":
-              yield* sql`UPDATE sessions SET in_flight = NULL
-                         WHERE session_id = ${source.sessionId} AND in_flight = ${receipt.request_id}`
-              yield* entry(receipt.request_id, receipt.wallet, "session_released", receipt.authorized)
-          }
-          yield* storeReceipt(receipt, economics)
-          yield* sql`UPDATE receipts SET signature = ${signature}, final = true WHERE request_id = ${receipt.request_id}`
-        })
-      )
-      .pipe(Effect.orDie)
+    const entries: Array<Entry> = []
+    const effects: Array<Statement.Fragment> = []
+    const releaseAuthorization = () => {
+      // The authorization is never submitted; its signature is erased.
+      effects.push(sql`
+        UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
+        WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}
+      `)
+      entries.push({ account: receipt.wallet, kind: "authorization_released", amount: receipt.authorized })
+    }
+    const releaseCredit = (keyId: string) => {
+      const credit = settleCredit(receipt, keyId)
+      entries.push(...credit.entries)
+      effects.push(...credit.effects)
+    }
+    switch (source._tag) {
+      case "Credit":
+        releaseCredit(source.keyId)
+        break
+      case "X402":
+        releaseAuthorization()
+        break
+      case "SessionOpening":
+        // Nothing was served: the session never opened and its funding goes back whole.
+        if (source.funding._tag === "Credit") releaseCredit(source.funding.keyId)
+        else releaseAuthorization()
+        effects.push(
+          sql`DELETE FROM sessions WHERE session_id = ${source.sessionId} AND turns = 0 AND ${claimedOnly}`
+        )
+        break
+      case "SessionTurn":
+        effects.push(sql`UPDATE sessions SET in_flight = NULL
+                         WHERE session_id = ${source.sessionId} AND in_flight = ${receipt.request_id}
+                           AND ${claimedOnly}`)
+        entries.push({ account: receipt.wallet, kind: "session_released", amount: receipt.authorized })
+    }
+    const claimed = yield* settleStatement({ receipt, economics }, "released", entries, effects).pipe(
+      Effect.orDie
+    )
+    if (claimed) yield* receipts.enqueue(receipt)
   })
 
   return { capture, release }

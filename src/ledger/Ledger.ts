@@ -95,7 +95,7 @@ export class Ledger extends Context.Service<
     Effect.gen(function* () {
       const sql = yield* SqlClient.SqlClient
       const chain = yield* Chain
-      const receipts = makeReceiptStore(sql, chain)
+      const receipts = yield* makeReceiptStore(sql, chain)
       const reservations = makeReservations(sql)
       const { capture, release } = makeCapture(sql, receipts)
 

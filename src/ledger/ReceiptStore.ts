@@ -1,38 +1,98 @@
 import { Effect, Schema } from "effect"
 import type { SqlClient } from "effect/sql"
+import { repeatInBackground } from "../Background.ts"
 import type { ChainShape } from "../chain/Chain.ts"
-import { ReceiptBody, receiptTypedData } from "../domain/Receipt.ts"
+import { ReceiptBody, receiptDigest } from "../domain/Receipt.ts"
 
 const decodeReceipt = Schema.decodeUnknownEffect(ReceiptBody)
 
-export type ReceiptStore = ReturnType<typeof makeReceiptStore>
+export type ReceiptStore = Effect.Success<ReturnType<typeof makeReceiptStore>>
+
+/** How often queued receipts are signed (each pass: every receipt queued so far, one statement). */
+const SIGN_EVERY = "20 millis"
+/** A receipt left unsigned this long was queued by an instance that stopped first: the sweep signs it. */
+const SWEEP_AFTER_SECONDS = 5
+const SWEEP_BATCH = 500
+
+/** A receipt the router signs as it is stored: its settlement is known (drawn from a balance, or released). */
+const finalAsStored = (receipt: ReceiptBody) =>
+  receipt.settlement === "landed" || receipt.settlement === "none"
 
 /**
  * Where receipts are signed and kept: the router signer's EIP-712 signature, the stored body with its
  * economics, and the re-signing of a receipt once its settlement facts are final.
+ *
+ * A settled request's receipt is signed off the reply's path (spec 2.3: the receipt linked from the
+ * reply can finalize shortly after the response): `enqueue` queues it, a background pass signs what is
+ * queued (the digest computed directly, `receiptDigest`) and stores the signatures in one statement.
+ * Signatures are deterministic (RFC 6979), so whoever signs a receipt first (the pass, a reader that
+ * finds it unsigned, the sweep of an instance that stopped before signing) stores the same bytes.
  */
-export const makeReceiptStore = (sql: SqlClient.SqlClient, chain: ChainShape) => {
-  const sign = (receipt: ReceiptBody) => chain.signTypedData(receiptTypedData(receipt, chain.chainId))
+export const makeReceiptStore = Effect.fnUntraced(function* (sql: SqlClient.SqlClient, chain: ChainShape) {
+  const sign = (receipt: ReceiptBody) => chain.signDigest(receiptDigest(receipt, chain.chainId))
 
-  const storeReceipt = (receipt: ReceiptBody, economics: unknown) =>
-    Effect.all([
-      sql`INSERT INTO receipts (request_id, epoch_id, body) VALUES (${receipt.request_id}, ${receipt.epoch_id},
-            ${JSON.stringify(receipt)}::jsonb)`,
-      sql`INSERT INTO economics (request_id, body) VALUES (${receipt.request_id}, ${JSON.stringify(economics)}::jsonb)`
-    ])
+  const storeSignatures = (
+    signed: ReadonlyArray<{ readonly request_id: string; readonly signature: string }>
+  ) =>
+    signed.length === 0
+      ? Effect.void
+      : sql`
+          UPDATE receipts r SET signature = v.signature, final = true, updated_at = now()
+          FROM jsonb_to_recordset(${JSON.stringify(signed)}::jsonb) AS v(request_id text, signature text)
+          WHERE r.request_id = v.request_id AND r.signature IS NULL
+        `.pipe(Effect.asVoid)
 
+  const signAll = (batch: ReadonlyArray<ReceiptBody>) =>
+    Effect.forEach(batch, (receipt) =>
+      Effect.map(sign(receipt), (signature) => ({ request_id: receipt.request_id, signature }))
+    ).pipe(Effect.flatMap(storeSignatures))
+
+  const queue: Array<ReceiptBody> = []
+
+  /** Signs every receipt queued so far. A failed pass leaves its receipts to the sweep. */
+  const signQueued = Effect.gen(function* () {
+    while (queue.length > 0) yield* signAll(queue.splice(0, SWEEP_BATCH))
+  })
+
+  /** Receipts stored final but never signed (their instance stopped first), oldest first. */
+  const sweep = Effect.gen(function* () {
+    const rows = yield* sql<{ body: unknown }>`
+      SELECT body FROM receipts
+      WHERE signature IS NULL AND body->>'settlement' IN ('landed', 'none')
+        AND created_at < now() - make_interval(secs => ${SWEEP_AFTER_SECONDS})
+      ORDER BY created_at LIMIT ${SWEEP_BATCH}
+    `
+    yield* signAll(yield* Effect.forEach(rows, (row) => decodeReceipt(row.body)))
+  })
+
+  yield* repeatInBackground(signQueued, { every: SIGN_EVERY, failure: "signing receipts failed" })
+  yield* repeatInBackground(sweep, { every: "30 seconds", failure: "signing unsigned receipts failed" })
+  // What is queued at shutdown is signed before the database goes (else the sweep of a later run does).
+  yield* Effect.addFinalizer(() => Effect.ignore(signQueued))
+
+  /** Queues a stored receipt for signing (settled: drawn from a balance or budget, or released). */
+  const enqueue = (receipt: ReceiptBody) =>
+    Effect.sync(() => {
+      queue.push(receipt)
+    })
+
+  /** A stored receipt; one whose settlement is known and that is not signed yet is signed now. */
   const readReceipt = (requestId: string) =>
     sql<{ body: unknown; signature: string | null; final: boolean }>`
       SELECT body, signature, final FROM receipts WHERE request_id = ${requestId}
     `.pipe(
       Effect.flatMap((rows) =>
-        rows[0] === undefined
-          ? Effect.succeed(undefined)
-          : Effect.map(decodeReceipt(rows[0].body), (body) => ({
-              body,
-              signature: rows[0]!.signature,
-              final: rows[0]!.final
-            }))
+        Effect.gen(function* () {
+          const row = rows[0]
+          if (row === undefined) return undefined
+          const body = yield* decodeReceipt(row.body)
+          if (row.signature !== null || !finalAsStored(body)) {
+            return { body, signature: row.signature, final: row.final }
+          }
+          const signature = yield* sign(body)
+          yield* storeSignatures([{ request_id: requestId, signature }])
+          return { body, signature, final: true }
+        })
       ),
       Effect.orDie
     )
@@ -58,5 +118,10 @@ export const makeReceiptStore = (sql: SqlClient.SqlClient, chain: ChainShape) =>
       Effect.orDie
     )
 
-  return { sign, store: storeReceipt, read: readReceipt, finalize: finalizeReceipt, economics }
-}
+  return {
+    enqueue,
+    read: readReceipt,
+    finalize: finalizeReceipt,
+    economics
+  }
+})

@@ -1,0 +1,112 @@
+import { assert, describe, layer } from "@effect/vitest"
+import { SpanKind } from "@opentelemetry/api"
+import { InMemorySpanExporter, type ReadableSpan, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
+import { Effect, Layer, Redacted } from "effect"
+import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
+import type { ProviderConfig } from "../../src/devnet/fleet/FleetConfig.ts"
+import { tracingWith } from "../../src/Telemetry.ts"
+import { fundedKey } from "../support/Keys.ts"
+import { waitFor } from "../support/Pay.ts"
+import { call, OPERATOR_TOKEN, postJson, RouterUrl, routerLayer } from "../support/Router.ts"
+
+/**
+ * Issue 12 item 3: what a paid credit-key request costs the database. Every SQL statement the
+ * router runs is a span (effect/sql), and a transaction adds its BEGIN and COMMIT: counted over the
+ * request's own trace (the reply and the serving fiber; background passes such as the receipt signer
+ * are traces of their own), a regression in round trips fails here.
+ */
+const exporter = new InMemorySpanExporter()
+
+const provider: ProviderConfig = {
+  providerId: "rt-1",
+  dialect: "openai",
+  offers: [{ modelClass: "chat-small", priceIn: 100_000, priceOut: 400_000 }],
+  ttftMs: 0,
+  tokensPerSecond: 100_000,
+  capacityRps: 64,
+  maxContext: 32_000
+}
+
+const router = Layer.unwrap(
+  Effect.sync(() => {
+    const base = routerLayer()
+    const fleet = Layer.unwrap(
+      Effect.map(RouterUrl, (url) =>
+        Fleet.layer({
+          routerUrl: url,
+          operatorToken: Redacted.make(OPERATOR_TOKEN),
+          refreshMs: 2_000,
+          providers: [provider]
+        })
+      )
+    )
+    return fleet.pipe(Layer.provideMerge(base))
+  })
+).pipe(Layer.provide(tracingWith([new SimpleSpanProcessor(exporter)])))
+
+const isStatement = (span: ReadableSpan) =>
+  span.kind === SpanKind.CLIENT && typeof span.attributes["db.query.text"] === "string"
+
+/** Round trips of one trace: each statement, and BEGIN and COMMIT of each transaction. */
+const costOf = (spans: ReadonlyArray<ReadableSpan>) => {
+  const statements = spans.filter(isStatement).map((s) => String(s.attributes["db.query.text"]))
+  const transactions = spans.filter((s) => s.name === "sql.transaction").length
+  const updates = (table: string) =>
+    statements.filter((text) => new RegExp(`UPDATE\\s+${table}\\b`, "i").test(text)).length
+  return {
+    statements,
+    roundTrips: statements.length + 2 * transactions,
+    keyUpdates: updates("api_keys"),
+    walletUpdates: updates("wallet_balances")
+  }
+}
+
+const paidCall = (key: string) =>
+  postJson(
+    "/v1/chat/completions",
+    { model: "chat-small", messages: [{ role: "user", content: "count my round trips" }], max_tokens: 16 },
+    { "x-credit-key": key }
+  )
+
+describe("the paid credit-key path's database cost", () => {
+  layer(router, { excludeTestServices: true, timeout: 120_000 })((it) => {
+    it.effect("at most five round trips, none of them a transaction", () =>
+      Effect.gen(function* () {
+        yield* waitFor(
+          "the provider's quote",
+          Effect.map(call("/v1/market/book"), (r) => {
+            const classes = (
+              r.json as { classes: Array<{ model_class?: string; id?: string; depth: number }> }
+            ).classes
+            return classes.some((c) => (c.model_class ?? c.id) === "chat-small" && c.depth >= 1)
+              ? true
+              : undefined
+          })
+        )
+        const key = yield* fundedKey({ budget: 100_000_000, balance: 100_000_000 })
+        // Warm: prepared statements, the connection pool, the quote book.
+        const warm = yield* paidCall(key.secret)
+        assert.strictEqual(warm.status, 200, warm.text)
+        yield* Effect.sleep("200 millis")
+        exporter.reset()
+
+        const reply = yield* paidCall(key.secret)
+        assert.strictEqual(reply.status, 200, reply.text)
+        yield* Effect.sleep("300 millis")
+        const spans = exporter.getFinishedSpans()
+        // The paid call's trace (the fleet's quote posts are traces of their own).
+        const paid = spans.find((s) => s.name === "PaidCalls.serve")
+        assert.isDefined(paid, `spans: ${spans.map((s) => s.name).join(", ")}`)
+        const trace = spans.filter((s) => s.spanContext().traceId === paid!.spanContext().traceId)
+        const cost = costOf(trace)
+        const listing = cost.statements.map((s) => s.replace(/\s+/g, " ").slice(0, 90)).join("\n  ")
+        // Key resolution, the reservation, the capacity lease and its release, the capture.
+        assert.isAtMost(cost.roundTrips, 5, `round trips:\n  ${listing}`)
+        assert.strictEqual(trace.filter((s) => s.name === "sql.transaction").length, 0)
+        // The key and its owner's balance: once when reserving, once when capturing.
+        assert.isAtMost(cost.keyUpdates, 2)
+        assert.isAtMost(cost.walletUpdates, 2)
+      })
+    )
+  })
+})
