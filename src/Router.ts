@@ -53,6 +53,9 @@ import { ApprovalPage } from "./setup/ApprovalPage.ts"
 import { SetupSettings } from "./setup/SetupSettings.ts"
 import { TaskEvents } from "./tasks/TaskEvents.ts"
 import { Tasks } from "./tasks/Tasks.ts"
+import { TaskTraces } from "./tasks/Trace.ts"
+import { Verification } from "./tasks/Verification.ts"
+import { Workspaces } from "./tasks/Workspaces.ts"
 
 /** The market: registry, book, latency and the RFQ over them (the auction itself is pure). */
 export const MarketLive = Layer.mergeAll(Rfq.layer, Listings.layer).pipe(
@@ -108,7 +111,11 @@ export const SetupLive = Layer.mergeAll(AgentSetups.layer, ApprovalPage.layer).p
 )
 
 /** Durable tasks (spec 4.3): the task records, their event log's wake-ups and the retention reaper. */
-export const TasksLive = Tasks.layer.pipe(Layer.provideMerge(TaskEvents.layer))
+export const TasksLive = Layer.mergeAll(Verification.layer, TaskTraces.layer).pipe(
+  Layer.provideMerge(Workspaces.layer),
+  Layer.provideMerge(Tasks.layer),
+  Layer.provideMerge(TaskEvents.layer)
+)
 
 /** Public market data and analytics (spec 4.4), read from the clearing records the paid path leaves. */
 export const MarketDataLive = MarketData.layer.pipe(Layer.provideMerge(MarketDataConfig.layer))

@@ -176,3 +176,112 @@ export const Erased = Schema.Struct({
   object: Schema.Literal("task"),
   deleted: Schema.Boolean
 })
+
+export const AcceptanceFrozen = Schema.Struct({
+  acceptance: Acceptance,
+  /** Unix milliseconds: from then on the contract cannot change. */
+  frozen_at: Schema.Int
+})
+
+export const VerifyRequest = Schema.Struct({
+  /** The task's output, checked against the contract's `output_schema` and shown to a rubric review. */
+  output: Schema.optionalKey(Schema.Unknown)
+})
+
+export const VerdictCheck = Schema.Struct({
+  name: Schema.String,
+  passed: Schema.Boolean,
+  detail: Schema.String
+})
+
+export const Verdict = Schema.Struct({
+  passed: Schema.Boolean,
+  state: TaskState,
+  checks: Schema.Array(VerdictCheck),
+  /** The rubric review's paid call (the task paid for it), when the contract has a rubric. */
+  review: Schema.NullOr(
+    Schema.Struct({ request_id: Schema.NullOr(Schema.String), passed: Schema.Boolean, charged: Schema.Int })
+  ),
+  /** The router's `verification.passed` / `verification.failed` event that records the verdict. */
+  event_seq: Schema.Int
+})
+
+const Path = Schema.String.check(Schema.isMinLength(1), Schema.isMaxLength(1024))
+
+export const SnapshotRequest = Schema.Struct({
+  files: Schema.Array(
+    Schema.Struct({
+      path: Path,
+      /** UTF-8 text, or `content_base64` for bytes. */
+      content: Schema.optionalKey(Schema.String),
+      content_base64: Schema.optionalKey(Schema.String)
+    })
+  ).check(Schema.isMaxLength(5_000))
+})
+
+export const SnapshotFile = Schema.Struct({ path: Schema.String, hash: Schema.String, size: Schema.Int })
+
+export const WorkspaceSnapshot = Schema.Struct({
+  snapshot_id: Schema.String,
+  task_id: Schema.NullOr(Schema.String),
+  files: Schema.Array(SnapshotFile),
+  /** Bytes this snapshot added to the store (content already stored under its hash is not stored again). */
+  new_bytes: Schema.Int,
+  created_at: Schema.Int
+})
+
+export const SnapshotContents = Schema.Struct({
+  snapshot_id: Schema.String,
+  task_id: Schema.NullOr(Schema.String),
+  files: Schema.Array(
+    Schema.Struct({
+      path: Schema.String,
+      hash: Schema.String,
+      size: Schema.Int,
+      content_base64: Schema.String
+    })
+  ),
+  created_at: Schema.Int
+})
+
+export const ForkRequest = Schema.Struct({
+  goal: Schema.optionalKey(Schema.String.check(Schema.isMinLength(1), Schema.isMaxLength(4000))),
+  max_steps: Schema.optionalKey(Int(1, 100_000)),
+  budget: Schema.optionalKey(Int(0, 10 ** 15)),
+  retention_hours: Schema.optionalKey(Int(1, MAX_RETENTION_HOURS))
+})
+
+/** OpenTelemetry's OTLP/JSON trace shape (`ExportTraceServiceRequest`), as much of it as a task's spans use. */
+const AnyValue = Schema.Struct({
+  stringValue: Schema.optionalKey(Schema.String),
+  intValue: Schema.optionalKey(Schema.String),
+  boolValue: Schema.optionalKey(Schema.Boolean)
+})
+export const KeyValue = Schema.Struct({ key: Schema.String, value: AnyValue })
+export type KeyValue = typeof KeyValue.Type
+export const OtlpSpan = Schema.Struct({
+  traceId: Schema.String,
+  spanId: Schema.String,
+  parentSpanId: Schema.optionalKey(Schema.String),
+  name: Schema.String,
+  kind: Schema.Int,
+  startTimeUnixNano: Schema.String,
+  endTimeUnixNano: Schema.String,
+  attributes: Schema.Array(KeyValue),
+  status: Schema.Struct({ code: Schema.Int, message: Schema.optionalKey(Schema.String) })
+})
+export type OtlpSpan = typeof OtlpSpan.Type
+export const OtlpTrace = Schema.Struct({
+  resourceSpans: Schema.Array(
+    Schema.Struct({
+      resource: Schema.Struct({ attributes: Schema.Array(KeyValue) }),
+      scopeSpans: Schema.Array(
+        Schema.Struct({
+          scope: Schema.Struct({ name: Schema.String, version: Schema.String }),
+          spans: Schema.Array(OtlpSpan)
+        })
+      )
+    })
+  )
+})
+export type OtlpTrace = typeof OtlpTrace.Type

@@ -2,6 +2,8 @@ import { Schema } from "effect"
 import { HttpApiEndpoint, HttpApiGroup } from "effect/http-api"
 import { Conflict, InvalidRequest, NotFound, Unauthorized } from "../domain/Errors.ts"
 import {
+  Acceptance,
+  AcceptanceFrozen,
   AppendEvent,
   Checkpoint,
   CheckpointRequest,
@@ -13,11 +15,19 @@ import {
   EffectBegun,
   EffectResolve,
   Erased,
+  ForkRequest,
+  OtlpTrace,
+  SnapshotContents,
+  SnapshotRequest,
   TaskEffect,
   TaskEvent,
   TaskEventPage,
-  TaskView
+  TaskView,
+  Verdict,
+  VerifyRequest,
+  WorkspaceSnapshot
 } from "../domain/Tasks.ts"
+import { PaidCallErrors } from "./ChatApi.ts"
 import { openAi } from "./ErrorWire.ts"
 
 const id = { id: Schema.String }
@@ -93,6 +103,40 @@ export class TasksApi extends HttpApiGroup.make("tasks").add(
     payload: EffectResolve,
     success: TaskEffect,
     error: [...Fenced, openAi(NotFound)]
+  }),
+  HttpApiEndpoint.put("freezeAcceptance", "/v1/tasks/:id/acceptance", {
+    params: id,
+    payload: Acceptance,
+    success: AcceptanceFrozen,
+    error: Fenced
+  }),
+  HttpApiEndpoint.post("verifyTask", "/v1/tasks/:id/verify", {
+    params: id,
+    payload: VerifyRequest,
+    success: Verdict,
+    error: PaidCallErrors
+  }),
+  HttpApiEndpoint.post("storeSnapshot", "/v1/tasks/:id/workspace-snapshots", {
+    params: id,
+    payload: SnapshotRequest,
+    success: WorkspaceSnapshot,
+    error: [openAi(Unauthorized), openAi(InvalidRequest)]
+  }),
+  HttpApiEndpoint.get("readSnapshot", "/v1/tasks/:id/workspace-snapshots/:snapshot", {
+    params: { id: Schema.String, snapshot: Schema.String },
+    success: SnapshotContents,
+    error: [openAi(Unauthorized), openAi(NotFound)]
+  }),
+  HttpApiEndpoint.post("forkSnapshot", "/v1/tasks/:id/workspace-snapshots/:snapshot/fork", {
+    params: { id: Schema.String, snapshot: Schema.String },
+    payload: ForkRequest,
+    success: CreatedTask,
+    error: [openAi(Unauthorized), openAi(NotFound), openAi(InvalidRequest)]
+  }),
+  HttpApiEndpoint.get("taskTrace", "/v1/tasks/:id/trace/otlp", {
+    params: id,
+    success: OtlpTrace,
+    error: openAi(Unauthorized)
   }),
   HttpApiEndpoint.delete("deleteTask", "/v1/tasks/:id", {
     params: id,

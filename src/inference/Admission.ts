@@ -32,20 +32,26 @@ export const makeAdmission = Effect.gen(function* () {
     worstCase: number,
     description: string
   ) =>
-    context.taskToken === undefined
+    context.taskToken === undefined && context.taskId === undefined
       ? Effect.succeed(undefined)
-      : taskBudgets.hold({ token: context.taskToken, requestId, worstCase }).pipe(
-          Effect.map((hold) => hold.held),
-          Effect.catchTag("TaskRefused", (refused) =>
-            Effect.fail(
-              fundingService.quote(
-                { worstCase, resourceUrl: context.resourceUrl, description },
-                refused.code,
-                refused.message
+      : taskBudgets
+          .hold({
+            task: context.taskToken !== undefined ? { token: context.taskToken } : { id: context.taskId! },
+            requestId,
+            worstCase
+          })
+          .pipe(
+            Effect.map((hold) => hold.held),
+            Effect.catchTag("TaskRefused", (refused) =>
+              Effect.fail(
+                fundingService.quote(
+                  { worstCase, resourceUrl: context.resourceUrl, description },
+                  refused.code,
+                  refused.message
+                )
               )
             )
           )
-        )
 
   const route = Effect.fn("Completions.route")(function* (
     request: ChatCompletionRequest,

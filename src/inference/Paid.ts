@@ -25,6 +25,8 @@ export interface PaidRequestContext {
   readonly creditKey?: string | undefined
   /** `x-task-token`: the call is one of a durable task's steps, held within the task's budget. */
   readonly taskToken?: string | undefined
+  /** A call the router makes for a task itself (its rubric review): held like a `x-task-token` call. */
+  readonly taskId?: string | undefined
   readonly resourceUrl: string
   readonly agent: AgentHeaders
 }

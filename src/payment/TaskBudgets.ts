@@ -16,6 +16,13 @@ export class TaskRefused extends Schema.TaggedError<TaskRefused>()("TaskRefused"
   message: Schema.String
 }) {}
 
+export interface HoldInput {
+  /** `x-task-token` as sent, or the task's id when the router itself pays a call for the task. */
+  readonly task: { readonly token: string } | { readonly id: string }
+  readonly requestId: string
+  readonly worstCase: number
+}
+
 export const taskTokenHash = (token: string) => createHash("sha256").update(token, "utf8").digest("hex")
 
 export const invalidTaskToken = () =>
@@ -32,11 +39,7 @@ export const invalidTaskToken = () =>
 export class TaskBudgets extends Context.Service<
   TaskBudgets,
   {
-    readonly hold: (input: {
-      readonly token: string
-      readonly requestId: string
-      readonly worstCase: number
-    }) => Effect.Effect<TaskHold, Unauthorized | TaskRefused, Scope.Scope>
+    readonly hold: (input: HoldInput) => Effect.Effect<TaskHold, Unauthorized | TaskRefused, Scope.Scope>
     /** Settles a hold from its receipt (no receipt: nothing was charged). Idempotent. */
     readonly settle: (requestId: string) => Effect.Effect<void>
     /** Settles the holds a dead instance left, once no request can still be serving them. */
@@ -48,17 +51,16 @@ export class TaskBudgets extends Context.Service<
     Effect.gen(function* () {
       const sql = yield* SqlClient.SqlClient
 
-      const take = Effect.fn("TaskBudgets.hold")(function* (input: {
-        readonly token: string
-        readonly requestId: string
-        readonly worstCase: number
-      }) {
-        const hash = taskTokenHash(input.token)
+      const take = Effect.fn("TaskBudgets.hold")(function* (input: HoldInput) {
+        const which =
+          "token" in input.task
+            ? sql`token_hash = ${taskTokenHash(input.task.token)}`
+            : sql`task_id = ${input.task.id}`
         const now = yield* Clock.currentTimeMillis
         const taken = yield* sql<{ task_id: string }>`
           WITH t AS (
             UPDATE tasks SET held = held + ${input.worstCase}, steps = steps + 1
-            WHERE token_hash = ${hash} AND state IN ('pending', 'running')
+            WHERE ${which} AND state IN ('pending', 'running')
               AND spent + held + ${input.worstCase} <= budget AND steps < max_steps
             RETURNING task_id
           )
@@ -77,9 +79,7 @@ export class TaskBudgets extends Context.Service<
           held: string
           steps: number
           max_steps: number
-        }>`SELECT state, budget, spent, held, steps, max_steps FROM tasks WHERE token_hash = ${hash}`.pipe(
-          Effect.orDie
-        )
+        }>`SELECT state, budget, spent, held, steps, max_steps FROM tasks WHERE ${which}`.pipe(Effect.orDie)
         if (task === undefined) return yield* invalidTaskToken()
         if (task.state !== "pending" && task.state !== "running") {
           return yield* new TaskRefused({
@@ -103,25 +103,32 @@ export class TaskBudgets extends Context.Service<
       const settle = (requestId: string) =>
         Effect.gen(function* () {
           const now = yield* Clock.currentTimeMillis
+          // A call that was never funded (no receipt) was no step: its hold and its step go back.
+          yield* sql`
+            WITH c AS (
+              DELETE FROM task_calls WHERE request_id = ${requestId} AND settled_at IS NULL
+                AND NOT EXISTS (SELECT 1 FROM receipts WHERE request_id = ${requestId})
+              RETURNING task_id, held
+            )
+            UPDATE tasks t SET held = t.held - c.held, steps = t.steps - 1 FROM c WHERE t.task_id = c.task_id
+          `
           yield* sql`
             WITH c AS (
               UPDATE task_calls SET settled_at = ${now},
-                charged = COALESCE((SELECT (body->>'charged')::bigint FROM receipts WHERE request_id = ${requestId}), 0)
+                charged = (SELECT (body->>'charged')::bigint FROM receipts WHERE request_id = ${requestId})
               WHERE request_id = ${requestId} AND settled_at IS NULL
               RETURNING task_id, held, charged
             )
             UPDATE tasks t SET held = t.held - c.held, spent = t.spent + c.charged FROM c WHERE t.task_id = c.task_id
           `
         }).pipe(
+          sql.withTransaction,
           Effect.orDie,
           Effect.withSpan("TaskBudgets.settle", { attributes: { request_id: requestId } })
         )
 
-      const hold = (input: {
-        readonly token: string
-        readonly requestId: string
-        readonly worstCase: number
-      }) => Effect.acquireRelease(take(input), (taken) => settle(taken.requestId))
+      const hold = (input: HoldInput) =>
+        Effect.acquireRelease(take(input), (taken) => settle(taken.requestId))
 
       const settleStale = (olderThanMs: number) =>
         Effect.gen(function* () {

@@ -604,11 +604,12 @@ export class Tasks extends Context.Service<
           .withTransaction(
             Effect.gen(function* () {
               yield* sql`DELETE FROM tasks WHERE task_id = ${taskId}`
+              // Its snapshots outlive it only while a fork names them; an unnamed one goes now.
+              yield* sql`UPDATE workspace_snapshots SET task_id = NULL WHERE task_id = ${taskId}`
               yield* sql`
-                DELETE FROM workspace_snapshots s WHERE s.task_id = ${taskId}
+                DELETE FROM workspace_snapshots s WHERE s.task_id IS NULL
                   AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.parent_snapshot_id = s.snapshot_id)
               `
-              yield* sql`UPDATE workspace_snapshots SET task_id = NULL WHERE task_id = ${taskId}`
               yield* sql`
                 DELETE FROM workspace_blobs b
                 WHERE NOT EXISTS (SELECT 1 FROM workspace_files f WHERE f.hash = b.hash)

@@ -197,5 +197,305 @@ describe("durable tasks over HTTP (spec 4.3)", () => {
         assert.strictEqual((yield* call(`/v1/tasks/${task.id}`, { headers })).status, 401)
       })
     )
+    it.effect(
+      "an acceptance contract freezes once; a client's verification.passed never satisfies it; verify grades the records",
+      () =>
+        Effect.gen(function* () {
+          const { task, token } = yield* createTask({ budget: 0 })
+          const headers = { "x-task-token": token }
+          const path = `/v1/tasks/${task.id}`
+          const contract = {
+            required_events: ["milestone.done", "checkpoint.saved"],
+            effects_resolved: true,
+            budget_not_exceeded: true,
+            required_approvals: ["deploy"],
+            required_artifacts: ["out/report.md"],
+            output_schema: {
+              type: "object",
+              properties: { score: { type: "integer", minimum: 0 } },
+              required: ["score"]
+            }
+          }
+          const put = (body: unknown) =>
+            call(`${path}/acceptance`, {
+              method: "PUT",
+              headers: { ...headers, "content-type": "application/json" },
+              body: JSON.stringify(body)
+            })
+          assert.strictEqual((yield* put({ output_schema: { type: "string", pattern: "x" } })).status, 400)
+          assert.strictEqual((yield* put(contract)).status, 200)
+          assert.strictEqual((yield* put(contract)).status, 200)
+          const changed = yield* put({ ...contract, effects_resolved: false })
+          assert.strictEqual(changed.status, 409)
+          assert.strictEqual((changed.json as { error: { code: string } }).error.code, "acceptance_frozen")
+
+          // The client claims success and names router events itself: neither counts.
+          for (const type of ["verification.passed", "checkpoint.saved", "milestone.done"]) {
+            assert.strictEqual((yield* postJson(`${path}/events`, { type }, headers)).status, 200)
+          }
+          const viewed = (yield* call(path, { headers })).json as { state: string }
+          assert.strictEqual(viewed.state, "pending")
+          const early = yield* postJson(`${path}/verify`, { output: { score: 3 } }, headers)
+          assert.strictEqual(early.status, 200, early.text)
+          const failed = early.json as {
+            passed: boolean
+            state: string
+            checks: Array<{ name: string; passed: boolean }>
+          }
+          assert.isFalse(failed.passed)
+          assert.strictEqual(failed.state, "failed")
+          assert.deepStrictEqual(
+            failed.checks.filter((c) => !c.passed).map((c) => c.name),
+            ["required_events", "required_approvals", "required_artifacts"]
+          )
+
+          // Now do the work: a checkpoint under a lease, an effect resolved, an approval, the artifact.
+          const claim = yield* postJson(`${path}/claim`, {}, headers)
+          const fence = (claim.json as { lease: { fence: number } }).lease.fence
+          yield* postJson(`${path}/checkpoints`, { fence, execution: { step: 1 } }, headers)
+          yield* postJson(`${path}/effects/mail/begin`, { fence }, headers)
+          yield* postJson(`${path}/effects/mail/complete`, { fence, result: { ok: true } }, headers)
+          yield* postJson(
+            `${path}/events`,
+            { type: "approval.granted", data: { approval_id: "deploy" } },
+            headers
+          )
+          const snap = yield* postJson(
+            `${path}/workspace-snapshots`,
+            { files: [{ path: "out/report.md", content: "# done" }] },
+            headers
+          )
+          assert.strictEqual(snap.status, 200, snap.text)
+          const badOutput = yield* postJson(`${path}/verify`, { output: { score: "high" } }, headers)
+          assert.deepStrictEqual(
+            (badOutput.json as { checks: Array<{ name: string; passed: boolean }> }).checks
+              .filter((c) => !c.passed)
+              .map((c) => c.name),
+            ["output_schema"]
+          )
+          const good = yield* postJson(`${path}/verify`, { output: { score: 3 } }, headers)
+          const passed = good.json as { passed: boolean; state: string; event_seq: number }
+          assert.isTrue(passed.passed)
+          assert.strictEqual(passed.state, "succeeded")
+          const view = (yield* call(path, { headers })).json as {
+            approvals: Array<{ approval_id: string; decision: string }>
+          }
+          assert.deepStrictEqual(
+            view.approvals.map((a) => [a.approval_id, a.decision]),
+            [["deploy", "granted"]]
+          )
+          const events = (yield* call(`${path}/events?cursor=${passed.event_seq - 1}`, { headers })).json as {
+            data: Array<{ type: string; source: string }>
+          }
+          assert.deepStrictEqual(events.data[0], {
+            ...events.data[0]!,
+            type: "verification.passed",
+            source: "router"
+          })
+        })
+    )
+
+    it.effect("a rubric review is graded through the paid path, held on and paid by the task", () =>
+      Effect.gen(function* () {
+        yield* waitForBook
+        const key = yield* fundedKey({ budget: 1_000_000_000, balance: 1_000_000_000 })
+        const { task, token } = yield* createTask({ budget: 10_000_000 })
+        const headers = { "x-task-token": token }
+        const path = `/v1/tasks/${task.id}`
+        const put = yield* call(`${path}/acceptance`, {
+          method: "PUT",
+          headers: { ...headers, "content-type": "application/json" },
+          body: JSON.stringify({
+            rubric: { instructions: "The summary names three risks.", model: OPENAI_CLASS }
+          })
+        })
+        assert.strictEqual(put.status, 200, put.text)
+        // Without a payment the review cannot be bought: a 402, nothing held.
+        const unpaid = yield* postJson(`${path}/verify`, { output: "risks: a, b, c" }, headers)
+        assert.strictEqual(unpaid.status, 402, unpaid.text)
+        assert.strictEqual((yield* taskMoney(task.id)).calls, 0)
+
+        const paid = yield* postJson(
+          `${path}/verify`,
+          { output: "risks: a, b, c" },
+          {
+            ...headers,
+            "x-credit-key": key.secret
+          }
+        )
+        assert.strictEqual(paid.status, 200, paid.text)
+        const verdict = paid.json as {
+          passed: boolean
+          review: { request_id: string; passed: boolean; charged: number }
+          checks: Array<{ name: string; passed: boolean }>
+        }
+        assert.match(verdict.review.request_id, /^req_/)
+        assert.isAbove(verdict.review.charged, 0)
+        assert.strictEqual(verdict.passed, verdict.review.passed)
+        const money = yield* taskMoney(task.id)
+        assert.deepInclude(money, { calls: 1, steps: 1, held: 0, spent: verdict.review.charged })
+        assert.strictEqual(money.spent, money.receiptsTotal)
+        const receipt = yield* call(`/v1/receipts/${verdict.review.request_id}`)
+        assert.strictEqual(receipt.status, 200)
+      })
+    )
+
+    it.effect(
+      "workspace snapshots store content once; a fork keeps lineage on both; erasure keeps what a fork names",
+      () =>
+        Effect.gen(function* () {
+          const { task, token } = yield* createTask({ budget: 0 })
+          const headers = { "x-task-token": token }
+          const path = `/v1/tasks/${task.id}`
+          const shared = "x".repeat(10_000)
+          const first = (yield* postJson(
+            `${path}/workspace-snapshots`,
+            {
+              files: [
+                { path: "a.txt", content: shared },
+                { path: "b.bin", content_base64: "AAEC" }
+              ]
+            },
+            headers
+          )).json as { snapshot_id: string; new_bytes: number; files: Array<{ path: string; hash: string }> }
+          assert.strictEqual(first.new_bytes, 10_003)
+          const second = (yield* postJson(
+            `${path}/workspace-snapshots`,
+            {
+              files: [
+                { path: "copy/a.txt", content: shared },
+                { path: "c.txt", content: "new" }
+              ]
+            },
+            headers
+          )).json as { snapshot_id: string; new_bytes: number; files: Array<{ path: string; hash: string }> }
+          assert.strictEqual(second.new_bytes, 3)
+          assert.strictEqual(second.files[0]!.hash, first.files[0]!.hash)
+          const sql = yield* SqlClient.SqlClient
+          const blobCount = (hash: string) =>
+            Effect.map(
+              sql<{ n: string }>`SELECT COUNT(*)::text AS n FROM workspace_blobs WHERE hash = ${hash}`.pipe(
+                Effect.orDie
+              ),
+              (rows) => Number(rows[0]!.n)
+            )
+          assert.strictEqual(yield* blobCount(first.files[0]!.hash), 1)
+
+          const forked = yield* postJson(
+            `${path}/workspace-snapshots/${first.snapshot_id}/fork`,
+            { budget: 5 },
+            headers
+          )
+          assert.strictEqual(forked.status, 200, forked.text)
+          const child = forked.json as Created & {
+            task: { lineage: { parent_task_id: string; parent_snapshot_id: string } }
+          }
+          assert.deepInclude(child.task.lineage, {
+            parent_task_id: task.id,
+            parent_snapshot_id: first.snapshot_id
+          })
+          assert.strictEqual(child.task.budget, 5)
+          const parentView = (yield* call(path, { headers })).json as {
+            lineage: { forks: Array<{ task_id: string; snapshot_id: string }> }
+          }
+          assert.deepStrictEqual(parentView.lineage.forks, [
+            { task_id: child.task.id, snapshot_id: first.snapshot_id }
+          ])
+          const childHeaders = { "x-task-token": child.token }
+          const readByChild = yield* call(
+            `/v1/tasks/${child.task.id}/workspace-snapshots/${first.snapshot_id}`,
+            {
+              headers: childHeaders
+            }
+          )
+          assert.strictEqual(readByChild.status, 200)
+          assert.strictEqual(
+            (readByChild.json as { files: Array<{ content_base64: string }> }).files[0]!.content_base64,
+            Buffer.from(shared).toString("base64")
+          )
+
+          // Erasing the parent keeps the snapshot its fork starts from, drops the other and its own bytes.
+          assert.strictEqual((yield* call(path, { method: "DELETE", headers })).status, 200)
+          const again = yield* call(`/v1/tasks/${child.task.id}/workspace-snapshots/${first.snapshot_id}`, {
+            headers: childHeaders
+          })
+          assert.strictEqual(again.status, 200)
+          assert.strictEqual(yield* blobCount(second.files[1]!.hash), 0)
+          assert.strictEqual(yield* blobCount(first.files[0]!.hash), 1)
+          const childView = (yield* call(`/v1/tasks/${child.task.id}`, { headers: childHeaders })).json as {
+            lineage: { parent_task_id: string }
+          }
+          assert.strictEqual(childView.lineage.parent_task_id, task.id)
+          assert.strictEqual(
+            (yield* call(`/v1/tasks/${child.task.id}`, { method: "DELETE", headers: childHeaders })).status,
+            200
+          )
+          assert.strictEqual(yield* blobCount(first.files[0]!.hash), 0)
+        })
+    )
+
+    it.effect(
+      "the OTLP trace shows the paid calls, claims, checkpoints, effects and verification, redacted",
+      () =>
+        Effect.gen(function* () {
+          yield* waitForBook
+          const key = yield* fundedKey({ budget: 1_000_000_000, balance: 1_000_000_000 })
+          const { task, token } = yield* createTask({ budget: 10_000_000 })
+          const headers = { "x-task-token": token }
+          const path = `/v1/tasks/${task.id}`
+          const secretPrompt = "the secret prompt words zebra-quartz"
+          const paid = yield* chat({ "x-credit-key": key.secret, "x-task-token": token }, secretPrompt)
+          assert.strictEqual(paid.status, 200, paid.text)
+          const claim = yield* postJson(`${path}/claim`, { worker: "tracer" }, headers)
+          const fence = (claim.json as { lease: { fence: number } }).lease.fence
+          yield* postJson(
+            `${path}/checkpoints`,
+            { fence, execution: { memo: "private-checkpoint-memo" } },
+            headers
+          )
+          yield* postJson(
+            `${path}/effects/pay-1/begin`,
+            { fence, description: { to: "private-recipient" } },
+            headers
+          )
+          yield* postJson(`${path}/events`, { type: "note", data: { text: "private-client-note" } }, headers)
+          yield* postJson(`${path}/verify`, {}, headers)
+          const trace = yield* call(`${path}/trace/otlp`, { headers })
+          assert.strictEqual(trace.status, 200, trace.text)
+          const spans = (
+            trace.json as {
+              resourceSpans: Array<{
+                scopeSpans: Array<{ spans: Array<{ name: string; attributes: Array<{ key: string }> }> }>
+              }>
+            }
+          ).resourceSpans[0]!.scopeSpans[0]!.spans
+          const names = spans.map((s) => s.name)
+          for (const name of [
+            "task",
+            "task.paid_call",
+            "task.claimed",
+            "checkpoint.saved",
+            "task.effect",
+            "verification.failed"
+          ]) {
+            assert.include(names, name)
+          }
+          const paidSpan = spans.find((s) => s.name === "task.paid_call")!
+          assert.includeMembers(
+            paidSpan.attributes.map((a) => a.key),
+            ["request.id", "request.charged", "provider.id", "model.class"]
+          )
+          for (const secret of [
+            secretPrompt,
+            token,
+            key.secret,
+            "private-checkpoint-memo",
+            "private-recipient",
+            "private-client-note"
+          ]) {
+            assert.notInclude(trace.text, secret)
+          }
+        })
+    )
   })
 })

@@ -2,6 +2,9 @@ import { Effect } from "effect"
 import type { HttpServerRequest } from "effect/http/HttpServerRequest"
 import { HttpApiBuilder } from "effect/http-api"
 import { type TaskCredentials, Tasks } from "../../tasks/Tasks.ts"
+import { TaskTraces } from "../../tasks/Trace.ts"
+import { Verification } from "../../tasks/Verification.ts"
+import { Workspaces } from "../../tasks/Workspaces.ts"
 import { Api } from "../Api.ts"
 
 /** The task capability or the owning key, as sent. */
@@ -16,6 +19,9 @@ export const TasksHandlers = HttpApiBuilder.group(
   "tasks",
   Effect.fn(function* (handlers) {
     const tasks = yield* Tasks
+    const verification = yield* Verification
+    const workspaces = yield* Workspaces
+    const traces = yield* TaskTraces
     return handlers
       .handle("createTask", ({ payload, request }) =>
         Effect.map(tasks.create(payload, taskCredentialsOf(request)), ({ task, token }) => ({
@@ -60,6 +66,28 @@ export const TasksHandlers = HttpApiBuilder.group(
       .handle("abandonEffect", ({ params, payload, request }) =>
         tasks.resolveEffect(params.id, params.effectId, taskCredentialsOf(request), "abandoned", payload)
       )
+      .handle("freezeAcceptance", ({ params, payload, request }) =>
+        verification.freeze(params.id, taskCredentialsOf(request), payload)
+      )
+      .handle("verifyTask", ({ params, payload, request }) =>
+        verification.verify(params.id, taskCredentialsOf(request), payload, {
+          creditKey: request.headers["x-credit-key"],
+          paymentHeader: request.headers["payment-signature"] ?? request.headers["x-payment"]
+        })
+      )
+      .handle("storeSnapshot", ({ params, payload, request }) =>
+        workspaces.store(params.id, taskCredentialsOf(request), payload.files)
+      )
+      .handle("readSnapshot", ({ params, request }) =>
+        workspaces.read(params.id, params.snapshot, taskCredentialsOf(request))
+      )
+      .handle("forkSnapshot", ({ params, payload, request }) =>
+        Effect.map(
+          workspaces.fork(params.id, params.snapshot, taskCredentialsOf(request), payload),
+          ({ task, token }) => ({ task, token, header: "x-task-token" as const })
+        )
+      )
+      .handle("taskTrace", ({ params, request }) => traces.otlp(params.id, taskCredentialsOf(request)))
       .handle("deleteTask", ({ params, request }) =>
         Effect.as(tasks.erase(params.id, taskCredentialsOf(request)), {
           id: params.id,

@@ -1,0 +1,563 @@
+/**
+ * `npm run bench:load`: the router under load beside a free gateway, in one run on one machine.
+ *
+ * Starts, each as a process of its own: a zero-latency OpenAI-compatible mock (`mock.ts`), the router
+ * exactly as `npm start` runs it on its embedded defaults (embedded Postgres and Anvil in a temporary
+ * DATA_DIR, no simulated fleet) with two registered providers quoting the mock and a funded credit key,
+ * and the Portkey gateway (`@portkey-ai/gateway`, no payments) pointed at the same mock. Then drives, in
+ * interleaved rounds, the mock directly, Portkey, and the router (credit key; x402 in the open loop)
+ * with a closed loop at 50 and 500 connections and an open loop at 100 requests per second, and prints
+ * one table: requests per second, p50/p99, latency added over the direct call under the same load,
+ * the target's own CPU per request (node processes; the router's Postgres beside it) and RSS; then the
+ * ratios and the memory figures (idle, per held-open stream, after the load). Asserts nothing.
+ *
+ * Knobs: BENCH_SECONDS (per closed-loop phase, default 8), BENCH_ROUNDS (default 2), BENCH_OPEN_SECONDS
+ * (default 8), BENCH_STREAMS (held-open streams, default 5000), BENCH_TARGETS (comma list of
+ * direct,portkey,router; default all), WORKERS (passed to the router unchanged).
+ */
+import { type ChildProcess, spawn } from "node:child_process"
+import { chmodSync, mkdtempSync, openSync, readFileSync, rmSync } from "node:fs"
+import { Agent } from "node:http"
+import { availableParallelism, loadavg, tmpdir } from "node:os"
+import { join, resolve } from "node:path"
+import { PgClient } from "@effect/sql-pg"
+import { ExactEvmScheme } from "@x402/evm/exact/client"
+import { x402Client, x402HTTPClient } from "@x402/fetch"
+import { Effect, Redacted } from "effect"
+import { SqlClient } from "effect/sql"
+import { demoWalletAccounts } from "../../src/chain/DevAccounts.ts"
+import { type ProviderConfig, simulationAccount } from "../../src/devnet/fleet/FleetConfig.ts"
+import { signQuote, unsignedQuote } from "../../src/devnet/fleet/Quotes.ts"
+import { hashSecret } from "../../src/payment/Keys.ts"
+import { closedLoop, type LoadResult, openLoop, send, type Target } from "./Load.ts"
+import { rssBytes, usage } from "./Proc.ts"
+
+const SECONDS = Number(process.env.BENCH_SECONDS ?? 8)
+const OPEN_SECONDS = Number(process.env.BENCH_OPEN_SECONDS ?? 8)
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2)
+const STREAMS = Number(process.env.BENCH_STREAMS ?? 5000)
+const OPEN_RATE = 100
+const TOKEN = "bench-load-operator"
+const root = resolve(import.meta.dirname, "../..")
+const log = (line: string) => process.stderr.write(`[bench:load] ${line}\n`)
+const sleep = (ms: number) => new Promise((done) => setTimeout(done, ms))
+const MB = 1024 * 1024
+
+// Processes
+
+const children: Array<ChildProcess> = []
+const stopAll = () => {
+  for (const child of children) if (child.exitCode === null) child.kill("SIGTERM")
+}
+process.on("exit", stopAll)
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  process.on(signal, () => {
+    stopping = true
+    stopAll()
+    setTimeout(() => process.exit(130), 5_000)
+  })
+}
+
+const start = (name: string, args: ReadonlyArray<string>, env: Record<string, string>, logFile: string) => {
+  const out = openSync(logFile, "a")
+  const child = spawn(process.execPath, [...args], {
+    cwd: root,
+    env: { ...process.env, ...env },
+    stdio: ["ignore", out, out]
+  })
+  child.on("exit", (code, signal) => {
+    if (!stopping) log(`${name} exited early (${code ?? signal}); its log: ${logFile}`)
+  })
+  children.push(child)
+  return child
+}
+let stopping = false
+
+const waitFor = async (what: string, probe: () => Promise<boolean>, seconds: number) => {
+  const deadline = Date.now() + seconds * 1000
+  while (Date.now() < deadline) {
+    if (await probe().catch(() => false)) return
+    if (children.some((child) => child.exitCode !== null))
+      throw new Error(`a process exited while waiting for ${what}`)
+    await sleep(250)
+  }
+  throw new Error(`${what} did not come up within ${seconds} s`)
+}
+
+/** The router's command, taken from `npm start` so the benchmark runs what users run. */
+const routerArgs = (): ReadonlyArray<string> => {
+  const scripts = JSON.parse(readFileSync(join(root, "package.json"), "utf8")).scripts as Record<
+    string,
+    string
+  >
+  const words = scripts.start!.split(/\s+/)
+  if (words[0] !== "node") throw new Error(`npm start is not a node command: ${scripts.start}`)
+  return words.slice(1)
+}
+
+const freePort = () =>
+  new Promise<number>((done) => {
+    import("node:net").then(({ createServer }) => {
+      const server = createServer()
+      server.listen(0, "127.0.0.1", () => {
+        const address = server.address()
+        const port = typeof address === "object" && address ? address.port : 0
+        server.close(() => done(port))
+      })
+    })
+  })
+
+const post = async (url: string, body: unknown, headers: Record<string, string> = {}) => {
+  const response = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...headers },
+    body: JSON.stringify(body)
+  })
+  const text = await response.text()
+  if (!response.ok) throw new Error(`${url}: ${response.status} ${text.slice(0, 300)}`)
+  return text
+}
+
+// Router setup: two providers quoting the mock, a funded key
+
+const providers: ReadonlyArray<ProviderConfig> = ["bench-a", "bench-b"].map((providerId, i) => ({
+  providerId,
+  dialect: "openai",
+  offers: [{ modelClass: "chat-small", priceIn: 100_000 + i * 10_000, priceOut: 400_000 + i * 40_000 }],
+  ttftMs: 0,
+  tokensPerSecond: 1_000_000,
+  capacityRps: 1_000_000,
+  maxContext: 32_000
+}))
+
+/** Quotes with the offer's own prices (no random move): a signed x402 payment stays good all run. */
+const postQuotes = (router: string) =>
+  Promise.all(
+    providers.map(async (provider) => {
+      const offer = provider.offers[0]!
+      const nowSeconds = Math.floor(Date.now() / 1000)
+      const quote = await Effect.runPromise(
+        signQuote(
+          simulationAccount(provider.providerId),
+          unsignedQuote(provider, offer, {
+            quoteId: `q-${provider.providerId}-${nowSeconds}-${Math.random().toString(16).slice(2, 10)}`,
+            nowSeconds,
+            deltaIn: 0,
+            deltaOut: 0
+          })
+        )
+      )
+      await post(`${router}/provider/quotes`, quote)
+    })
+  )
+
+/** The embedded Postgres's port, from its lock file (line 4), as any operator would find it. */
+const embeddedDatabaseUrl = (dataDir: string) => {
+  const lines = readFileSync(join(dataDir, "postgres", "postmaster.pid"), "utf8").split("\n")
+  return `postgres://postgres:postgres@127.0.0.1:${lines[3]!.trim()}/router`
+}
+
+const fundKey = async (databaseUrl: string) => {
+  const secret = `svc_ck_bench_${Date.now()}`
+  const wallet = "0x00000000000000000000000000000000000be4c4"
+  await Effect.runPromise(
+    Effect.gen(function* () {
+      const sql = yield* SqlClient.SqlClient
+      yield* sql`INSERT INTO wallets (wallet, invited) VALUES (${wallet}, true) ON CONFLICT DO NOTHING`
+      yield* sql`INSERT INTO wallet_balances (wallet, available) VALUES (${wallet}, 1000000000000000)
+                 ON CONFLICT (wallet) DO UPDATE SET available = 1000000000000000`
+      yield* sql`INSERT INTO api_keys (key_id, wallet, label, kind, key_hash, budget)
+                 VALUES ('key_bench_load', ${wallet}, 'bench', 'credit', ${hashSecret(secret)}, 1000000000000000)`
+    }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(databaseUrl) })), Effect.scoped)
+  )
+  return secret
+}
+
+const chatBody = (content: string, stream: boolean) =>
+  JSON.stringify({ model: "chat-small", messages: [{ role: "user", content }], max_tokens: 16, stream })
+
+/** `count` signed x402 payments for one body, made before the timed section (client work, not router). */
+const x402Payments = async (router: string, body: string, count: number) => {
+  const client = new x402Client()
+  const http = new x402HTTPClient(client)
+  const unpaid = await fetch(`${router}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body
+  })
+  await unpaid.text()
+  const required = http.getPaymentRequiredResponse((name) => unpaid.headers.get(name))
+  const network = required.accepts[0]!.network
+  const payers = demoWalletAccounts().map(
+    (account) =>
+      new x402HTTPClient(
+        new x402Client().register(network, new ExactEvmScheme(account)).setSpendControls(false)
+      )
+  )
+  const headers: Array<Record<string, string>> = []
+  for (let i = 0; i < count; i++) {
+    const payer = payers[i % payers.length]!
+    headers.push(payer.encodePaymentSignatureHeader(await payer.createPaymentPayload(required)))
+  }
+  return headers
+}
+
+// Held-open streams
+
+const holdStreams = async (target: Target, count: number, mock: string, settle: () => Promise<void>) => {
+  const agent = new Agent({ keepAlive: false, maxSockets: Number.POSITIVE_INFINITY })
+  let firstChunks = 0
+  let failures = 0
+  let socketErrors = 0
+  const done: Array<Promise<void>> = []
+  for (let i = 0; i < count; i++) {
+    done.push(
+      // No idle timeout: a held stream is silent after its first chunk until the release.
+      send(agent, target, () => firstChunks++, 0).then(({ status }) => {
+        if (status !== 200) failures++
+        if (status === 0) socketErrors++
+      })
+    )
+    if (i % 200 === 199) await sleep(50)
+  }
+  const deadline = Date.now() + 120_000
+  while (firstChunks + socketErrors < count && Date.now() < deadline) await sleep(250)
+  const held = JSON.parse(await (await fetch(`${mock}/held`)).text()).held as number
+  await settle()
+  await post(`${mock}/release`, {})
+  await Promise.all(done)
+  agent.destroy()
+  return { held, failures }
+}
+
+// The table
+
+interface Row {
+  readonly target: string
+  readonly load: string
+  readonly result: LoadResult
+  readonly cpuPerRequestMs: number
+  readonly dbCpuPerRequestMs: number
+  readonly rssMb: number
+  /** Share of the target's runnable time spent waiting for a CPU (other work on the machine). */
+  readonly cpuWait: number
+}
+
+const fmt = (x: number, digits = 1) => (Number.isFinite(x) ? x.toFixed(digits) : "-")
+const median = (xs: ReadonlyArray<number>) => {
+  const sorted = [...xs].sort((a, b) => a - b)
+  return sorted.length === 0 ? Number.NaN : sorted[Math.floor((sorted.length - 1) / 2)]!
+}
+
+const main = async () => {
+  const dataDir = mkdtempSync(join(tmpdir(), "svc-bench-load-"))
+  // The embedded Postgres drops root privileges: its user must be able to reach its folder.
+  chmodSync(dataDir, 0o755)
+  const only = new Set((process.env.BENCH_TARGETS ?? "direct,portkey,router").split(","))
+  log(`logs and data in ${dataDir}`)
+  const loadAtStart = loadavg()[0]!
+  try {
+    // The mock
+    const mockPort = await freePort()
+    start("mock", ["bench/load/mock.ts", String(mockPort)], {}, join(dataDir, "mock.log"))
+    const mock = `http://127.0.0.1:${mockPort}`
+    await waitFor("the mock", async () => (await fetch(`${mock}/held`)).ok, 30)
+
+    // Portkey
+    const portkeyPort = await freePort()
+    const portkeyProcess = only.has("portkey")
+      ? start(
+          "portkey",
+          ["node_modules/@portkey-ai/gateway/build/start-server.js", `--port=${portkeyPort}`, "--headless"],
+          { NODE_ENV: "production" },
+          join(dataDir, "portkey.log")
+        )
+      : undefined
+    const portkey = `http://127.0.0.1:${portkeyPort}`
+
+    // The router, as `npm start` runs it
+    const routerPort = await freePort()
+    const routerProcess = start(
+      "router",
+      routerArgs(),
+      {
+        PORT: String(routerPort),
+        HOST: "127.0.0.1",
+        DATA_DIR: join(dataDir, "router"),
+        SIMULATED_FLEET: "false",
+        OPERATOR_TOKEN: TOKEN,
+        DRAIN_TIMEOUT_SECONDS: "2"
+      },
+      join(dataDir, "router.log")
+    )
+    const router = `http://127.0.0.1:${routerPort}`
+    if (portkeyProcess) await waitFor("Portkey", async () => (await fetch(portkey)).ok, 60)
+    await waitFor("the router", async () => (await fetch(`${router}/ready`)).ok, 180)
+    log("router ready")
+
+    for (const provider of providers) {
+      await post(
+        `${router}/v1/admin/providers`,
+        {
+          provider_id: provider.providerId,
+          signer: simulationAccount(provider.providerId).address,
+          base_url: mock,
+          dialect: "openai"
+        },
+        { authorization: `Bearer ${TOKEN}` }
+      )
+    }
+    await postQuotes(router)
+    const refresher = setInterval(() => postQuotes(router).catch((e) => log(`quote refresh: ${e}`)), 5_000)
+    const creditKey = await fundKey(embeddedDatabaseUrl(join(dataDir, "router")))
+
+    // Non-streaming calls under load: the Portkey gateway (1.15) fails streamed replies on Node 22 (it
+    // appends headers to fetch's immutable response headers), and a whole reply is what a load
+    // generator measures best. The router still streams from the mock (it always asks upstream for SSE).
+    const body = chatBody("Say hello to the load benchmark.", false)
+    const targets: Record<string, Target> = {
+      direct: { name: "mock direct", url: `${mock}/v1/chat/completions`, headers: () => ({}), body },
+      portkey: {
+        name: "Portkey gateway",
+        url: `${portkey}/v1/chat/completions`,
+        headers: () => ({
+          "x-portkey-provider": "openai",
+          "x-portkey-custom-host": `${mock}/v1`,
+          authorization: "Bearer sk-mock"
+        }),
+        body
+      },
+      router: {
+        name: "router, credit key",
+        url: `${router}/v1/chat/completions`,
+        headers: () => ({ "x-credit-key": creditKey }),
+        body
+      }
+    }
+    if (process.env.BENCH_PAUSE !== undefined) {
+      // A debugging aid: the set-up left running for a person with curl.
+      log(
+        `paused ${process.env.BENCH_PAUSE} s: router ${router} (x-credit-key ${creditKey}), portkey ${portkey}, mock ${mock}`
+      )
+      await sleep(Number(process.env.BENCH_PAUSE) * 1000)
+    }
+    const pids: Record<string, number | undefined> = {
+      direct: undefined,
+      portkey: portkeyProcess?.pid,
+      router: routerProcess.pid
+    }
+    const order = ["direct", "portkey", "router"].filter((name) => only.has(name))
+
+    // Warm up every target (JIT, pools, prepared statements), then take the router's idle RSS.
+    for (const name of order) {
+      const warm = await closedLoop(targets[name]!, 10, 3)
+      log(`warm-up of ${name}: ${warm.requests} requests, p50 ${fmt(warm.p50)} ms, ${warm.failures} failed`)
+    }
+    await sleep(2_000)
+    const idle = usage(routerProcess.pid!)
+    const portkeyIdle = portkeyProcess ? rssBytes(portkeyProcess.pid!) : Number.NaN
+
+    const rows: Array<Row> = []
+    const measure = async (name: string, load: string, run: () => Promise<LoadResult>) => {
+      const pid = pids[name]
+      const before = pid === undefined ? undefined : usage(pid)
+      const result = await run()
+      const after = pid === undefined ? undefined : usage(pid)
+      const cpu =
+        before && after ? (after.cpuMs.node - before.cpuMs.node) / Math.max(1, result.requests) : Number.NaN
+      const db =
+        before && after
+          ? (after.cpuMs.postgres - before.cpuMs.postgres) / Math.max(1, result.requests)
+          : Number.NaN
+      rows.push({
+        target: targets[name]?.name ?? name,
+        load,
+        result,
+        cpuPerRequestMs: cpu,
+        dbCpuPerRequestMs: name === "router" || name === "x402" ? db : Number.NaN,
+        rssMb: after ? after.rss.node / MB : Number.NaN,
+        cpuWait:
+          before && after
+            ? (after.nodeWaitedNs - before.nodeWaitedNs) /
+              Math.max(1, after.nodeWaitedNs - before.nodeWaitedNs + after.nodeRanNs - before.nodeRanNs)
+            : Number.NaN
+      })
+      log(
+        `${name} ${load}: ${fmt(result.rps, 0)} req/s p50 ${fmt(result.p50)} p99 ${fmt(result.p99)} ms, ${result.failures} failed${result.firstFailure ? ` (${result.firstFailure})` : ""}`
+      )
+      await sleep(1_000)
+    }
+
+    // x402: signed payments made up front (the paying client's work is not the router's).
+    const x402Count = Math.round(OPEN_RATE * OPEN_SECONDS) * ROUNDS
+    let x402Target: Target | undefined
+    if (only.has("router")) {
+      log(`signing ${x402Count} x402 payments`)
+      const payments = await x402Payments(router, body, x402Count)
+      let next = 0
+      x402Target = {
+        name: "router, x402",
+        url: `${router}/v1/chat/completions`,
+        headers: () => payments[next++ % payments.length]!,
+        body
+      }
+      targets.x402 = x402Target
+      pids.x402 = routerProcess.pid
+    }
+
+    for (let round = 1; round <= ROUNDS; round++) {
+      log(`round ${round} of ${ROUNDS}`)
+      for (const connections of [50, 500]) {
+        for (const name of order) {
+          await measure(name, `closed ${connections}`, () => closedLoop(targets[name]!, connections, SECONDS))
+        }
+      }
+      for (const name of [...order, ...(x402Target ? ["x402"] : [])]) {
+        await measure(name, `open ${OPEN_RATE}/s`, () => openLoop(targets[name]!, OPEN_RATE, OPEN_SECONDS))
+      }
+    }
+
+    // After the load: the router's RSS once finished work has had time to go.
+    await sleep(5_000)
+    const afterLoad = usage(routerProcess.pid!)
+
+    // Held-open streams: memory per stream, router and Portkey.
+    const holdBody = chatBody("Hold this stream open [[hold]]", true)
+    const perStream: Record<string, { perStreamKb: number; held: number; failures: number }> = {}
+    // The router only: Portkey cannot stream on this Node (see above).
+    for (const name of order.filter((n) => n === "router")) {
+      const pid = pids[name]!
+      const before = rssBytes(pid)
+      let during = before
+      const { held, failures } = await holdStreams(
+        { ...targets[name]!, body: holdBody },
+        STREAMS,
+        mock,
+        async () => {
+          await sleep(1_000)
+          during = rssBytes(pid)
+        }
+      )
+      perStream[name] = { perStreamKb: (during - before) / 1024 / Math.max(1, held), held, failures }
+      log(`${name}: ${held} streams held, ${failures} failed, ${fmt((during - before) / MB)} MB more`)
+      await sleep(3_000)
+    }
+    await sleep(5_000)
+    const afterStreams = usage(routerProcess.pid!)
+    clearInterval(refresher)
+
+    // Print
+    const header = [
+      "target".padEnd(20),
+      "load".padEnd(11),
+      "req/s".padStart(7),
+      "p50 ms".padStart(8),
+      "p99 ms".padStart(8),
+      "+p50".padStart(7),
+      "+p99".padStart(7),
+      "failed".padStart(6),
+      "cpu ms/req".padStart(10),
+      "pg ms/req".padStart(9),
+      "rss MB".padStart(7),
+      "cpu wait".padStart(8)
+    ].join(" ")
+    const directOf = (load: string) =>
+      rows.filter((r) => r.target === targets.direct!.name && r.load === load)
+    const lines: Array<string> = []
+    const loads = [...new Set(rows.map((r) => r.load))]
+    const names = [...new Set(rows.map((r) => r.target))]
+    for (const load of loads) {
+      for (const target of names) {
+        const mine = rows.filter((r) => r.target === target && r.load === load)
+        if (mine.length === 0) continue
+        const direct = directOf(load)
+        const p50 = median(mine.map((r) => r.result.p50))
+        const p99 = median(mine.map((r) => r.result.p99))
+        const added = (pick: (r: Row) => number, mineValue: number) =>
+          direct.length === 0 || target === targets.direct!.name
+            ? Number.NaN
+            : mineValue - median(direct.map(pick))
+        lines.push(
+          [
+            target.padEnd(20),
+            load.padEnd(11),
+            fmt(median(mine.map((r) => r.result.rps)), 0).padStart(7),
+            fmt(p50).padStart(8),
+            fmt(p99).padStart(8),
+            fmt(added((r) => r.result.p50, p50)).padStart(7),
+            fmt(added((r) => r.result.p99, p99)).padStart(7),
+            String(mine.reduce((a, r) => a + r.result.failures, 0)).padStart(6),
+            fmt(median(mine.map((r) => r.cpuPerRequestMs)), 2).padStart(10),
+            fmt(median(mine.map((r) => r.dbCpuPerRequestMs)), 2).padStart(9),
+            fmt(median(mine.map((r) => r.rssMb)), 0).padStart(7),
+            `${fmt(100 * median(mine.map((r) => r.cpuWait)), 0)}%`.padStart(8)
+          ].join(" ")
+        )
+      }
+    }
+    const rps = (target: string, load: string) =>
+      median(rows.filter((r) => r.target === target && r.load === load).map((r) => r.result.rps))
+    const p50Of = (target: string, load: string) =>
+      median(rows.filter((r) => r.target === target && r.load === load).map((r) => r.result.p50))
+    const ratios: Array<string> = []
+    if (only.has("router") && only.has("portkey")) {
+      for (const load of ["closed 50", "closed 500"]) {
+        ratios.push(
+          `  router/Portkey throughput, ${load}: ${fmt(rps(targets.router!.name, load) / rps(targets.portkey!.name, load), 2)}`
+        )
+      }
+    }
+    if (x402Target) {
+      const openLoad = `open ${OPEN_RATE}/s`
+      ratios.push(
+        `  x402 over credit key, p50 at ${openLoad}: ${fmt(p50Of(x402Target.name, openLoad) - p50Of(targets.router!.name, openLoad))} ms`
+      )
+    }
+    process.stdout.write(
+      [
+        "",
+        `Load benchmark: ${ROUNDS} interleaved rounds, ${SECONDS} s per closed-loop phase, ${OPEN_SECONDS} s open loop; medians over rounds.`,
+        `Machine: ${availableParallelism()} cores, load average ${fmt(loadAtStart)} at the start and ${fmt(loadavg()[0]!)} at the end (other work on the machine slows every target).`,
+        "+p50/+p99: latency added over the mock called directly under the same load. cpu ms/req: the target's node",
+        "processes' CPU time per request (/proc/<pid>/stat); pg ms/req: the router's Postgres. rss: the target's node RSS after the phase.",
+        "cpu wait: the share of the target's runnable time it spent waiting for a core (/proc/<pid>/schedstat; high = a busy machine).",
+        "",
+        header,
+        ...lines,
+        "",
+        "Ratios (same run):",
+        ...ratios,
+        "",
+        "Memory (router node processes; Portkey beside it):",
+        `  idle RSS after warm-up        router ${fmt(idle.rss.node / MB, 0)} MB   Portkey ${fmt(portkeyIdle / MB, 0)} MB`,
+        `  RSS 5 s after the load        router ${fmt(afterLoad.rss.node / MB, 0)} MB (${fmt((afterLoad.rss.node - idle.rss.node) / MB, 0)} MB over idle)`,
+        ...Object.entries(perStream).map(
+          ([name, s]) =>
+            `  per held-open stream          ${name.padEnd(8)} ${fmt(s.perStreamKb, 1)} KB at ${s.held} streams (${s.failures} failed)`
+        ),
+        `  RSS 5 s after the streams     router ${fmt(afterStreams.rss.node / MB, 0)} MB (${fmt((afterStreams.rss.node - idle.rss.node) / MB, 0)} MB over idle)`,
+        `  router's Postgres RSS         ${fmt(afterStreams.rss.postgres / MB, 0)} MB (all its processes, shared pages counted in each)`,
+        ""
+      ].join("\n")
+    )
+  } finally {
+    stopping = true
+    stopAll()
+    const deadline = Date.now() + 20_000
+    while (
+      children.some((child) => child.exitCode === null && child.signalCode === null) &&
+      Date.now() < deadline
+    )
+      await sleep(200)
+    for (const child of children) if (child.exitCode === null) child.kill("SIGKILL")
+    if (process.env.BENCH_KEEP === undefined) rmSync(dataDir, { recursive: true, force: true })
+  }
+}
+
+main().then(
+  () => process.exit(0),
+  (error) => {
+    process.stderr.write(`${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`)
+    process.exit(1)
+  }
+)
