@@ -263,7 +263,7 @@ describe("x402 upto: authorize a ceiling, settle the metered actual (official cl
         )
         // A ceiling below the worst case (a request whose worst case is well above the solo settlement
         // floor): half of it, so that the quote moving a little in between cannot make it enough.
-        const long = chat("hello", { model: "chat-medium", max_tokens: 4000 })
+        const long = chat("hello", { model: "chat-large", max_tokens: 4000 })
         const longUpto = (yield* quoteOf(long)).accepts[1]!
         assert.isAbove(Number(longUpto.amount), 2 * 10_000)
         yield* refused(
