@@ -5,6 +5,7 @@ import {
   createPublicClient,
   createWalletClient,
   defineChain,
+  encodeFunctionData,
   getAddress,
   type Hash,
   type Hex,
@@ -28,6 +29,7 @@ import { ChainError, fromViemError } from "./ChainError.ts"
 import { demoWalletAccounts, routerSignerAccount, treasuryAccount } from "./DevAccounts.ts"
 import type { TokenDomain } from "./Eip3009.ts"
 import { type EmbeddedContracts, prepareState, readContracts, writeContracts } from "./EmbeddedState.ts"
+import { makeOutgoing, type OutgoingCall, type OutgoingTransactions } from "./Outgoing.ts"
 import { ensureUptoContracts, PERMIT2_ADDRESS, UPTO_PROXY_ADDRESS } from "./Permit2.ts"
 import { permit2Abi } from "./permit2Artifact.ts"
 import { nonceBitmapPosition, type UptoPermit, uptoSettleCall } from "./UptoPermit.ts"
@@ -41,6 +43,14 @@ export {
   transferWithAuthorizationTypes,
   verifyTransferAuthorization
 } from "./Eip3009.ts"
+export type {
+  BroadcastResult,
+  GasPlan,
+  OutgoingCall,
+  OutgoingTransactions,
+  SignedTransaction,
+  TransactionState
+} from "./Outgoing.ts"
 
 /** 10,000 USDC in base units: what every embedded demo wallet starts with. */
 export const DEMO_WALLET_FUNDING = 10_000_000_000n
@@ -89,6 +99,24 @@ export interface ChainShape {
   readonly uptoProxy: Address
   readonly treasury: Address
   readonly routerSigner: Address
+  /** Sends refunds, payouts and withdrawals: the treasury when its key is configured, else the router signer. */
+  readonly payer: Address
+  /** The calls the router makes, as data (`ledger/Treasury.ts` signs and sends them exactly once). */
+  readonly calls: {
+    /** EIP-3009 `transferWithAuthorization`, sent by the router signer (which pays gas). */
+    readonly transferWithAuthorization: (authorization: TransferAuthorization) => OutgoingCall
+    /**
+     * An x402 `upto` settlement: `amount` (at most the ceiling) of the permit through the upto proxy, sent
+     * by the router signer (the witness's facilitator), which pays gas.
+     */
+    readonly uptoSettlement: (permit: UptoPermit, amount: bigint) => OutgoingCall
+    /** A token transfer from the payer (`payer`) to `to`. */
+    readonly treasuryTransfer: (to: Address, amount: bigint) => OutgoingCall
+    /** An epoch root, anchored by the router signer; fails `Invalid` beyond uint64. */
+    readonly anchor: (epochId: bigint, root: Hex) => Effect.Effect<OutgoingCall, ChainError>
+  }
+  /** Estimate, sign locally with a given nonce, broadcast raw bytes, read states and nonces. */
+  readonly outgoing: OutgoingTransactions
   readonly demoWallets: ReadonlyArray<DemoWallet>
   readonly publicClient: PublicClient<HttpTransport, ViemChain>
   readonly blockNumber: () => Effect.Effect<bigint, ChainError>
@@ -102,11 +130,6 @@ export interface ChainShape {
   readonly permit2NonceUsed: (owner: Address, nonce: bigint) => Effect.Effect<boolean, ChainError>
   /** A quick read (paid path): the token allowance `owner` gave Permit2. */
   readonly permit2Allowance: (owner: Address) => Effect.Effect<bigint, ChainError>
-  /**
-   * Settles `amount` (at most the ceiling) of an `upto` permit through the upto proxy, from the router signer
-   * (the witness's facilitator), which pays gas; returns once broadcast, not mined.
-   */
-  readonly submitUptoSettlement: (permit: UptoPermit, amount: bigint) => Effect.Effect<Hash, ChainError>
   /** Sends the authorization from the router signer, which pays gas; returns once broadcast, not mined. */
   /** Dry-runs the authorization as the router would send it (eth_call): fails `Reverted` with the token's reason. */
   readonly simulateTransferWithAuthorization: (
@@ -203,27 +226,20 @@ const makeSender = Effect.fnUntraced(function* (connection: Connection, account:
     transport: http(connection.rpcUrl)
   })
   const semaphore = yield* Semaphore.make(1)
-  // The next nonce to use, known only after a successful send; any failure or interruption forgets it,
-  // and the next send asks the node for the pending count again.
-  let nextNonce: number | undefined
+  // The node's pending count each time: the treasury (ledger/Treasury.ts) allocates this account's nonces
+  // too, so no count is cached here.
   const send: Sender["send"] = (operation, write) =>
     semaphore.withPermit(
       Effect.gen(function* () {
-        const known = nextNonce
-        nextNonce = undefined
-        const nonce =
-          known ??
-          (yield* Effect.tryPromise({
-            try: () =>
-              connection.publicClient.getTransactionCount({ address: account.address, blockTag: "pending" }),
-            catch: fromViemError(operation)
-          }))
-        const hash = yield* Effect.tryPromise({
+        const nonce = yield* Effect.tryPromise({
+          try: () =>
+            connection.publicClient.getTransactionCount({ address: account.address, blockTag: "pending" }),
+          catch: fromViemError(operation)
+        })
+        return yield* Effect.tryPromise({
           try: () => write(wallet, nonce),
           catch: fromViemError(operation)
         })
-        nextNonce = nonce + 1
-        return hash
       })
     )
   return { address: account.address, account, send } satisfies Sender
@@ -335,12 +351,6 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     )
   )
 
-  const submitUptoSettlement = Effect.fn("Chain.submitUptoSettlement")((permit: UptoPermit, amount: bigint) =>
-    router.send("Chain.submitUptoSettlement", (wallet, nonce) =>
-      wallet.writeContract({ ...uptoSettleCall(permit, amount), nonce })
-    )
-  )
-
   const simulateTransferWithAuthorization = Effect.fn("Chain.simulateTransferWithAuthorization")(
     (a: TransferAuthorization) => {
       const split = splitSignature(a.signature)
@@ -423,6 +433,52 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     )
   })
 
+  const calls: ChainShape["calls"] = {
+    transferWithAuthorization: (a) => {
+      const split = splitSignature(a.signature)
+      return {
+        from: router.address,
+        to: token,
+        data:
+          split === undefined
+            ? encodeFunctionData({
+                abi: testUsdcAbi,
+                functionName: "transferWithAuthorization",
+                args: [a.from, a.to, a.value, a.validAfter, a.validBefore, a.nonce, a.signature]
+              })
+            : encodeFunctionData({
+                abi: testUsdcAbi,
+                functionName: "transferWithAuthorization",
+                args: [a.from, a.to, a.value, a.validAfter, a.validBefore, a.nonce, split.v, split.r, split.s]
+              })
+      }
+    },
+    uptoSettlement: (permit, amount) => {
+      const settle = uptoSettleCall(permit, amount)
+      return {
+        from: router.address,
+        to: settle.address,
+        data: encodeFunctionData({ abi: settle.abi, functionName: settle.functionName, args: settle.args })
+      }
+    },
+    treasuryTransfer: (to, amount) => ({
+      from: payer.address,
+      to: token,
+      data: encodeFunctionData({ abi: testUsdcAbi, functionName: "transfer", args: [to, amount] })
+    }),
+    anchor: (epochId, root) =>
+      Effect.as(requireUint64(epochId), {
+        from: router.address,
+        to: anchor,
+        data: encodeFunctionData({ abi: epochAnchorAbi, functionName: "anchor", args: [epochId, root] })
+      })
+  }
+  const outgoing = makeOutgoing(
+    publicClient,
+    connection.chainId,
+    [router.account, payer.account].filter((account, i, all) => all.indexOf(account) === i)
+  )
+
   const anchoredRoot = Effect.fn("Chain.anchoredRoot")(function* (epochId: bigint) {
     yield* requireUint64(epochId)
     return yield* call("Chain.anchoredRoot", () =>
@@ -481,6 +537,9 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     uptoProxy: UPTO_PROXY_ADDRESS,
     treasury: deployment.treasury,
     routerSigner: router.address,
+    payer: payer.address,
+    calls,
+    outgoing,
     demoWallets: deployment.demoWallets,
     publicClient,
     blockNumber,
@@ -489,7 +548,6 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     authorizationState,
     permit2NonceUsed,
     permit2Allowance,
-    submitUptoSettlement,
     simulateTransferWithAuthorization,
     submitTransferWithAuthorization,
     waitForReceipt,
@@ -586,8 +644,8 @@ const embedded = Effect.fnUntraced(function* (stateDir: string | undefined) {
   }
   const contracts = reused ? recorded : yield* deployFresh(connection, router)
   if (stateDir !== undefined && !reused) yield* writeContracts(stateDir, contracts)
-  // A resumed chain may miss its last seconds (docs/decisions.md D80). The exactly-once transfer sender
-  // (issue 11 item 7) rebroadcasts, at start, every transaction it recorded that this chain does not know.
+  // A resumed chain may miss its last seconds (docs/decisions.md D80): the treasury's recovery pass at
+  // start (ledger/Treasury.ts, D168) offers again every transaction it recorded that this chain does not know.
   const token = getAddress(contracts.token)
   const anchor = getAddress(contracts.anchor)
   const demoWallets = demoWalletAccounts()

@@ -806,6 +806,50 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
       )
     `
   }),
+  "0015_outgoing_transactions": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // One row per account the router sends from: its row lock serializes nonce allocation across every
+    // instance on this database; `next_nonce` is the lowest nonce no recorded transaction holds.
+    yield* sql`
+      CREATE TABLE treasury_senders (
+        address TEXT PRIMARY KEY,
+        next_nonce BIGINT NOT NULL CHECK (next_nonce >= 0),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+      )
+    `
+    // Every transaction the router signs, recorded (raw bytes, hash, nonce) in the transaction that takes
+    // its nonce, before it is broadcast (ledger/Treasury.ts, docs/decisions.md D165-D170). `purpose` names
+    // the one transfer it makes; `reverted` and `void` (its nonce was taken by another transaction) moved
+    // nothing, so a later attempt for the same purpose may follow them; any other status is live.
+    yield* sql`
+      CREATE TABLE outgoing_transactions (
+        id BIGSERIAL PRIMARY KEY,
+        purpose TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        sender TEXT NOT NULL REFERENCES treasury_senders (address),
+        nonce BIGINT NOT NULL CHECK (nonce >= 0),
+        tx_hash TEXT NOT NULL UNIQUE,
+        raw_tx TEXT NOT NULL,
+        to_address TEXT NOT NULL,
+        call_data TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('signed', 'broadcast', 'mined', 'reverted', 'void')),
+        block_number BIGINT,
+        broadcasts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        UNIQUE (sender, nonce)
+      )
+    `
+    yield* sql`
+      CREATE UNIQUE INDEX outgoing_transactions_live_purpose ON outgoing_transactions (purpose)
+      WHERE status IN ('signed', 'broadcast', 'mined')
+    `
+    yield* sql`
+      CREATE INDEX outgoing_transactions_open ON outgoing_transactions (sender, nonce)
+      WHERE status IN ('signed', 'broadcast')
+    `
+  }),
   "0016_upto_authorizations": Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
     // An x402 `upto` authorization (a Permit2 witness transfer) shares the queue of `exact` ones. Its `nonce`

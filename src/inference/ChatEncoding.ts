@@ -2,7 +2,14 @@ import { paymentResponseHeader } from "../domain/X402.ts"
 import { anonymizeBids } from "../market/Auction.ts"
 import type { UpstreamSource } from "./Events.ts"
 import type { Indexed } from "./LiveStreams.ts"
-import type { Admitted, AgentHeaders, MeteredUsage, ServeEvent, ServeSummary } from "./Paid.ts"
+import {
+  type Admitted,
+  type AgentHeaders,
+  type MeteredUsage,
+  type ServeEvent,
+  type ServeSummary,
+  wasCut
+} from "./Paid.ts"
 import { type RichEnvelope, richEnvelope } from "./Rich.ts"
 
 /** The chat-completions wire: the `svc` envelope, usage, the non-streaming body and SSE chunks. */
@@ -11,6 +18,22 @@ const STEPS = ["route", "rfq", "award", "clear", "serve"] as const
 
 export const svcEnvelope = (admitted: Admitted, servedBy?: { providerId: string; modelClass: string }) =>
   auctionSvc(admitted.auction, admitted.requestId, admitted.request.model, servedBy)
+
+/**
+ * The `svc` object of a served reply: the auction envelope, with the serve step and the receipt's
+ * status as they ended (`svc.process` never says serve completed when the receipt says `partial`).
+ */
+export const servedSvc = (admitted: Admitted, summary: ServeSummary) => {
+  const svc = svcEnvelope(admitted, { providerId: summary.providerId, modelClass: summary.modelClass })
+  return {
+    ...svc,
+    process: svc.process.map((p) =>
+      p.step === "serve" && summary.status !== "ok" ? { step: p.step, status: summary.status } : p
+    ),
+    status: summary.status,
+    ...(summary.status !== "ok" && summary.error !== null ? { error: summary.error } : {})
+  }
+}
 
 /** The `svc` object of any paid call (spec 2.3): routing, the auction as cleared, process, links. */
 export const auctionSvc = (
@@ -46,7 +69,7 @@ export const auctionSvc = (
       })),
       clear: { price_in: auction.clear.price_in, price_out: auction.clear.price_out, unit }
     },
-    process: STEPS.map((step) => ({ step, status: "completed" as const })),
+    process: STEPS.map((step): { step: string; status: string } => ({ step, status: "completed" })),
     links: { receipt: `/v1/receipts/${requestId}`, auction: `/v1/analytics/requests/${requestId}` }
   }
 }
@@ -129,12 +152,14 @@ export const chatCompletionBody = (admitted: Admitted, assembled: Assembled, inc
     object: "chat.completion" as const,
     created: Math.floor(admitted.createdAt / 1000),
     model: summary.modelClass,
-    choices: [{ index: 0, message, finish_reason: summary.finishReason ?? "stop" }],
+    choices: [
+      { index: 0, message, finish_reason: wasCut(summary) ? "error" : (summary.finishReason ?? "stop") }
+    ],
     usage: usageBody(summary.usage, summary.charged),
     // The provider-native grounding field, preserved as sent beside the validated `svc.rich`.
     ...(assembled.sources.length > 0 ? { svc_sources: assembled.sources } : {}),
     svc: {
-      ...svcEnvelope(admitted, { providerId: summary.providerId, modelClass: summary.modelClass }),
+      ...servedSvc(admitted, summary),
       ...(rich === undefined ? {} : { rich })
     }
   }
@@ -178,24 +203,30 @@ export const chatChunkFrames = (
     // The complete envelope, over the whole text, before the stream says it is finished.
     const rich = richBefore(admitted, index)
     if (rich !== undefined) frames.push(richFrame(rich))
-    if (summary.status === "partial" && summary.error !== null) {
+    // A cut stream ends with its error chunk: no `stop` follows it (the usage frame still says
+    // what was charged, and `[DONE]` closes the stream).
+    if (wasCut(summary) && summary.error !== null) {
       frames.push(
-        frame({
-          error: {
-            message: summary.error.message,
-            type: "upstream_error",
-            code: summary.error.code,
-            param: null
-          }
-        })
+        frame(
+          {
+            error: {
+              message: summary.error.message,
+              type: "upstream_error",
+              code: summary.error.code,
+              param: null
+            }
+          },
+          index
+        )
+      )
+    } else {
+      frames.push(
+        frame(
+          { ...base, choices: [{ index: 0, delta: {}, finish_reason: summary.finishReason ?? "stop" }] },
+          index
+        )
       )
     }
-    frames.push(
-      frame(
-        { ...base, choices: [{ index: 0, delta: {}, finish_reason: summary.finishReason ?? "stop" }] },
-        index
-      )
-    )
     frames.push(
       frame({
         ...base,

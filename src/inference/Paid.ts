@@ -52,6 +52,14 @@ export interface ServeSummary {
   readonly error: { readonly code: string; readonly message: string } | null
 }
 
+/**
+ * Whether the provider broke off mid-answer (or the request was stopped): the receipt says
+ * `partial` and names the error. Every dialect's reply then says so too (D152): chat a
+ * `finish_reason` of `"error"` and no `stop` after its error chunk, Messages a `null` `stop_reason`
+ * (or its `error` event), Responses `failed`.
+ */
+export const wasCut = (summary: ServeSummary) => summary.status === "partial" && summary.error !== null
+
 /** What a reader of a served request sees: content as it arrives, then exactly one `End`. */
 export type ServeEvent =
   | { readonly _tag: "Delta"; readonly event: Exclude<UpstreamEvent, { _tag: "Usage" | "Finish" }> }

@@ -1,12 +1,10 @@
 import { randomBytes } from "node:crypto"
 import { Clock, Effect, Schema } from "effect"
 import { SqlClient } from "effect/sql"
-import { getAddress, type Hash, type Hex, isAddressEqual } from "viem"
+import { getAddress, type Hash } from "viem"
 import { Chain, type ChainError } from "../chain/Chain.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { Treasury } from "./Treasury.ts"
-
-const LOG_PAGE = 10_000n
 
 const Accrued = Schema.Struct({
   provider_id: Schema.String,
@@ -22,9 +20,6 @@ interface Payout {
   readonly to_address: string
   readonly amount: string
   readonly tx_hash: string | null
-  readonly from_block: string
-  /** Claimed long enough ago that a broadcast whose hash was never recorded would have been mined. */
-  readonly stale: boolean
 }
 
 export interface ProviderPayouts {
@@ -51,7 +46,6 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
     const chain = yield* Chain
     const treasury = yield* Treasury
     const { epochSeconds } = yield* RouterConfig
-    const senders = [chain.treasury, chain.routerSigner]
 
     const markPaid = (payout: Payout, hash: Hash) =>
       sql
@@ -99,50 +93,55 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
           )
         )
 
-    /** The transfer of a payout whose hash a crash lost, found in the blocks mined after its claim. */
-    const findTransfer = (payout: Payout) =>
+    /**
+     * Sends a claimed payout and settles it by what the chain did. Sending is idempotent per payout
+     * (ledger/Treasury.ts), so a payout resumed after a crash, with or without its hash, gets the
+     * transaction already recorded for it. A refused estimate recorded nothing: the payout is released.
+     */
+    const sendAndSettle = (payout: Payout): Effect.Effect<boolean, ChainError> =>
       Effect.gen(function* () {
-        const latest = yield* chain.blockNumber()
-        const to = getAddress(payout.to_address)
-        for (let start = BigInt(payout.from_block); start <= latest; start += LOG_PAGE) {
-          const end = start + LOG_PAGE - 1n < latest ? start + LOG_PAGE - 1n : latest
-          const logs = yield* chain.readTransferLogs({ fromBlock: start, toBlock: end, to })
-          const hit = logs.find(
-            (log) =>
-              log.value === BigInt(payout.amount) &&
-              senders.some((sender) => isAddressEqual(sender, log.from))
+        const hash = yield* treasury
+          .send({
+            _tag: "ProviderPayout",
+            payoutId: payout.payout_id,
+            to: getAddress(payout.to_address),
+            amount: BigInt(payout.amount)
+          })
+          .pipe(
+            Effect.catchTag("ChainError", (e) =>
+              e.reason === "Reverted" ? Effect.as(release(payout, e.message), undefined) : Effect.fail(e)
+            )
           )
-          if (hit !== undefined) return hit.txHash
+        if (hash === undefined) return false
+        if (payout.tx_hash !== hash) {
+          yield* sql`UPDATE provider_payouts SET tx_hash = ${hash} WHERE payout_id = ${payout.payout_id}`.pipe(
+            Effect.orDie
+          )
         }
-        return undefined
+        const outcome = yield* treasury.confirm(hash)
+        if (outcome.status === "success") return yield* markPaid(payout, hash)
+        yield* release(
+          payout,
+          `the payout transaction ${outcome.status === "replaced" ? "was replaced" : "reverted"}`
+        )
+        return false
       })
 
     const resumeOne = (payout: Payout): Effect.Effect<boolean, ChainError> =>
-      Effect.gen(function* () {
-        if (payout.tx_hash !== null) {
-          const outcome = yield* treasury.confirm(payout.tx_hash as Hex)
-          if (outcome.status === "success") return yield* markPaid(payout, payout.tx_hash as Hash)
-          yield* release(payout, "the payout transaction reverted")
-          return false
-        }
-        const found = yield* findTransfer(payout)
-        if (found !== undefined) return yield* markPaid(payout, found)
-        if (payout.stale) yield* release(payout, "no transfer on chain 10 minutes after the claim")
-        return false
-      }).pipe(Effect.withSpan("Payouts.resume", { attributes: { payout_id: payout.payout_id } }))
+      sendAndSettle(payout).pipe(
+        Effect.withSpan("Payouts.resume", { attributes: { payout_id: payout.payout_id } })
+      )
 
     const claim = (provider: typeof Accrued.Type, signer: string, epochId: number) =>
       Effect.gen(function* () {
-        // The payout's transfer cannot be in a block mined before the claim: where to look after a crash.
+        // The payout's transfer cannot be in a block mined before the claim (kept for audits).
         const fromBlock = (yield* chain.blockNumber()) + 1n
         const payout: Payout = {
           payout_id: `po_${randomBytes(12).toString("hex")}`,
           provider_id: provider.provider_id,
           to_address: getAddress(signer),
           amount: provider.total,
-          tx_hash: null,
-          from_block: fromBlock.toString(),
-          stale: false
+          tx_hash: null
         }
         yield* sql
           .withTransaction(
@@ -150,7 +149,7 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
               yield* sql`
                 INSERT INTO provider_payouts (payout_id, provider_id, to_address, amount, status, epoch_id, from_block)
                 VALUES (${payout.payout_id}, ${payout.provider_id}, ${payout.to_address}, ${payout.amount},
-                        'paying', ${epochId}, ${payout.from_block})`
+                        'paying', ${epochId}, ${fromBlock.toString()})`
               const linked = yield* sql`
                 UPDATE requests SET payout_id = ${payout.payout_id}
                 WHERE request_id IN ${sql.in(provider.request_ids)} AND payout_id IS NULL RETURNING request_id`
@@ -166,30 +165,9 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
       })
 
     const pay = (provider: typeof Accrued.Type, signer: string, epochId: number) =>
-      Effect.gen(function* () {
-        const payout = yield* claim(provider, signer, epochId)
-        const hash = yield* treasury
-          .send({
-            _tag: "ProviderPayout",
-            payoutId: payout.payout_id,
-            to: getAddress(payout.to_address),
-            amount: BigInt(payout.amount)
-          })
-          .pipe(
-            // A refused estimate never broadcast; any other error might have, and is resolved on resume.
-            Effect.catchTag("ChainError", (e) =>
-              e.reason === "Reverted" ? Effect.as(release(payout, e.message), undefined) : Effect.fail(e)
-            )
-          )
-        if (hash === undefined) return false
-        yield* sql`UPDATE provider_payouts SET tx_hash = ${hash} WHERE payout_id = ${payout.payout_id}`.pipe(
-          Effect.orDie
-        )
-        const outcome = yield* treasury.confirm(hash)
-        if (outcome.status === "success") return yield* markPaid(payout, hash)
-        yield* release(payout, "the payout transaction reverted")
-        return false
-      }).pipe(Effect.withSpan("Payouts.pay", { attributes: { provider_id: provider.provider_id } }))
+      Effect.flatMap(claim(provider, signer, epochId), sendAndSettle).pipe(
+        Effect.withSpan("Payouts.pay", { attributes: { provider_id: provider.provider_id } })
+      )
 
     const attempt = (work: Effect.Effect<boolean, ChainError>, providerId: string) =>
       work.pipe(
@@ -208,8 +186,7 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
       const epoch = Math.floor((yield* Clock.currentTimeMillis) / (epochSeconds * 1000))
       let paid = 0
       const open = yield* sql<Payout>`
-        SELECT payout_id, provider_id, to_address, amount::text AS amount, tx_hash,
-               from_block::text AS from_block, created_at < now() - interval '10 minutes' AS stale
+        SELECT payout_id, provider_id, to_address, amount::text AS amount, tx_hash
         FROM provider_payouts WHERE status = 'paying' ORDER BY created_at
       `.pipe(Effect.orDie)
       for (const payout of open) if (yield* attempt(resumeOne(payout), payout.provider_id)) paid++

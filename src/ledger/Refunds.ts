@@ -10,18 +10,12 @@ const DueGroup = Schema.Struct({
   request_ids: Schema.Array(Schema.String)
 })
 const decodeGroups = Schema.decodeUnknownEffect(Schema.Array(DueGroup))
-const Paying = Schema.Struct({
-  payer: Schema.String,
-  tx_hash: Schema.String,
-  request_ids: Schema.Array(Schema.String)
-})
-const decodePaying = Schema.decodeUnknownEffect(Schema.Array(Paying))
 
 /**
  * Step 1 of the epoch close: the overage of every captured request whose payment landed is refunded
  * once its epoch has ended, batched per payer in one transfer from the treasury, or credited to the
- * payer's balance below the payout floor. A broadcast recorded before a crash is confirmed, never
- * re-sent; each batch stands alone. Run under the epoch-close lock.
+ * payer's balance below the payout floor. A batch is one transfer however often it is resumed (its
+ * purpose in ledger/Treasury.ts); each batch stands alone. Run under the epoch-close lock.
  */
 export const makeRefunds = (options: {
   readonly payoutFloor: number
@@ -75,26 +69,44 @@ export const makeRefunds = (options: {
         Effect.orDie
       )
 
-    /** Broadcasts recorded before a crash are confirmed, not re-sent. */
+    /**
+     * Sends a claimed batch (its rows `paying`) and settles it by what the chain did. Sending is idempotent
+     * per batch (ledger/Treasury.ts: the purpose is the payer and the exact set of refunds), so a batch
+     * resumed after a crash gets the transaction already recorded for it, never a second transfer. Only a
+     * send that recorded nothing, or a transfer that moved nothing, puts the batch back to `due`; a wait
+     * that fails leaves it `paying` with its hash for the next pass.
+     */
+    const payBatch = (payer: string, total: bigint, requestIds: ReadonlyArray<string>) =>
+      Effect.gen(function* () {
+        const sent = yield* treasury
+          .send({ _tag: "RefundBatch", to: getAddress(payer), amount: total, requestIds })
+          .pipe(
+            Effect.tapError((e) => Effect.logWarning("refund batch not sent; back to due", e.message)),
+            Effect.option
+          )
+        if (Option.isNone(sent)) return yield* backToDue(requestIds)
+        const hash = sent.value
+        yield* sql`UPDATE refunds SET tx_hash = ${hash} WHERE request_id IN ${sql.in(requestIds)}`.pipe(
+          Effect.orDie
+        )
+        const outcome = yield* treasury.confirm(hash).pipe(Effect.option)
+        if (Option.isNone(outcome)) return
+        if (outcome.value.status === "success") yield* markPaid(payer, hash, requestIds)
+        else yield* backToDue(requestIds)
+      })
+
+    /** Batches a crashed or failed pass left `paying` (with or without a hash) are sent again: the same transaction. */
     const resumePaying = Effect.gen(function* () {
       const rows = yield* sql`
-      SELECT payer, tx_hash, array_agg(request_id) AS request_ids FROM refunds
-      WHERE status = 'paying' AND tx_hash IS NOT NULL GROUP BY payer, tx_hash
-    `.pipe(Effect.flatMap(decodePaying), Effect.orDie)
-      for (const row of rows) {
-        const outcome = yield* treasury.confirm(row.tx_hash as Hex)
-        if (outcome.status === "success") yield* markPaid(row.payer, row.tx_hash as Hex, row.request_ids)
-        else yield* backToDue(row.request_ids)
-      }
+      SELECT payer, sum(amount)::text AS total, array_agg(request_id ORDER BY request_id) AS request_ids FROM refunds
+      WHERE status = 'paying' GROUP BY payer, tx_hash
+    `.pipe(Effect.flatMap(decodeGroups), Effect.orDie)
+      for (const row of rows) yield* payBatch(row.payer, BigInt(row.total), row.request_ids)
     })
 
     const settleRefunds = Effect.gen(function* () {
       const epoch = yield* currentEpoch
       yield* resumePaying
-      // Claimed by a pass that died before its send was recorded: back to due (docs/decisions.md D21).
-      yield* sql`UPDATE refunds SET status = 'due' WHERE status = 'paying' AND tx_hash IS NULL`.pipe(
-        Effect.orDie
-      )
       // Claim due refunds of ended epochs whose payment landed; credit small ones in the same step.
       const groups = yield* sql
         .withTransaction(
@@ -134,38 +146,10 @@ export const makeRefunds = (options: {
         }
         // Each batch stands alone: a send that fails puts only its own refunds back to `due`
         // (the next pass retries them) and the other payers' batches still go out.
-        const sent = yield* treasury
-          .send({
-            _tag: "RefundBatch",
-            to: getAddress(group.payer),
-            amount: BigInt(group.total),
-            requestIds: group.request_ids
-          })
-          .pipe(
-            Effect.tapError((e) => Effect.logWarning("refund batch not sent; back to due", e.message)),
-            Effect.option
-          )
-        if (Option.isNone(sent)) {
-          yield* backToDue(group.request_ids)
-          continue
-        }
-        const hash = sent.value
-        yield* sql`UPDATE refunds SET tx_hash = ${hash} WHERE request_id IN ${sql.in(group.request_ids)}`.pipe(
-          Effect.orDie
-        )
-        // A failed wait leaves the batch `paying` with its hash: the next pass confirms it.
-        const outcome = yield* treasury.confirm(hash).pipe(Effect.option)
-        if (Option.isNone(outcome)) continue
-        if (outcome.value.status === "success") yield* markPaid(group.payer, hash, group.request_ids)
-        else yield* backToDue(group.request_ids)
+        yield* payBatch(group.payer, BigInt(group.total), group.request_ids)
       }
       return settled
-    }).pipe(
-      Effect.catchTag("ChainError", (e) =>
-        Effect.as(Effect.logWarning("refund batch failed; will retry", e.message), 0)
-      ),
-      Effect.withSpan("Epochs.settleRefunds")
-    )
+    }).pipe(Effect.withSpan("Epochs.settleRefunds"))
 
     return { settle: settleRefunds }
   })

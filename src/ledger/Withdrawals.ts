@@ -1,7 +1,6 @@
-import { Context, Effect, Layer, Option, Result } from "effect"
-import { getAddress, type Hash, TransactionNotFoundError, TransactionReceiptNotFoundError } from "viem"
+import { Context, Effect, Layer, Result } from "effect"
+import { getAddress } from "viem"
 import { repeatInBackground } from "../Background.ts"
-import { Chain } from "../chain/Chain.ts"
 import { Treasury } from "./Treasury.ts"
 import { type ClaimedWithdrawal, Wallets } from "./Wallets.ts"
 
@@ -10,8 +9,7 @@ const MAX_PAYOUT_ATTEMPTS = 12
 
 /**
  * Pays out debited withdrawals on chain, off every response's path (and fails the deposits whose
- * authorization can no longer settle). A transfer's hash is recorded before it is awaited, so a retry
- * after a crash looks that transfer up instead of paying twice.
+ * authorization can no longer settle), each exactly once through `Treasury`.
  */
 export class Withdrawals extends Context.Service<
   Withdrawals,
@@ -21,7 +19,6 @@ export class Withdrawals extends Context.Service<
   }
 >()("router/ledger/Withdrawals") {
   static readonly make = Effect.gen(function* () {
-    const chain = yield* Chain
     const treasury = yield* Treasury
     const wallets = yield* Wallets
 
@@ -36,37 +33,13 @@ export class Withdrawals extends Context.Service<
       })
 
     /**
-     * Where a transfer sent by an earlier attempt stands. Only a transaction the node has never heard of is
-     * `unknown` (and is sent again); an unreadable node is `pending`, so a payout is never sent twice.
+     * Sending is idempotent per withdrawal (ledger/Treasury.ts): an attempt after a crash or a failed wait
+     * gets the transaction already recorded for it, never a second transfer. Only a send that recorded
+     * nothing, or a transfer that moved nothing (reverted, or replaced at its nonce), counts as a failed
+     * attempt; a wait that fails keeps the hash for the next attempt.
      */
-    const transferState = (hash: Hash) =>
-      Effect.gen(function* () {
-        const receipt = yield* Effect.tryPromise({
-          try: () => chain.publicClient.getTransactionReceipt({ hash }),
-          catch: (error) => error
-        }).pipe(Effect.option)
-        if (Option.isSome(receipt)) return receipt.value.status
-        const known = yield* Effect.tryPromise({
-          try: () => chain.publicClient.getTransaction({ hash }),
-          catch: (error) => error
-        }).pipe(
-          Effect.as(true),
-          Effect.catch((error) =>
-            Effect.succeed(
-              !(error instanceof TransactionNotFoundError || error instanceof TransactionReceiptNotFoundError)
-            )
-          )
-        )
-        return known ? "pending" : "unknown"
-      })
-
     const payOne = (row: ClaimedWithdrawal) =>
       Effect.gen(function* () {
-        if (row.tx_hash !== null) {
-          const state = yield* transferState(row.tx_hash as Hash)
-          if (state === "success") return yield* wallets.withdrawalPaid(row.withdrawal_id, row.tx_hash)
-          if (state === "pending") return yield* retryLater(row, "transfer still pending", false)
-        }
         const sent = yield* Effect.result(
           treasury.send({
             _tag: "Withdrawal",
@@ -77,13 +50,12 @@ export class Withdrawals extends Context.Service<
         )
         if (Result.isFailure(sent)) return yield* retryLater(row, sent.failure.message, true)
         const hash = sent.success
-        // Recorded before it is awaited: a retry after a crash looks this transfer up instead of paying twice.
-        yield* wallets.recordWithdrawalBroadcast(row.withdrawal_id, hash)
+        if (row.tx_hash !== hash) yield* wallets.recordWithdrawalBroadcast(row.withdrawal_id, hash)
         const outcome = yield* Effect.result(treasury.confirm(hash))
         if (Result.isFailure(outcome)) return yield* retryLater(row, outcome.failure.message, false)
         if (outcome.success.status === "success")
           return yield* wallets.withdrawalPaid(row.withdrawal_id, hash)
-        return yield* retryLater(row, "payout transfer reverted", true)
+        return yield* retryLater(row, `payout transfer ${outcome.success.status}`, true)
       }).pipe(Effect.withSpan("Credits.payout", { attributes: { withdrawal_id: row.withdrawal_id } }))
 
     const runOnce = Effect.gen(function* () {

@@ -8,10 +8,8 @@ import { Listings } from "../market/Listings.ts"
 import { ModelCatalog } from "../market/ModelCatalog.ts"
 import { type Fanout, makeFanout } from "./Fanout.ts"
 import {
-  byTime,
   type ClearRecord,
   candles,
-  classStats,
   compositeIndex,
   type Grid,
   PRICE_UNIT,
@@ -19,11 +17,12 @@ import {
   SERIES_BOUNDS,
   tapeEntry
 } from "./Series.ts"
+import { ClearWindow } from "./Window.ts"
 
 /** The rolling window of spec 8 (24 h): what stats cover and what is kept in memory for the series. */
 export const STATS_WINDOW_MS = 86_400_000
 /** Clears on the snapshot's tape, newest first. */
-export const TAPE_LENGTH = 50
+export const TAPE_LENGTH = 25
 /** The snapshot's index: the whole market over the stats window in hourly buckets. */
 const SNAPSHOT_INDEX_BUCKET_MS = 3_600_000
 
@@ -101,18 +100,6 @@ export const clearOfRow = (row: Record<string, unknown>): ClearRecord => ({
 const CLEAR_COLUMNS = `id, request_id, at_ms, model_class, provider_id, profile, price_in, price_out, tokens_in,
   tokens_out, tokens_cached, charge_num, charged, ttft_ms, price_setter, quotes_competing`
 
-/** First index whose clear is not before `at` (clears sorted `byTime`). */
-const lowerBound = (clears: ReadonlyArray<ClearRecord>, at: number) => {
-  let lo = 0
-  let hi = clears.length
-  while (lo < hi) {
-    const mid = (lo + hi) >>> 1
-    if (clears[mid]!.at < at) lo = mid + 1
-    else hi = mid
-  }
-  return lo
-}
-
 const encoder = new TextEncoder()
 
 /**
@@ -136,8 +123,8 @@ export class MarketData extends Context.Service<
     readonly stats: Effect.Effect<MarketStats>
     /** The events stream of one new subscriber (the current snapshot first), or undefined when full. */
     readonly subscribe: Effect.Effect<Stream.Stream<Uint8Array> | undefined>
-    /** The clears of the rolling window, oldest first (for the analytics of the same records). */
-    readonly window: Effect.Effect<ReadonlyArray<ClearRecord>>
+    /** The clears of the rolling window (for the analytics of the same records). */
+    readonly window: Effect.Effect<ClearWindow>
     readonly fanout: Fanout
   }
 >()("router/marketdata/MarketData") {
@@ -151,43 +138,21 @@ export class MarketData extends Context.Service<
       const settings = yield* MarketDataConfig
       const classIds = catalog.classes.map((c) => c.id)
 
-      let clears: Array<ClearRecord> = []
-      const seen = new Set<number>()
-      let maxId = 0
-
-      const add = (c: ClearRecord) => {
-        if (seen.has(c.id)) return false
-        seen.add(c.id)
-        if (c.id > maxId) maxId = c.id
-        const last = clears[clears.length - 1]
-        if (last === undefined || byTime(last, c) <= 0) clears.push(c)
-        else {
-          let i = clears.length
-          while (i > 0 && byTime(clears[i - 1]!, c) > 0) i -= 1
-          clears.splice(i, 0, c)
-        }
-        return true
-      }
-
-      const evict = (now: number) => {
-        const cut = lowerBound(clears, now - STATS_WINDOW_MS)
-        if (cut === 0) return
-        for (const c of clears.slice(0, cut)) seen.delete(c.id)
-        clears = clears.slice(cut)
-      }
+      const held = new ClearWindow(STATS_WINDOW_MS, STATS_WINDOW_MS + SERIES_BOUNDS.maxWindowMs / 24)
 
       const load = (rows: ReadonlyArray<Record<string, unknown>>) => {
         let added = false
-        for (const row of rows) added = add(clearOfRow(row)) || added
+        for (const row of rows) added = held.add(clearOfRow(row)) || added
         return added
       }
 
-      const since = (yield* Clock.currentTimeMillis) - STATS_WINDOW_MS
+      const started = yield* Clock.currentTimeMillis
+      held.roll(started)
       load(
         yield* sql
           .unsafe<Record<string, unknown>>(
             `SELECT ${CLEAR_COLUMNS} FROM market_clears WHERE at_ms >= $1 ORDER BY at_ms, id`,
-            [since]
+            [started - STATS_WINDOW_MS - 60_000]
           )
           .pipe(Effect.orDie)
       )
@@ -209,22 +174,20 @@ export class MarketData extends Context.Service<
 
       let sequence = yield* Clock.currentTimeMillis
       const economicsAt = (now: number) => {
-        evict(now)
-        const window = clears.filter((c) => c.at <= now)
+        held.roll(now)
+        const to = (Math.floor(now / SNAPSHOT_INDEX_BUCKET_MS) + 1) * SNAPSHOT_INDEX_BUCKET_MS
         const grid: Grid = {
           windowMs: STATS_WINDOW_MS,
           bucketMs: SNAPSHOT_INDEX_BUCKET_MS,
-          from: (Math.floor(now / SNAPSHOT_INDEX_BUCKET_MS) + 1) * SNAPSHOT_INDEX_BUCKET_MS - STATS_WINDOW_MS,
-          to: (Math.floor(now / SNAPSHOT_INDEX_BUCKET_MS) + 1) * SNAPSHOT_INDEX_BUCKET_MS,
+          from: to - STATS_WINDOW_MS,
+          to,
           points: STATS_WINDOW_MS / SNAPSHOT_INDEX_BUCKET_MS
         }
-        const byClass = new Map<string, Array<ClearRecord>>(classIds.map((id) => [id, []]))
-        for (const c of window) byClass.get(c.modelClass)?.push(c)
-        const index = compositeIndex(window, classIds, grid)
+        const index = held.indexByMinutes(classIds, grid)
         return {
-          last_clears: window.slice(-TAPE_LENGTH).reverse().map(tapeEntry),
+          last_clears: held.latest(TAPE_LENGTH).map(tapeEntry),
           index: { value: index.value, components: index.components },
-          stats: classIds.map((id) => classStats(id, byClass.get(id) ?? []))
+          stats: held.stats(classIds)
         }
       }
 
@@ -268,7 +231,7 @@ export class MarketData extends Context.Service<
       const catchUp = Effect.gen(function* () {
         const rows = yield* sql.unsafe<Record<string, unknown>>(
           `SELECT ${CLEAR_COLUMNS} FROM market_clears WHERE id > $1 AND at_ms >= $2 ORDER BY id`,
-          [Math.max(0, maxId - 1000), (yield* Clock.currentTimeMillis) - STATS_WINDOW_MS]
+          [Math.max(0, held.maxId - 1000), (yield* Clock.currentTimeMillis) - STATS_WINDOW_MS]
         )
         if (load(rows)) changed()
       })
@@ -280,7 +243,7 @@ export class MarketData extends Context.Service<
           yield* Effect.forever(
             Effect.gen(function* () {
               const note = yield* Queue.take(notes)
-              if (add(clearOfRow(JSON.parse(note.payload) as Record<string, unknown>))) changed()
+              if (held.add(clearOfRow(JSON.parse(note.payload) as Record<string, unknown>))) changed()
             })
           )
         })
@@ -302,6 +265,8 @@ export class MarketData extends Context.Service<
         Effect.repeat(Schedule.spaced(settings.bookPollMs)),
         Effect.forkScoped
       )
+      // The window rolls: once a minute the snapshot is recomputed even when nothing cleared.
+      yield* Effect.sync(changed).pipe(Effect.repeat(Schedule.spaced("1 minute")), Effect.forkScoped)
       const heartbeat = encoder.encode(": heartbeat\n\n")
       yield* Effect.sync(() => fanout.publish(heartbeat)).pipe(
         Effect.repeat(Schedule.spaced(settings.heartbeatMs)),
@@ -319,7 +284,7 @@ export class MarketData extends Context.Service<
             : Effect.succeed(resolved.grid)
         })
 
-      const inGrid = (grid: Grid) => clears.slice(lowerBound(clears, grid.from), lowerBound(clears, grid.to))
+      const inGrid = (grid: Grid) => held.range(grid.from, grid.to)
 
       const seriesFields = (grid: Grid) => ({
         unit: PRICE_UNIT,
@@ -376,15 +341,13 @@ export class MarketData extends Context.Service<
 
       const stats = Effect.gen(function* () {
         const now = yield* Clock.currentTimeMillis
-        const window = clears.slice(lowerBound(clears, now - STATS_WINDOW_MS))
-        const byClass = new Map<string, Array<ClearRecord>>(classIds.map((id) => [id, []]))
-        for (const c of window) byClass.get(c.modelClass)?.push(c)
+        held.roll(now)
         return {
           object: "market.stats" as const,
           unit: PRICE_UNIT,
           window_ms: STATS_WINDOW_MS,
           as_of: now,
-          classes: classIds.map((id) => classStats(id, byClass.get(id) ?? []))
+          classes: held.stats(classIds)
         }
       }).pipe(Effect.withSpan("MarketData.stats"))
 
@@ -394,7 +357,7 @@ export class MarketData extends Context.Service<
         index: indexOf,
         stats,
         subscribe: Effect.suspend(() => fanout.open(currentFrame)),
-        window: Effect.sync(() => clears),
+        window: Effect.sync(() => held),
         fanout
       })
     })

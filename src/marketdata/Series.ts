@@ -45,7 +45,10 @@ export const blendedPrice = (c: ClearRecord): number | null => {
 /** Orders clears by time, then by record id (the order open and close are read in). */
 export const byTime = (a: ClearRecord, b: ClearRecord) => a.at - b.at || a.id - b.id
 
-/** A running aggregate of clears; VWAP is Σ charge numerators / Σ tokens, exact. */
+/**
+ * A running aggregate of clears; VWAP is Σ charge numerators / Σ tokens, exact. Open and close are the
+ * prices of the earliest and latest priced clear (by time, then id), whatever order they are added in.
+ */
 export interface Aggregate {
   count: number
   volume: number
@@ -55,6 +58,10 @@ export interface Aggregate {
   close: number | null
   high: number | null
   low: number | null
+  openAt: number
+  openId: number
+  closeAt: number
+  closeId: number
 }
 
 export const emptyAggregate = (): Aggregate => ({
@@ -65,21 +72,59 @@ export const emptyAggregate = (): Aggregate => ({
   open: null,
   close: null,
   high: null,
-  low: null
+  low: null,
+  openAt: Number.POSITIVE_INFINITY,
+  openId: 0,
+  closeAt: Number.NEGATIVE_INFINITY,
+  closeId: 0
 })
 
-/** Adds a clear to an aggregate; clears must arrive in `byTime` order. */
+/** Folds `from` into `into` (aggregates of disjoint sets of clears). */
+export const mergeAggregate = (into: Aggregate, from: Aggregate): void => {
+  into.count += from.count
+  into.volume += from.volume
+  if (from.open === null) return
+  into.tokens += from.tokens
+  into.num += from.num
+  if (
+    into.open === null ||
+    from.openAt < into.openAt ||
+    (from.openAt === into.openAt && from.openId < into.openId)
+  ) {
+    into.open = from.open
+    into.openAt = from.openAt
+    into.openId = from.openId
+  }
+  if (
+    into.close === null ||
+    from.closeAt > into.closeAt ||
+    (from.closeAt === into.closeAt && from.closeId > into.closeId)
+  ) {
+    into.close = from.close
+    into.closeAt = from.closeAt
+    into.closeId = from.closeId
+  }
+  into.high = into.high === null ? from.high : Math.max(into.high, from.high!)
+  into.low = into.low === null ? from.low : Math.min(into.low, from.low!)
+}
+
+/** Adds one clear to an aggregate. */
 export const addClear = (agg: Aggregate, c: ClearRecord): void => {
-  agg.count += 1
-  agg.volume += c.charged
   const price = blendedPrice(c)
-  if (price === null) return
-  agg.tokens += tokensOf(c)
-  agg.num += BigInt(c.chargeNum)
-  if (agg.open === null) agg.open = price
-  agg.close = price
-  agg.high = agg.high === null ? price : Math.max(agg.high, price)
-  agg.low = agg.low === null ? price : Math.min(agg.low, price)
+  mergeAggregate(agg, {
+    count: 1,
+    volume: c.charged,
+    tokens: price === null ? 0 : tokensOf(c),
+    num: price === null ? 0n : BigInt(c.chargeNum),
+    open: price,
+    close: price,
+    high: price,
+    low: price,
+    openAt: c.at,
+    openId: c.id,
+    closeAt: c.at,
+    closeId: c.id
+  })
 }
 
 export const vwapOf = (agg: Aggregate): number | null =>
@@ -200,23 +245,33 @@ export const compositeIndex = (
   clears: ReadonlyArray<ClearRecord>,
   basket: ReadonlyArray<string>,
   grid: Grid
+): IndexResult =>
+  compositeIndexOf(
+    basket.map((modelClass) => ({
+      modelClass,
+      buckets: bucketize(
+        clears.filter((c) => c.modelClass === modelClass),
+        grid
+      )
+    })),
+    grid
+  )
+
+/** The index from each basket class's aggregates on the grid (one per bucket). */
+export const compositeIndexOf = (
+  basket: ReadonlyArray<{ readonly modelClass: string; readonly buckets: ReadonlyArray<Aggregate> }>,
+  grid: Grid
 ): IndexResult => {
-  const perClass = basket.map((modelClass) => {
-    const own = clears.filter((c) => c.modelClass === modelClass)
-    const buckets = bucketize(own, grid)
+  const perClass = basket.map(({ modelClass, buckets }) => {
     const whole = emptyAggregate()
-    for (const b of buckets) {
-      whole.tokens += b.tokens
-      whole.num += b.num
-    }
+    for (const b of buckets) mergeAggregate(whole, b)
     return { modelClass, buckets, tokens: whole.tokens, vwap: vwapOf(whole) }
   })
   const total = perClass.reduce((n, c) => n + c.tokens, 0)
   const weights = perClass.map((c) => (total > 0 ? c.tokens / total : 1 / basket.length))
   const paths = perClass.map((c) => {
     const prices = c.buckets.map(vwapOf)
-    const first = prices.find((p) => p !== null) ?? null
-    let carried = first
+    let carried = prices.find((p) => p !== null) ?? null
     return prices.map((p) => {
       if (p !== null) carried = p
       return carried
@@ -246,7 +301,7 @@ export const compositeIndex = (
 export const quantile = (sorted: ReadonlyArray<number>, q: number): number | null =>
   sorted.length === 0 ? null : sorted[Math.max(0, Math.ceil(q * sorted.length) - 1)]!
 
-/** One class's clearing summary over the clears given (the service passes the rolling 24 h). */
+/** One class's clearing summary over the clears given. */
 export const classStats = (modelClass: string, clears: ReadonlyArray<ClearRecord>): ClassStats => {
   const agg = emptyAggregate()
   const ttfts: Array<number> = []
@@ -256,6 +311,15 @@ export const classStats = (modelClass: string, clears: ReadonlyArray<ClearRecord
     ttfts.push(c.ttftMs)
   }
   ttfts.sort((a, b) => a - b)
+  return statsOf(modelClass, agg, ttfts)
+}
+
+/** A class's summary from its aggregate and its TTFTs, sorted. */
+export const statsOf = (
+  modelClass: string,
+  agg: Aggregate,
+  sortedTtfts: ReadonlyArray<number>
+): ClassStats => {
   const change = agg.open === null || agg.close === null ? null : agg.close - agg.open
   return {
     model_class: modelClass,
@@ -269,8 +333,8 @@ export const classStats = (modelClass: string, clears: ReadonlyArray<ClearRecord
     last: agg.close,
     change,
     change_bps: change === null || !agg.open ? null : Math.round((change * 10_000) / agg.open),
-    ttft_p50_ms: quantile(ttfts, 0.5),
-    ttft_p90_ms: quantile(ttfts, 0.9)
+    ttft_p50_ms: quantile(sortedTtfts, 0.5),
+    ttft_p90_ms: quantile(sortedTtfts, 0.9)
   }
 }
 

@@ -9,10 +9,10 @@ import { type OutgoingTransfer, Treasury } from "../ledger/Treasury.ts"
 /**
  * Submits captured x402 authorizations on chain, off every response's path: an `exact` one as the
  * signed EIP-3009 transfer, an `upto` one as a settlement of exactly its charge through the upto proxy
- * (Permit2 spends its nonce, so it can never transfer twice). A row is
- * claimed with `FOR UPDATE SKIP LOCKED`, so any number of router instances share the
- * queue without double submission; a failure is recorded and retried until the
- * authorization's `validBefore` passes. Nothing here is ever dropped.
+ * (Permit2 spends its nonce, so it can never transfer twice). A row is claimed with `FOR UPDATE SKIP
+ * LOCKED`, so any number of router instances share the queue without double submission; a failure is
+ * recorded and retried until the authorization's `validBefore` (an `upto` permit's deadline) passes.
+ * Nothing here is ever dropped.
  */
 export class Settlement extends Context.Service<
   Settlement,
@@ -51,7 +51,10 @@ export class Settlement extends Context.Service<
         ? chain.permit2NonceUsed(getAddress(row.payer), permit2NonceOf(row.nonce))
         : chain.authorizationState(getAddress(row.payer), row.nonce as Hex)
 
-    /** What goes to the treasury: an EIP-3009 transfer of the signed value, or the charge of an `upto` permit. */
+    /**
+     * Submission is idempotent per request (ledger/Treasury.ts): a retry after a crash or a failed wait
+     * gets the transaction already recorded for this authorization, with its hash, never a second one.
+     */
     const transferOf = (row: ClaimedAuthorization, signature: Hex): OutgoingTransfer =>
       row.scheme === "upto"
         ? {
@@ -88,27 +91,25 @@ export class Settlement extends Context.Service<
 
     const settleOne = (row: ClaimedAuthorization) =>
       Effect.gen(function* () {
-        if (row.attempts > 1 && (yield* alreadyUsed(row))) {
-          return yield* landed(row, (row.tx_hash ?? "unknown") as Hex)
-        }
         if (row.signature === null) return yield* failed(row, "no signature on record")
         const hash = yield* treasury.send(transferOf(row, row.signature as Hex))
-        yield* authorizations.recordBroadcast(row, hash)
+        if (row.tx_hash !== hash) yield* authorizations.recordBroadcast(row, hash)
         const outcome = yield* treasury.confirm(hash)
         if (outcome.status === "success") return yield* landed(row, hash)
-        // A revert after an earlier attempt may mean that attempt landed: the token says which.
+        // Moved nothing; the token says whether another submission (not ours) used the authorization.
         if (yield* alreadyUsed(row)) return yield* landed(row, (row.tx_hash ?? hash) as Hex)
-        return yield* failed(row, "transfer reverted")
+        return yield* failed(row, `transfer ${outcome.status}`)
       }).pipe(
         Effect.catchTag("ChainError", (e) =>
-          // A failed send or wait can hide a transfer that did land (a resend then fails at gas
-          // estimation): ask the token before recording a failure.
-          alreadyUsed(row).pipe(
-            Effect.orElseSucceed(() => false),
-            Effect.flatMap((used) =>
-              used ? landed(row, (row.tx_hash ?? "unknown") as Hex) : failed(row, `${e.reason}: ${e.message}`)
-            )
-          )
+          // Nothing recorded for this authorization (a refused estimate), or a wait that failed: the token
+          // says whether it is used. Used with no transaction of ours means someone else submitted it.
+          Effect.gen(function* () {
+            const ours = yield* treasury.recorded(transferOf(row, (row.signature ?? "0x") as Hex))
+            const used = yield* alreadyUsed(row).pipe(Effect.orElseSucceed(() => false))
+            if (used) return yield* landed(row, (ours ?? row.tx_hash ?? "unknown") as Hex)
+            // A transaction of ours still open is not a failure: the next pass confirms it.
+            return yield* failed(row, `${e.reason}: ${e.message}`)
+          })
         ),
         Effect.withSpan("Settlement.settle", { attributes: { request_id: row.request_id } })
       )

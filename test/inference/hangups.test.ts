@@ -3,7 +3,7 @@ import { Effect, Fiber } from "effect"
 import { SqlClient } from "effect/sql"
 import { fundedKey, keyState } from "../support/Keys.ts"
 import { waitFor, waitForBook } from "../support/Pay.ts"
-import { RouterUrl, routerWithFleet } from "../support/Router.ts"
+import { call, RouterUrl, routerWithFleet } from "../support/Router.ts"
 
 const chat = (content: string, extra: Record<string, unknown> = {}) => ({
   model: "chat-medium",
@@ -11,6 +11,21 @@ const chat = (content: string, extra: Record<string, unknown> = {}) => ({
   max_tokens: 64,
   ...extra
 })
+
+/** A key-paid call whose reply is read whole. */
+const keyCall = (secret: string, path: string, body: unknown) =>
+  Effect.gen(function* () {
+    const base = yield* RouterUrl
+    return yield* Effect.promise(async () => {
+      const response = await fetch(`${base}${path}`, {
+        method: "POST",
+        headers: { "content-type": "application/json", "x-credit-key": secret },
+        body: JSON.stringify(body)
+      })
+      const text = await response.text()
+      return { status: response.status, text, requestId: response.headers.get("x-request-id") }
+    })
+  })
 
 /** A key-paid completion the caller can hang up on; resolves to the status, or 0 when cut. */
 const keyPost = (secret: string, body: unknown, signal?: AbortSignal, headers: Record<string, string> = {}) =>
@@ -42,8 +57,77 @@ const leftOpen = Effect.gen(function* () {
   return { reservations: reserved[0]!.n, leases: leases[0]!.n }
 }).pipe(Effect.orDie)
 
-describe("hang-ups leave nothing behind (issue 11)", () => {
+type Svc = {
+  status: string
+  error?: { code: string }
+  process: Array<{ step: string; status: string }>
+}
+
+describe("hang-ups leave nothing behind; a cut reply says so (issue 11)", () => {
   layer(routerWithFleet({ epochSeconds: 3600 }), { excludeTestServices: true, timeout: 180_000 })((it) => {
+    it.effect(
+      "a provider dropping after its first token: every dialect's reply says it was cut, as the receipt does",
+      () =>
+        Effect.gen(function* () {
+          yield* waitForBook
+          const key = yield* fundedKey({ budget: 10_000_000, balance: 10_000_000 })
+          const receiptStatus = (requestId: string | null) =>
+            Effect.map(
+              call(`/v1/receipts/${requestId}`),
+              (r) => (r.json as { receipt: { status: string } }).receipt.status
+            )
+
+          const chatReply = yield* keyCall(
+            key.secret,
+            "/v1/chat/completions",
+            chat("drop me [[sim:drop]]", { max_tokens: 200 })
+          )
+          assert.strictEqual(chatReply.status, 200)
+          const completion = JSON.parse(chatReply.text) as {
+            choices: Array<{ finish_reason: string }>
+            svc: Svc
+          }
+          assert.strictEqual(completion.choices[0]!.finish_reason, "error")
+          assert.strictEqual(completion.svc.status, "partial")
+          assert.isString(completion.svc.error?.code)
+          assert.deepStrictEqual(
+            completion.svc.process.find((p) => p.step === "serve"),
+            { step: "serve", status: "partial" }
+          )
+          assert.strictEqual(yield* receiptStatus(chatReply.requestId), "partial")
+
+          const messagesReply = yield* keyCall(key.secret, "/v1/messages", {
+            model: "chat-medium",
+            max_tokens: 200,
+            messages: [{ role: "user", content: "drop me too [[sim:drop]]" }]
+          })
+          assert.strictEqual(messagesReply.status, 200)
+          const message = JSON.parse(messagesReply.text) as { stop_reason: string | null; svc: Svc }
+          assert.isNull(message.stop_reason)
+          assert.strictEqual(message.svc.status, "partial")
+          assert.strictEqual(yield* receiptStatus(messagesReply.requestId), "partial")
+
+          const streamed = yield* keyCall(
+            key.secret,
+            "/v1/chat/completions",
+            chat("drop the stream [[sim:drop]]", { max_tokens: 200, stream: true })
+          )
+          const afterError = streamed.text.slice(streamed.text.indexOf('"error":{'))
+          assert.isAbove(streamed.text.indexOf('"error":{'), 0)
+          assert.notMatch(afterError, /"finish_reason":"stop"/)
+          assert.match(afterError, /"status":"partial"/)
+          assert.match(afterError, /data: \[DONE\]/)
+
+          // An answer that completes still reads as one.
+          const whole = yield* keyCall(key.secret, "/v1/chat/completions", chat("a whole answer"))
+          const done = JSON.parse(whole.text) as { choices: Array<{ finish_reason: string }>; svc: Svc }
+          assert.notStrictEqual(done.choices[0]!.finish_reason, "error")
+          assert.strictEqual(done.svc.status, "ok")
+          assert.isUndefined(done.svc.error)
+          assert.isTrue(done.svc.process.every((p) => p.status === "completed"))
+        })
+    )
+
     it.effect(
       "an Idempotency-Key request cut before its first token frees its key: the retry is served",
       () =>
@@ -59,7 +143,8 @@ describe("hang-ups leave nothing behind (issue 11)", () => {
           yield* waitFor(
             "the request's reservation",
             Effect.map(
-              sql<{ n: number }>`SELECT count(*)::int AS n FROM requests WHERE status = 'reserved'`.pipe(
+              sql<{ n: number }>`
+                SELECT count(*)::int AS n FROM requests WHERE status = 'reserved' AND payer = ${key.wallet}`.pipe(
                 Effect.orDie
               ),
               (rows) => (rows[0]!.n > 0 ? true : undefined)
@@ -88,7 +173,9 @@ describe("hang-ups leave nothing behind (issue 11)", () => {
           const replayed = yield* keyPost(key.secret, body, undefined, headers)
           assert.strictEqual(replayed, 200)
           // One answer was served and paid; the cut request was released whole.
-          const statuses = yield* sql<{ status: string }>`SELECT status FROM requests`
+          const statuses = yield* sql<{
+            status: string
+          }>`SELECT status FROM requests WHERE payer = ${key.wallet}`
           assert.deepStrictEqual(statuses.map((r) => r.status).sort(), ["captured", "released"])
         })
     )

@@ -1,6 +1,9 @@
 import { Effect } from "effect"
 import OpenAI from "openai"
-import type { Address, Hex } from "viem"
+import { type Address, createWalletClient, type Hex, http } from "viem"
+import { privateKeyToAccount } from "viem/accounts"
+import { testUsdcAbi } from "../../src/chain/artifacts.ts"
+import { Chain } from "../../src/chain/Chain.ts"
 import type { EconomicsRecord } from "../../src/domain/Economics.ts"
 import { payer, waitFor, waitForBook } from "../support/Pay.ts"
 import { call, RouterUrl } from "../support/Router.ts"
@@ -71,3 +74,23 @@ export const paidCompletion = (index: number, content: string) =>
     )
     return response.headers.get("x-request-id")!
   })
+
+/** A demo wallet sends the treasury what payouts and withdrawals will need (seeded settlements are not real). */
+export const fundTreasury = (amount: bigint) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    const wallet = createWalletClient({
+      account: privateKeyToAccount(chain.demoWallets[7]!.privateKey!),
+      chain: chain.publicClient.chain,
+      transport: http(chain.rpcUrl)
+    })
+    const hash = yield* Effect.promise(() =>
+      wallet.writeContract({
+        address: chain.token,
+        abi: testUsdcAbi,
+        functionName: "transfer",
+        args: [chain.treasury, amount]
+      })
+    )
+    yield* chain.waitForReceipt(hash)
+  }).pipe(Effect.orDie)

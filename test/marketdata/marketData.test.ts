@@ -132,7 +132,7 @@ describe("market data from the ledger's records", () => {
           ttft_p90_ms: 120
         })
         const candles = yield* call(
-          "/v1/market/candles?model_class=chat-small&window_ms=60000&bucket_ms=60000"
+          "/v1/market/candles?model_class=chat-small&window_ms=600000&bucket_ms=60000"
         )
         const body = candles.json as {
           candles: Array<{ count: number; vwap: number | null }>

@@ -16,18 +16,19 @@ const admin = (statement: string) =>
     yield* sql.unsafe(statement)
   }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(inject("adminDatabaseUrl")) })), Effect.orDie)
 
+/** The URL of a fresh, empty database, dropped when the scope closes. */
+export const freshDatabaseUrl = Effect.gen(function* () {
+  const name = `t_${Date.now().toString(36)}_${Math.random().toString(36).slice(2, 8)}`
+  yield* Effect.acquireRelease(admin(`CREATE DATABASE ${name}`), () =>
+    admin(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`).pipe(Effect.ignore)
+  )
+  return withDatabase(inject("adminDatabaseUrl"), name)
+})
+
 /**
  * A fresh, migrated database for one test file, dropped when the layer is released:
  * tests never see each other's rows and never depend on what ran before.
  */
-export const TestDatabase = Layer.unwrap(
-  Effect.gen(function* () {
-    const name = `t_${Date.now().toString(36)}_${Math.random().toString(36).slice(2, 8)}`
-    yield* Effect.acquireRelease(admin(`CREATE DATABASE ${name}`), () =>
-      admin(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`).pipe(Effect.ignore)
-    )
-    return databaseFromUrl(withDatabase(inject("adminDatabaseUrl"), name))
-  })
-)
+export const TestDatabase = Layer.unwrap(Effect.map(freshDatabaseUrl, databaseFromUrl))
 
 export const testDatabaseUrl = () => inject("adminDatabaseUrl")

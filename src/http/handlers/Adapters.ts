@@ -21,9 +21,9 @@ import {
   responsesSseFrame
 } from "../../inference/adapters/ResponsesEncoding.ts"
 import { responsesShowsReasoning, responsesToChatRequest } from "../../inference/adapters/ResponsesRequest.ts"
-import { paidHeaders, svcEnvelope } from "../../inference/ChatEncoding.ts"
+import { paidHeaders, servedSvc, svcEnvelope } from "../../inference/ChatEncoding.ts"
 import { type LiveStream, LiveStreams } from "../../inference/LiveStreams.ts"
-import type { ServeEvent, ServeSummary } from "../../inference/Paid.ts"
+import type { ServeEvent } from "../../inference/Paid.ts"
 import { estimatePromptTokens } from "../../inference/Tokens.ts"
 import { Api } from "../Api.ts"
 import { type Original, PaidCalls } from "../PaidCall.ts"
@@ -33,11 +33,6 @@ import { type Original, PaidCalls } from "../PaidCall.ts"
  * request, and enter the one paid lifecycle (`Pipeline.admit`) exactly as chat completions
  * do — same headers, same idempotency — then encode the served events back into the dialect.
  */
-
-const servedBy = (summary: ServeSummary) => ({
-  providerId: summary.providerId,
-  modelClass: summary.modelClass
-})
 
 const sseResponse = (body: Stream.Stream<string>, headers: Record<string, string>) =>
   HttpServerResponse.stream(body.pipe(Stream.encodeText), {
@@ -124,7 +119,7 @@ export const ResponsesHandlers = HttpApiBuilder.group(
       showReasoning: responsesShowsReasoning(payload),
       echo: responsesEcho(payload),
       svcCleared: { type: "auction_cleared", ...svcEnvelope(admitted) },
-      svcFinal: (summary) => svcEnvelope(admitted, servedBy(summary))
+      svcFinal: (summary) => servedSvc(admitted, summary)
     })
 
     const respond = (original: Original<ResponsesRequest>, from: number) =>
@@ -172,7 +167,7 @@ export const MessagesHandlers = HttpApiBuilder.group(
       inputTokensEstimate: estimatePromptTokens(admitted.request.messages),
       svcCleared: { type: "auction_cleared", ...svcEnvelope(admitted) },
       svcFinal: (summary) => ({
-        ...svcEnvelope(admitted, servedBy(summary)),
+        ...servedSvc(admitted, summary),
         charged: summary.charged,
         authorized: summary.authorized
       }),

@@ -1,5 +1,5 @@
 import type { FinishReason, UpstreamSource } from "../Events.ts"
-import type { ServeEvent, ServeSummary } from "../Paid.ts"
+import { type ServeEvent, type ServeSummary, wasCut } from "../Paid.ts"
 
 /**
  * Served events as the Anthropic Messages API: one state machine yields the streamed event
@@ -102,7 +102,8 @@ export const makeMessagesEncoder = (options: MessagesEncodeOptions): MessagesEnc
     role: "assistant",
     model: summary?.modelClass ?? options.model,
     content: summary === undefined ? [] : blocks.map((b) => blockJson(b, true)),
-    stop_reason: summary === undefined ? null : stopReason(summary.finishReason),
+    // A reply the provider broke off has no reason to stop: `null`, and `svc.status` says `partial`.
+    stop_reason: summary === undefined || wasCut(summary) ? null : stopReason(summary.finishReason),
     stop_sequence: null,
     usage:
       summary === undefined
@@ -147,7 +148,7 @@ export const makeMessagesEncoder = (options: MessagesEncodeOptions): MessagesEnc
     if (served._tag === "End") {
       closeCurrent(out)
       summary = served.summary
-      if (summary.status === "partial" && summary.error !== null) {
+      if (wasCut(summary) && summary.error !== null) {
         out.push({ type: "error", error: { type: "api_error", message: summary.error.message } })
         return out
       }

@@ -1,0 +1,422 @@
+import { createServer, type Server } from "node:http"
+import { assert, describe, layer } from "@effect/vitest"
+import { ConfigProvider, Context, Deferred, Effect, Fiber, Layer, Scope } from "effect"
+import { SqlClient } from "effect/sql"
+import {
+  type Address,
+  createTestClient,
+  createWalletClient,
+  encodeFunctionData,
+  type Hash,
+  http,
+  toHex
+} from "viem"
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
+import { testUsdcAbi } from "../../src/chain/artifacts.ts"
+import { Chain, ChainError, type ChainShape } from "../../src/chain/Chain.ts"
+import { devAccount } from "../../src/chain/DevAccounts.ts"
+import { databaseFromUrl } from "../../src/db/Database.ts"
+import { type OutgoingTransfer, Treasury } from "../../src/ledger/Treasury.ts"
+import { freshDatabaseUrl } from "../support/Database.ts"
+import { fundTreasury } from "./support.ts"
+
+/**
+ * The exactly-once sender against the real local Anvil and a real Postgres: every doubt a transfer can
+ * meet (a crash between record and broadcast, a broadcast the node never got, a reply that never came,
+ * the RPC down, a restart with transactions in flight, a nonce taken by someone else, two instances on
+ * one database) ends with exactly one transfer on chain per purpose, checked by balances and nonces.
+ */
+
+class DatabaseUrl extends Context.Service<DatabaseUrl, string>()("test/DatabaseUrl") {}
+
+const Database = Layer.unwrap(
+  Effect.map(freshDatabaseUrl, (url) => Layer.merge(databaseFromUrl(url), Layer.succeed(DatabaseUrl, url)))
+)
+// An empty provider: RPC_URL is unset whatever the environment says, so the layer starts its own Anvil.
+const EmbeddedChain = Chain.layer.pipe(Layer.provide(ConfigProvider.layer(ConfigProvider.fromEnvRecord({}))))
+
+const devKey = (index: number) => toHex(devAccount(index).getHdKey().privateKey!)
+
+/** The same chain seen through another RPC URL (a proxy, or a second instance's own client). */
+const externalChain = (embedded: ChainShape, rpcUrl: string) =>
+  Chain.useSync((chain) => chain).pipe(
+    Effect.provide(
+      Layer.fresh(Chain.layer).pipe(
+        Layer.provide(
+          ConfigProvider.layer(
+            ConfigProvider.fromEnvRecord({
+              RPC_URL: rpcUrl,
+              CHAIN_ID: String(embedded.chainId),
+              ROUTER_PRIVATE_KEY: devKey(0),
+              TREASURY_PRIVATE_KEY: devKey(1),
+              TREASURY_ADDRESS: embedded.treasury.toLowerCase(),
+              TOKEN_ADDRESS: embedded.token,
+              ANCHOR_ADDRESS: embedded.anchor
+            })
+          )
+        )
+      )
+    )
+  )
+
+type ProxyMode = "up" | "down" | "loseBroadcast" | "loseReply"
+
+/**
+ * A JSON-RPC proxy in front of Anvil that can fail the way a network does: `down` answers every call
+ * 502; `loseBroadcast` drops `eth_sendRawTransaction` before the node sees it; `loseReply` forwards it
+ * and then answers 502, so the node has the transaction and the sender does not know.
+ */
+const rpcProxy = (target: string) =>
+  Effect.acquireRelease(
+    Effect.callback<{ url: string; server: Server; set: (mode: ProxyMode) => void }>((resume) => {
+      let mode: ProxyMode = "up"
+      const server = createServer((req, res) => {
+        const chunks: Array<Buffer> = []
+        req.on("data", (chunk: Buffer) => chunks.push(chunk))
+        req.on("end", () => {
+          const body = Buffer.concat(chunks).toString()
+          const broadcast = body.includes("eth_sendRawTransaction")
+          const fail = () => {
+            res.writeHead(502)
+            res.end()
+          }
+          if (mode === "down" || (mode === "loseBroadcast" && broadcast)) return fail()
+          fetch(target, { method: "POST", headers: { "content-type": "application/json" }, body })
+            .then(async (reply) => {
+              const text = await reply.text()
+              if (mode === "loseReply" && broadcast) return fail()
+              res.writeHead(reply.status, { "content-type": "application/json" })
+              res.end(text)
+            })
+            .catch(fail)
+        })
+      })
+      server.listen(0, "127.0.0.1", () => {
+        const address = server.address()
+        const port = typeof address === "object" && address !== null ? address.port : 0
+        resume(
+          Effect.succeed({
+            url: `http://127.0.0.1:${port}`,
+            server,
+            set: (next: ProxyMode) => {
+              mode = next
+            }
+          })
+        )
+      })
+    }),
+    ({ server }) =>
+      Effect.callback<void>((resume) => {
+        server.closeAllConnections()
+        server.close(() => resume(Effect.void))
+      })
+  )
+
+const anvilOf = (chain: ChainShape) => createTestClient({ mode: "anvil", transport: http(chain.rpcUrl) })
+
+/** Automine off for the rest of the scope (a pool that holds transactions until told to mine). */
+const holdBlocks = Effect.gen(function* () {
+  const anvil = anvilOf(yield* Chain)
+  yield* Effect.acquireRelease(
+    Effect.promise(() => anvil.setAutomine(false)),
+    () => Effect.promise(() => anvil.setAutomine(true))
+  )
+  return anvil
+})
+
+const freshAddress = (): Address => privateKeyToAccount(generatePrivateKey()).address
+
+const withdrawal = (to: Address, amount: bigint, id = `wd_${Math.random().toString(36).slice(2)}`) =>
+  ({ _tag: "Withdrawal", withdrawalId: id, to, amount }) satisfies OutgoingTransfer
+
+/** Token balance and the payer's mined nonce: the two things that say how many transfers happened. */
+const onChain = (to: Address) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    return {
+      balance: yield* chain.balanceOf(to),
+      nonce: yield* chain.outgoing.minedNonce(chain.payer)
+    }
+  }).pipe(Effect.orDie)
+
+const records = (purposePrefix: string) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    return yield* sql<{ purpose: string; status: string; nonce: string; tx_hash: string }>`
+      SELECT purpose, status, nonce::text AS nonce, tx_hash FROM outgoing_transactions
+      WHERE purpose LIKE ${`${purposePrefix}%`} ORDER BY outgoing_transactions.nonce`
+  }).pipe(Effect.orDie)
+
+/** Every Transfer of the token to `to` since genesis: a second payment would show here. */
+const transfersTo = (to: Address) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    return yield* chain.readTransferLogs({ fromBlock: 0n, toBlock: yield* chain.blockNumber(), to })
+  }).pipe(Effect.orDie)
+
+/** A Treasury over a chain with some outgoing operations replaced (the database is the real one). */
+const treasuryWith = (patch: (chain: ChainShape) => Partial<ChainShape["outgoing"]>) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    const patched: ChainShape = { ...chain, outgoing: { ...chain.outgoing, ...patch(chain) } }
+    return yield* Treasury.make({ confirmTimeout: "5 seconds" }).pipe(Effect.provideService(Chain, patched))
+  })
+
+describe("Treasury: every transfer exactly once, on a real chain and database", () => {
+  layer(Layer.merge(Database, EmbeddedChain), { excludeTestServices: true, timeout: 120_000 })((it) => {
+    it.effect("a transfer is recorded before broadcast, and sending its purpose again adopts it", () =>
+      Effect.gen(function* () {
+        yield* fundTreasury(50_000_000n)
+        const treasury = yield* Treasury.make()
+        const to = freshAddress()
+        const before = yield* onChain(to)
+        const transfer = withdrawal(to, 1_234n)
+        const hash = yield* treasury.send(transfer)
+        assert.strictEqual((yield* treasury.confirm(hash)).status, "success")
+        // The caller lost its hash and sends again: the same transaction, no second transfer.
+        assert.strictEqual(yield* treasury.send(transfer), hash)
+        assert.strictEqual(yield* treasury.recorded(transfer), hash)
+        const after = yield* onChain(to)
+        assert.strictEqual(after.balance, 1_234n)
+        assert.strictEqual(after.nonce, before.nonce + 1)
+        const [row] = yield* records(`withdrawal:${transfer.withdrawalId}`)
+        assert.strictEqual(row!.status, "mined")
+        assert.strictEqual(Number(row!.nonce), before.nonce)
+      })
+    )
+
+    it.effect("killed between record and broadcast: recovery broadcasts the recorded bytes, once", () =>
+      Effect.gen(function* () {
+        const to = freshAddress()
+        const before = yield* onChain(to)
+        const transfer = withdrawal(to, 777n)
+        const reached = yield* Deferred.make<void>()
+        // The process dies right after the commit: the broadcast never starts.
+        const dying = yield* treasuryWith(() => ({
+          broadcast: () => Effect.andThen(Deferred.succeed(reached, undefined), Effect.never)
+        }))
+        const fiber = yield* Effect.forkChild(dying.send(transfer))
+        yield* Deferred.await(reached)
+        yield* Fiber.interrupt(fiber)
+        const [recorded] = yield* records(`withdrawal:${transfer.withdrawalId}`)
+        assert.strictEqual(recorded!.status, "signed")
+        assert.deepStrictEqual(yield* onChain(to), before)
+
+        // A restarted instance: recovery at start finds it, the chain mines the very bytes recorded.
+        const restarted = yield* Treasury.make()
+        yield* restarted.recover
+        assert.strictEqual((yield* restarted.confirm(recorded!.tx_hash as Hash)).status, "success")
+        // The caller resumes its claim and sends again: adopted.
+        assert.strictEqual(yield* restarted.send(transfer), recorded!.tx_hash)
+        assert.strictEqual(yield* restarted.recover, 0)
+        const after = yield* onChain(to)
+        assert.strictEqual(after.balance, 777n)
+        assert.strictEqual(after.nonce, before.nonce + 1)
+        assert.lengthOf(yield* transfersTo(to), 1)
+      })
+    )
+
+    it.effect("a broadcast dropped from the mempool is rebroadcast, not replaced", () =>
+      Effect.gen(function* () {
+        const to = freshAddress()
+        const before = yield* onChain(to)
+        const treasury = yield* Treasury.make({ confirmTimeout: "20 seconds" })
+        const hash = yield* Effect.scoped(
+          Effect.gen(function* () {
+            const anvil = yield* holdBlocks
+            const sent = yield* treasury.send(withdrawal(to, 555n))
+            yield* Effect.promise(() => anvil.dropTransaction({ hash: sent }))
+            return sent
+          })
+        )
+        // Blocks flow again; the node no longer has the transaction: `confirm` offers the same bytes.
+        const outcome = yield* treasury.confirm(hash)
+        assert.strictEqual(outcome.status, "success")
+        const after = yield* onChain(to)
+        assert.strictEqual(after.balance, 555n)
+        assert.strictEqual(after.nonce, before.nonce + 1)
+        assert.lengthOf(yield* transfersTo(to), 1)
+      })
+    )
+
+    it.effect(
+      "the RPC loses a broadcast, loses a reply, then goes down and comes back: one transfer each",
+      () =>
+        Effect.gen(function* () {
+          const embedded = yield* Chain
+          const proxy = yield* rpcProxy(embedded.rpcUrl)
+          const viaProxy = yield* externalChain(embedded, proxy.url)
+          const treasury = yield* Treasury.make({ confirmTimeout: "5 seconds" }).pipe(
+            Effect.provideService(Chain, viaProxy)
+          )
+          const [lost, unanswered, offline] = [freshAddress(), freshAddress(), freshAddress()]
+          const before = yield* onChain(lost)
+
+          // The node never gets the broadcast: the send still answers with the recorded hash.
+          proxy.set("loseBroadcast")
+          const lostHash = yield* treasury.send(withdrawal(lost, 101n))
+          assert.strictEqual((yield* onChain(lost)).balance, 0n)
+          // The node takes it but the reply is lost: the caller cannot tell this case from the first.
+          proxy.set("loseReply")
+          const unansweredHash = yield* treasury.send(withdrawal(unanswered, 202n))
+          proxy.set("up")
+          assert.strictEqual((yield* treasury.confirm(unansweredHash)).status, "success")
+          assert.strictEqual((yield* treasury.confirm(lostHash)).status, "success")
+
+          // Down before anything is recorded: the send fails and nothing is signed.
+          proxy.set("down")
+          const transfer = withdrawal(offline, 303n)
+          const refused = yield* Effect.flip(treasury.send(transfer))
+          assert.instanceOf(refused, ChainError)
+          assert.isUndefined(yield* treasury.recorded(transfer))
+          proxy.set("up")
+          const hash = yield* treasury.send(transfer)
+          // Down between the send and the wait: the wait fails, the transfer stays recorded.
+          proxy.set("down")
+          assert.instanceOf(yield* Effect.flip(treasury.confirm(hash)), ChainError)
+          proxy.set("up")
+          assert.strictEqual((yield* treasury.confirm(hash)).status, "success")
+          assert.strictEqual(yield* treasury.send(transfer), hash)
+
+          assert.strictEqual((yield* onChain(lost)).balance, 101n)
+          assert.strictEqual((yield* onChain(unanswered)).balance, 202n)
+          assert.strictEqual((yield* onChain(offline)).balance, 303n)
+          assert.strictEqual((yield* onChain(lost)).nonce, before.nonce + 3)
+          for (const to of [lost, unanswered, offline]) assert.lengthOf(yield* transfersTo(to), 1)
+        }),
+      { timeout: 120_000 }
+    )
+
+    it.effect(
+      "restart mid-flight: transactions in the pool are lost with the node's pool, the next instance mines each once",
+      () =>
+        Effect.gen(function* () {
+          const recipients = [freshAddress(), freshAddress(), freshAddress()]
+          const transfers = recipients.map((to, i) => withdrawal(to, 1_000n + BigInt(i)))
+          const before = yield* onChain(recipients[0]!)
+          const hashes = yield* Effect.scoped(
+            Effect.gen(function* () {
+              const anvil = yield* holdBlocks
+              // The first instance runs with its recovery loop, sends three transfers, and dies.
+              const first = yield* Scope.make()
+              const treasury = yield* Layer.buildWithScope(Treasury.layer, first).pipe(
+                Effect.map((context) => Context.get(context, Treasury))
+              )
+              const sent = yield* Effect.forEach(transfers, treasury.send)
+              yield* Scope.close(first, { _tag: "Success", value: undefined } as never)
+              // The node restarts with an empty pool.
+              for (const hash of sent) yield* Effect.promise(() => anvil.dropTransaction({ hash }))
+              assert.deepStrictEqual(yield* onChain(recipients[0]!), { balance: 0n, nonce: before.nonce })
+              return sent
+            })
+          )
+          // The next instance's recovery loop runs at start: every recorded transaction, in nonce order.
+          const second = yield* Layer.build(Treasury.layer).pipe(Effect.map((c) => Context.get(c, Treasury)))
+          for (const hash of hashes) assert.strictEqual((yield* second.confirm(hash)).status, "success")
+          // Callers resuming their claims get the same transactions.
+          assert.deepStrictEqual(yield* Effect.forEach(transfers, second.send), hashes)
+          for (const [i, to] of recipients.entries()) {
+            assert.strictEqual((yield* onChain(to)).balance, 1_000n + BigInt(i))
+            assert.lengthOf(yield* transfersTo(to), 1)
+          }
+          assert.strictEqual((yield* onChain(recipients[0]!)).nonce, before.nonce + 3)
+        })
+    )
+
+    it.effect(
+      "a nonce taken by another transaction voids the recorded one; the purpose is then sent once, anew",
+      () =>
+        Effect.gen(function* () {
+          const chain = yield* Chain
+          const to = freshAddress()
+          const bystander = freshAddress()
+          const before = yield* onChain(to)
+          const treasury = yield* Treasury.make({ confirmTimeout: "10 seconds" })
+          const transfer = withdrawal(to, 4_242n)
+          const first = yield* Effect.scoped(
+            Effect.gen(function* () {
+              const anvil = yield* holdBlocks
+              const hash = yield* treasury.send(transfer)
+              yield* Effect.promise(() => anvil.dropTransaction({ hash }))
+              // Someone else with the key (an operator's wallet) uses that nonce for another transfer.
+              const operator = createWalletClient({
+                account: privateKeyToAccount(devKey(1)),
+                chain: chain.publicClient.chain,
+                transport: http(chain.rpcUrl)
+              })
+              yield* Effect.promise(() =>
+                operator.sendTransaction({
+                  to: chain.token,
+                  data: encodeFunctionData({
+                    abi: testUsdcAbi,
+                    functionName: "transfer",
+                    args: [bystander, 1n]
+                  }),
+                  nonce: before.nonce
+                })
+              )
+              yield* Effect.promise(() => anvil.mine({ blocks: 1 }))
+              return hash
+            })
+          )
+          assert.strictEqual((yield* treasury.confirm(first)).status, "replaced")
+          assert.isUndefined(yield* treasury.recorded(transfer))
+          // Nothing moved for this purpose: the caller's retry signs a new attempt with the next nonce.
+          const second = yield* treasury.send(transfer)
+          assert.notStrictEqual(second, first)
+          assert.strictEqual((yield* treasury.confirm(second)).status, "success")
+          const rows = yield* records(`withdrawal:${transfer.withdrawalId}`)
+          assert.deepStrictEqual(
+            rows.map((r) => [r.status, Number(r.nonce)]),
+            [
+              ["void", before.nonce],
+              ["mined", before.nonce + 1]
+            ]
+          )
+          assert.strictEqual((yield* onChain(to)).balance, 4_242n)
+          assert.lengthOf(yield* transfersTo(to), 1)
+        })
+    )
+
+    it.effect(
+      "two router instances on one database send at once: one nonce sequence, one transfer per purpose",
+      () =>
+        Effect.gen(function* () {
+          const embedded = yield* Chain
+          const url = yield* DatabaseUrl
+          // The second instance: its own database pool and its own chain client.
+          const otherChain = yield* externalChain(embedded, embedded.rpcUrl)
+          const otherSql = yield* Layer.build(databaseFromUrl(url)).pipe(
+            Effect.map((c) => Context.get(c, SqlClient.SqlClient))
+          )
+          const a = yield* Treasury.make()
+          const b = yield* Treasury.make().pipe(
+            Effect.provideService(Chain, otherChain),
+            Effect.provideService(SqlClient.SqlClient, otherSql)
+          )
+          const recipients = Array.from({ length: 12 }, freshAddress)
+          const transfers = recipients.map((to, i) => withdrawal(to, 10_000n + BigInt(i), `wd_pair_${i}`))
+          const before = yield* onChain(recipients[0]!)
+          // Every transfer is sent by both instances at the same time.
+          const sent = yield* Effect.forEach(
+            [...transfers.map((t) => [a, t] as const), ...transfers.map((t) => [b, t] as const)],
+            ([treasury, transfer]) => treasury.send(transfer),
+            { concurrency: "unbounded" }
+          )
+          assert.deepStrictEqual(sent.slice(0, 12), sent.slice(12))
+          yield* Effect.forEach(sent.slice(0, 12), (hash) => a.confirm(hash), { concurrency: 4 })
+          for (const [i, to] of recipients.entries()) {
+            assert.strictEqual((yield* onChain(to)).balance, 10_000n + BigInt(i))
+            assert.lengthOf(yield* transfersTo(to), 1)
+          }
+          assert.strictEqual((yield* onChain(recipients[0]!)).nonce, before.nonce + 12)
+          const rows = yield* records("withdrawal:wd_pair_")
+          assert.lengthOf(rows, 12)
+          assert.deepStrictEqual(
+            rows.map((r) => Number(r.nonce)),
+            Array.from({ length: 12 }, (_, i) => before.nonce + i)
+          )
+        })
+    )
+  })
+})
