@@ -3,6 +3,7 @@ import { BannerLive } from "./Banner.ts"
 import { Chain } from "./chain/Chain.ts"
 import { DatabaseLive } from "./db/Database.ts"
 import { Fleet } from "./devnet/fleet/Fleet.ts"
+import { Evals } from "./evals/Evals.ts"
 import { HttpServerLive } from "./http/Server.ts"
 import { LiveStreams } from "./inference/LiveStreams.ts"
 import { Pipeline } from "./inference/Pipeline.ts"
@@ -110,8 +111,8 @@ export const SetupLive = Layer.mergeAll(AgentSetups.layer, ApprovalPage.layer).p
   Layer.provideMerge(SetupSettings.layer)
 )
 
-/** Durable tasks (spec 4.3): the task records, their event log's wake-ups and the retention reaper. */
-export const TasksLive = Layer.mergeAll(Verification.layer, TaskTraces.layer).pipe(
+/** Durable tasks and evaluations (spec 4.3): records, event wake-ups, workspaces, verdicts, traces, evals. */
+export const TasksLive = Layer.mergeAll(Verification.layer, TaskTraces.layer, Evals.layer).pipe(
   Layer.provideMerge(Workspaces.layer),
   Layer.provideMerge(Tasks.layer),
   Layer.provideMerge(TaskEvents.layer)

@@ -1,6 +1,7 @@
 import { HttpApi, OpenApi } from "effect/http-api"
 import { MessagesApi, ResponsesApi } from "./AdaptersApi.ts"
 import { ChatApi, ReceiptsApi } from "./ChatApi.ts"
+import { EvalsApi } from "./EvalsApi.ts"
 import { GatedApi } from "./GatedApi.ts"
 import { ImagesApi } from "./ImagesApi.ts"
 import { ChallengesApi, IntegrityAdminApi, IntegrityApi, ProviderClaimsApi } from "./IntegrityApi.ts"
@@ -40,6 +41,7 @@ export class Api extends HttpApi.make("svc")
   .add(AgentSetupApi)
   .add(AgentSetupPageApi)
   .add(TasksApi)
+  .add(EvalsApi)
   .annotateMerge(
     OpenApi.annotations({
       title: "svc market-cleared inference router",

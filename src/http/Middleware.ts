@@ -7,6 +7,7 @@ import {
   HttpServerResponse
 } from "effect/http"
 import { HttpApi, HttpApiError } from "effect/http-api"
+import { databaseUnavailable, isSqlError } from "../db/SqlFaults.ts"
 import {
   type DialectError,
   InvalidRequest,
@@ -57,6 +58,9 @@ const frameworkError = (cause: Cause.Cause<unknown>, path: string): DialectError
         message: `Invalid request ${value.kind.toLowerCase()}: ${schemaMessage(value.cause)}`
       })
     }
+    // The database failing under a request is a 503 to retry, never a 500 (nor a refusal to pay).
+    if (isSqlError(value)) return databaseUnavailable(value)
+    if (value instanceof ServiceUnavailable) return value
     if (HttpApiError.HttpApiPayloadTooLarge.is(value)) {
       return new PayloadTooLarge({ code: "payload_too_large", message: value.message })
     }

@@ -11,6 +11,7 @@ import { ChallengesGateLive } from "./ChallengesGate.ts"
 import { DrainGate } from "./DrainGate.ts"
 import { MessagesHandlers, ResponsesHandlers } from "./handlers/Adapters.ts"
 import { ChatHandlers } from "./handlers/Chat.ts"
+import { EvalsHandlers } from "./handlers/Evals.ts"
 import { GatedHandlers } from "./handlers/Gated.ts"
 import { ImagesHandlers } from "./handlers/Images.ts"
 import {
@@ -59,7 +60,8 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     PointsHandlers,
     AgentSetupHandlers,
     AgentSetupPageHandlers,
-    TasksHandlers
+    TasksHandlers,
+    EvalsHandlers
   ]),
   Layer.provide(Layer.mergeAll(OperatorAuthLive, ChallengesGateLive, PaidCalls.layer, Images.layer)),
   Layer.provide([RouterMiddleware, DrainGate, Cors])

@@ -2,6 +2,7 @@ import { Context, Effect, Layer, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import type { Hex } from "viem"
 import { Chain } from "../chain/Chain.ts"
+import type { ServiceUnavailable } from "../domain/Errors.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import { type CaptureRecord, makeCapture } from "./Capture.ts"
 import { makeReceiptStore } from "./ReceiptStore.ts"
@@ -49,10 +50,16 @@ const decodeStale = Schema.decodeUnknownEffect(Schema.Array(StaleReservation))
 export class Ledger extends Context.Service<
   Ledger,
   {
-    /** Reserves an x402 authorization for a request; a nonce seen before fails `NonceReplay`. */
-    readonly reserveX402: (record: ReservationRecord, hold: X402Hold) => Effect.Effect<void, NonceReplay>
+    /**
+     * Reserves an x402 authorization for a request; a nonce seen before fails `NonceReplay`. Every
+     * reservation fails `ServiceUnavailable` (`database_unavailable`, a 503) when the database does.
+     */
+    readonly reserveX402: (
+      record: ReservationRecord,
+      hold: X402Hold
+    ) => Effect.Effect<void, NonceReplay | ServiceUnavailable>
     readonly nonceUnused: (payer: string, nonce: Hex | UptoNonceKey) => Effect.Effect<boolean>
-    readonly reserveSessionTurn: (record: ReservationRecord) => Effect.Effect<void>
+    readonly reserveSessionTurn: (record: ReservationRecord) => Effect.Effect<void, ServiceUnavailable>
     /**
      * Reserves the worst case from a funded key's owner balance within the key's cap, in one
      * statement. Returns what the key may still spend after this reservation.
@@ -60,7 +67,7 @@ export class Ledger extends Context.Service<
     readonly reserveCredit: (
       record: ReservationRecord,
       keyId: string
-    ) => Effect.Effect<{ readonly keyRemaining: number }, CreditRefused>
+    ) => Effect.Effect<{ readonly keyRemaining: number }, CreditRefused | ServiceUnavailable>
     /** Captures the metered charge: receipt (pending settlement), economics, fee split, refund due. */
     readonly capture: (record: CaptureRecord) => Effect.Effect<void>
     /** Nothing was served: the whole reservation is released and no money moves. */

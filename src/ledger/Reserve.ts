@@ -1,6 +1,8 @@
 import { Effect, Schema } from "effect"
 import type { SqlClient, SqlError } from "effect/sql"
 import { type Hex, hexToBigInt, toHex } from "viem"
+import { databaseUnavailable, isCheckViolation, pgFault } from "../db/SqlFaults.ts"
+import type { ServiceUnavailable } from "../domain/Errors.ts"
 
 /** An x402 authorization that cannot be reserved: its nonce was seen, or the payer's balance is spoken for. */
 export class NonceReplay extends Schema.TaggedError<NonceReplay>()("NonceReplay", {
@@ -108,10 +110,12 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
             })
           )
     yield* reserve.pipe(
-      Effect.catchTag("SqlError", (error) =>
-        isUniqueViolation(error)
-          ? Effect.fail(new NonceReplay({ payer, reason: "nonce_replay" }))
-          : Effect.die(error)
+      Effect.catchTag(
+        "SqlError",
+        (error): Effect.Effect<never, NonceReplay | ServiceUnavailable> =>
+          isUniqueViolation(error)
+            ? Effect.fail(new NonceReplay({ payer, reason: "nonce_replay" }))
+            : Effect.fail(databaseUnavailable(error))
       )
     )
   })
@@ -141,7 +145,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
       )
       INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
       SELECT request_id, payer, 'session_reserved', ${record.authorized}, ${record.sessionId ?? null} FROM request
-    `.pipe(Effect.orDie)
+    `.pipe(Effect.catchTag("SqlError", (error) => Effect.fail(databaseUnavailable(error))))
   })
 
   /**
@@ -178,13 +182,22 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
       )
       SELECT (SELECT remaining FROM k)::text AS remaining, 1 / (SELECT count(*)::int FROM w) AS guard
     `.pipe(
-      Effect.catchTag("SqlError", (error) =>
-        Effect.fail(
-          new CreditRefused({
-            code: /api_keys/.test(String(error.reason.cause)) ? "key_budget_exhausted" : "key_unfunded"
-          })
-        )
-      )
+      // Refusals are the schema's own: the key's cap (`api_keys_within_budget`), the owner's balance
+      // (`wallet_balances` never below zero) or no balance row at all (the division guard, SQLSTATE
+      // 22012). Anything else is the database failing, a 503 to retry, never a 402.
+      Effect.catchTag("SqlError", (error): Effect.Effect<never, CreditRefused | ServiceUnavailable> => {
+        const fault = pgFault(error)
+        if (isCheckViolation(fault, (name) => name === "api_keys_within_budget")) {
+          return Effect.fail(new CreditRefused({ code: "key_budget_exhausted" }))
+        }
+        if (
+          isCheckViolation(fault, (name) => name.startsWith("wallet_balances_")) ||
+          fault.sqlState === "22012"
+        ) {
+          return Effect.fail(new CreditRefused({ code: "key_unfunded" }))
+        }
+        return Effect.fail(databaseUnavailable(error))
+      })
     )
     return { keyRemaining: Number(rows[0]?.remaining ?? 0) }
   })

@@ -137,19 +137,24 @@ export class Wallets extends Context.Service<
         yield* sql
           .withTransaction(
             Effect.gen(function* () {
-              yield* ledger.reserveX402(
-                {
-                  requestId: depositId,
-                  dialect: "deposit",
-                  payer,
-                  requestedModel: "credits",
-                  modelClass: "credits",
-                  providerId: "credits",
-                  authorized: amount,
-                  agent: {}
-                },
-                input.hold
-              )
+              yield* ledger
+                .reserveX402(
+                  {
+                    requestId: depositId,
+                    dialect: "deposit",
+                    payer,
+                    requestedModel: "credits",
+                    modelClass: "credits",
+                    providerId: "credits",
+                    authorized: amount,
+                    agent: {}
+                  },
+                  input.hold
+                )
+                .pipe(
+                  // A database fault here is rendered as a 503 by the middleware (it moved no money).
+                  Effect.catchTag("ServiceUnavailable", (unavailable) => Effect.die(unavailable))
+                )
               // Captured for the full amount and queued: Settlement submits it like any other capture.
               yield* sql`
                 WITH request AS (

@@ -1,5 +1,11 @@
 import { Context, Effect, Layer } from "effect"
-import { Conflict, type Forbidden, NotFound, Unauthorized } from "../domain/Errors.ts"
+import {
+  Conflict,
+  type Forbidden,
+  NotFound,
+  type ServiceUnavailable,
+  Unauthorized
+} from "../domain/Errors.ts"
 import { PaymentRequired, type PaymentRequiredCode } from "../domain/X402.ts"
 import { Ledger, type ReservationRecord } from "../ledger/Ledger.ts"
 import { CreditKeys } from "./CreditKeys.ts"
@@ -77,11 +83,11 @@ export class FundingService extends Context.Service<
     readonly quote: (input: QuoteInput, code?: PaymentRequiredCode, error?: string) => PaymentRequired
     readonly fund: <E = never>(
       input: FundingInput<E>
-    ) => Effect.Effect<Funded, PaymentRequired | Unauthorized | Forbidden | E>
+    ) => Effect.Effect<Funded, PaymentRequired | Unauthorized | Forbidden | ServiceUnavailable | E>
     /** Takes the session for one turn and reserves the turn's worst case on its budget. */
     readonly fundTurn: (
       input: TurnInput
-    ) => Effect.Effect<FundedTurn, PaymentRequired | Unauthorized | NotFound | Conflict>
+    ) => Effect.Effect<FundedTurn, PaymentRequired | Unauthorized | NotFound | Conflict | ServiceUnavailable>
   }
 >()("router/payment/Funding") {
   static readonly layer = Layer.effect(

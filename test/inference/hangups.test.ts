@@ -128,6 +128,45 @@ describe("hang-ups leave nothing behind; a cut reply says so (issue 11)", () => 
         })
     )
 
+    it.effect("a database fault while reserving is a 503 to retry, not a 402; nothing is charged", () =>
+      Effect.gen(function* () {
+        yield* waitForBook
+        const sql = yield* SqlClient.SqlClient
+        const key = yield* fundedKey({ budget: 10_000_000, balance: 10_000_000 })
+        // A real serialization failure, raised by Postgres for this payer's reservations only.
+        yield* sql.unsafe(`
+          CREATE FUNCTION fault_for_payer() RETURNS trigger LANGUAGE plpgsql AS $$
+          BEGIN
+            IF NEW.payer = '${key.wallet}' THEN
+              RAISE EXCEPTION 'injected fault' USING ERRCODE = 'serialization_failure';
+            END IF;
+            RETURN NEW;
+          END $$`)
+        yield* sql.unsafe(
+          "CREATE TRIGGER fault_for_payer BEFORE INSERT ON requests FOR EACH ROW EXECUTE FUNCTION fault_for_payer()"
+        )
+        const refused = yield* keyCall(key.secret, "/v1/chat/completions", chat("the database fails"))
+        const anthropic = yield* keyCall(key.secret, "/v1/messages", {
+          model: "chat-medium",
+          max_tokens: 64,
+          messages: [{ role: "user", content: "the database fails" }]
+        })
+        yield* sql.unsafe("DROP TRIGGER fault_for_payer ON requests")
+        assert.strictEqual(refused.status, 503)
+        assert.strictEqual(
+          (JSON.parse(refused.text) as { error: { code: string } }).error.code,
+          "database_unavailable"
+        )
+        assert.strictEqual(anthropic.status, 503)
+        assert.strictEqual((JSON.parse(anthropic.text) as { type: string }).type, "error")
+        const state = yield* keyState(key.keyId)
+        assert.deepStrictEqual([state.reserved, state.spent, state.available], [0, 0, 10_000_000])
+        // Once the database answers again, the same call is served.
+        const served = yield* keyCall(key.secret, "/v1/chat/completions", chat("the database is back"))
+        assert.strictEqual(served.status, 200)
+      })
+    )
+
     it.effect(
       "an Idempotency-Key request cut before its first token frees its key: the retry is served",
       () =>

@@ -1,7 +1,8 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Layer } from "effect"
 import { SqlClient } from "effect/sql"
-import { decodeFunctionData, type Hash, type Hex, zeroHash } from "viem"
+import { decodeFunctionData, getAddress, type Hash, type Hex, zeroHash } from "viem"
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
 import { epochAnchorAbi } from "../../src/chain/artifacts.ts"
 import { Chain, ChainError, randomAuthorizationNonce } from "../../src/chain/Chain.ts"
 import type { ReceiptBody } from "../../src/domain/Receipt.ts"
@@ -10,7 +11,7 @@ import { Ledger } from "../../src/ledger/Ledger.ts"
 import { Treasury } from "../../src/ledger/Treasury.ts"
 import { RouterConfig } from "../../src/RouterConfig.ts"
 import { TestDatabase } from "../support/Database.ts"
-import { seededEconomics } from "./support.ts"
+import { fundTreasury, seededEconomics } from "./support.ts"
 
 const EPOCH_SECONDS = 2
 const WALLET = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8"
@@ -48,6 +49,30 @@ const receiptBody = (requestId: string, epochId: number): ReceiptBody => ({
   created_at: epochId * EPOCH_SECONDS * 1000 + 500
 })
 
+/** One x402 request reserved for `authorized` by `payer`. */
+const reserve = (requestId: string, payer: string, authorized: number) =>
+  Effect.gen(function* () {
+    const ledger = yield* Ledger
+    return yield* ledger.reserveX402(
+      {
+        requestId,
+        dialect: "openai",
+        payer,
+        requestedModel: "chat-medium",
+        modelClass: "chat-medium",
+        providerId: "prov-a",
+        authorized,
+        agent: {}
+      },
+      {
+        nonce: randomAuthorizationNonce(),
+        validAfter: 0n,
+        validBefore: 2n ** 40n,
+        signature: `0x${"11".repeat(65)}`
+      }
+    )
+  })
+
 /** Receipts of one epoch: `landed` ones captured and settled, `released` ones never charged. */
 const seed = (epochId: number, landed: number, released: number) =>
   Effect.gen(function* () {
@@ -56,24 +81,7 @@ const seed = (epochId: number, landed: number, released: number) =>
     for (let i = 0; i < landed + released; i++) {
       const requestId = `req_e${epochId}_${String(i).padStart(2, "0")}`
       ids.push(requestId)
-      yield* ledger.reserveX402(
-        {
-          requestId,
-          dialect: "openai",
-          payer: WALLET,
-          requestedModel: "chat-medium",
-          modelClass: "chat-medium",
-          providerId: "prov-a",
-          authorized: 1440,
-          agent: {}
-        },
-        {
-          nonce: randomAuthorizationNonce(),
-          validAfter: 0n,
-          validBefore: 2n ** 40n,
-          signature: `0x${"11".repeat(65)}`
-        }
-      )
+      yield* reserve(requestId, WALLET, 1440)
       const body = receiptBody(requestId, epochId)
       if (i < landed) {
         yield* ledger.capture({ receipt: body, economics: seededEconomics(requestId) })
@@ -371,6 +379,66 @@ describe("epoch close: crashes and restarts complete it exactly once", () => {
           const chain = yield* Chain
           assert.isUndefined(yield* epochRow(epochId - 1))
           assert.strictEqual(yield* chain.anchoredRoot(BigInt(epochId - 1)), zeroHash)
+        })
+    )
+
+    it.effect(
+      "a refund batch whose broadcast reply times out is paid once: confirmed, never sent back to due and paid again",
+      () =>
+        Effect.gen(function* () {
+          const chain = yield* Chain
+          const sql = yield* SqlClient.SqlClient
+          const ledger = yield* Ledger
+          const epochId = baseEpoch + 40
+          const payer = privateKeyToAccount(generatePrivateKey()).address.toLowerCase()
+          yield* fundTreasury(1_000_000n)
+          // Two captured x402 requests of `payer`, each authorized 20,000 and charged 1,440: 37,120 due.
+          for (const i of [0, 1]) {
+            const requestId = `req_refund_${epochId}_${i}`
+            yield* reserve(requestId, payer, 20_000)
+            yield* ledger.capture({
+              receipt: { ...receiptBody(requestId, epochId), wallet: payer, authorized: 20_000 },
+              economics: seededEconomics(requestId)
+            })
+            yield* ledger.finalizeReceipt(requestId, {
+              payment_ref: `0x${"ab".repeat(32)}`,
+              settlement: "landed"
+            })
+            yield* sql`UPDATE x402_authorizations SET status = 'landed' WHERE request_id = ${requestId}`
+          }
+          // The node takes the refund transfer, but the reply to the broadcast never comes (a timeout).
+          const real = yield* Chain
+          const timingOut = {
+            ...real,
+            outgoing: {
+              ...real.outgoing,
+              broadcast: (raw: Hex) =>
+                Effect.andThen(
+                  real.outgoing.broadcast(raw),
+                  Effect.fail(new ChainError({ reason: "Timeout", message: "no reply to the broadcast" }))
+                )
+            }
+          }
+          const treasury = yield* Treasury.make().pipe(Effect.provideService(Chain, timingOut))
+          const epochs = yield* Epochs.make.pipe(Effect.provideService(Treasury, treasury))
+          yield* epochs.closeEnded
+          yield* epochs.closeEnded
+          const healthy = yield* Epochs.make
+          yield* healthy.closeEnded
+          const rows = yield* sql<{ status: string; tx_hash: string | null }>`
+            SELECT status, tx_hash FROM refunds WHERE payer = ${payer}`
+          assert.lengthOf(rows, 2)
+          assert.isTrue(rows.every((r) => r.status === "paid" && r.tx_hash === rows[0]!.tx_hash))
+          assert.strictEqual(yield* chain.balanceOf(getAddress(payer)), 2n * (20_000n - 1_440n))
+          const transfers = yield* chain.readTransferLogs({
+            fromBlock: 0n,
+            toBlock: yield* chain.blockNumber(),
+            to: getAddress(payer)
+          })
+          assert.deepStrictEqual(
+            transfers.map((t) => t.txHash),
+            [rows[0]!.tx_hash]
+          )
         })
     )
   })

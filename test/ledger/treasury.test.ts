@@ -185,6 +185,36 @@ describe("Treasury: every transfer exactly once, on a real chain and database", 
       })
     )
 
+    it.effect(
+      "killed between signing and recording: nothing recorded, nothing sent, the nonce still free",
+      () =>
+        Effect.gen(function* () {
+          const to = freshAddress()
+          const before = yield* onChain(to)
+          const transfer = withdrawal(to, 888n)
+          const reached = yield* Deferred.make<void>()
+          // The process dies after signing, inside the database transaction that would record it.
+          const dying = yield* treasuryWith((chain) => ({
+            sign: (call, plan, nonce) =>
+              Effect.andThen(chain.outgoing.sign(call, plan, nonce), () =>
+                Effect.andThen(Deferred.succeed(reached, undefined), Effect.never)
+              )
+          }))
+          const fiber = yield* Effect.forkChild(dying.send(transfer))
+          yield* Deferred.await(reached)
+          yield* Fiber.interrupt(fiber)
+          assert.lengthOf(yield* records(`withdrawal:${transfer.withdrawalId}`), 0)
+          assert.deepStrictEqual(yield* onChain(to), before)
+
+          const restarted = yield* Treasury.make()
+          const hash = yield* restarted.send(transfer)
+          assert.strictEqual((yield* restarted.confirm(hash)).status, "success")
+          const [row] = yield* records(`withdrawal:${transfer.withdrawalId}`)
+          assert.strictEqual(Number(row!.nonce), before.nonce)
+          assert.deepStrictEqual(yield* onChain(to), { balance: 888n, nonce: before.nonce + 1 })
+        })
+    )
+
     it.effect("killed between record and broadcast: recovery broadcasts the recorded bytes, once", () =>
       Effect.gen(function* () {
         const to = freshAddress()

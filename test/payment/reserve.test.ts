@@ -5,6 +5,7 @@ import { Chain } from "../../src/chain/Chain.ts"
 import { randomAuthorizationNonce } from "../../src/chain/Eip3009.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
 import { TestDatabase } from "../support/Database.ts"
+import { fundedKey, keyState } from "../support/Keys.ts"
 
 const LedgerLayer = Ledger.layer.pipe(Layer.provideMerge(Layer.mergeAll(TestDatabase, Chain.layer)))
 
@@ -50,6 +51,60 @@ describe("reservation", () => {
             [yield* count("requests"), yield* count("x402_authorizations"), yield* count("ledger_entries")],
             [1, 1, 1]
           )
+        })
+    )
+  })
+})
+
+describe("a database fault during a key's reservation", () => {
+  layer(LedgerLayer, { excludeTestServices: true, timeout: 60_000 })((it) => {
+    it.effect(
+      "is a 503 to retry (by SQLSTATE), never a refusal to pay; the schema's refusals stay 402s",
+      () =>
+        Effect.gen(function* () {
+          const ledger = yield* Ledger
+          const sql = yield* SqlClient.SqlClient
+          const key = yield* fundedKey({ budget: 50_000, balance: 30_000 })
+          // Real Postgres faults, raised by the server with their SQLSTATE for the payer under test.
+          yield* sql.unsafe(`
+          CREATE FUNCTION fault_for_model() RETURNS trigger LANGUAGE plpgsql AS $$
+          BEGIN
+            IF NEW.requested_model LIKE 'fault-%' THEN
+              RAISE EXCEPTION 'injected fault' USING ERRCODE = substr(NEW.requested_model, 7);
+            END IF;
+            RETURN NEW;
+          END $$`)
+          yield* sql.unsafe(
+            "CREATE TRIGGER fault_for_model BEFORE INSERT ON requests FOR EACH ROW EXECUTE FUNCTION fault_for_model()"
+          )
+          const reserve = (requestId: string, authorized: number, requestedModel = "auto") =>
+            Effect.flip(
+              ledger.reserveCredit(
+                { ...record(requestId), payer: key.wallet, authorized, requestedModel },
+                key.keyId
+              )
+            )
+          // Serialization failure, deadlock, admin shutdown, a lost connection: the database failed.
+          for (const sqlState of ["40001", "40P01", "57P01", "08006"]) {
+            const failed = yield* reserve(`req_${sqlState}`, 1_000, `fault-${sqlState}`)
+            assert.strictEqual(failed._tag, "ServiceUnavailable", sqlState)
+            if (failed._tag === "ServiceUnavailable") assert.strictEqual(failed.code, "database_unavailable")
+          }
+          // What the schema refuses is still the payer's refusal.
+          const overBalance = yield* reserve("req_over_balance", 40_000)
+          assert.deepStrictEqual(
+            [overBalance._tag, overBalance._tag === "CreditRefused" ? overBalance.code : ""],
+            ["CreditRefused", "key_unfunded"]
+          )
+          const overCap = yield* reserve("req_over_cap", 60_000)
+          assert.deepStrictEqual(
+            [overCap._tag, overCap._tag === "CreditRefused" ? overCap.code : ""],
+            ["CreditRefused", "key_budget_exhausted"]
+          )
+          const state = yield* keyState(key.keyId)
+          assert.deepStrictEqual([state.reserved, state.walletReserved, state.available], [0, 0, 30_000])
+          const rows = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM requests`
+          assert.strictEqual(rows[0]!.n, 0)
         })
     )
   })
