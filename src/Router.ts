@@ -31,6 +31,8 @@ import { ModelCatalog } from "./market/ModelCatalog.ts"
 import { Providers } from "./market/Providers.ts"
 import { QuoteBook } from "./market/QuoteBook.ts"
 import { Rfq } from "./market/Rfq.ts"
+import { Analytics } from "./marketdata/Analytics.ts"
+import { Feedback } from "./marketdata/Feedback.ts"
 import { MarketData, MarketDataConfig } from "./marketdata/MarketData.ts"
 import { CreditKeys } from "./payment/CreditKeys.ts"
 import { Credits } from "./payment/Credits.ts"
@@ -119,7 +121,10 @@ export const TasksLive = Layer.mergeAll(Verification.layer, TaskTraces.layer, Ev
 )
 
 /** Public market data and analytics (spec 4.4), read from the clearing records the paid path leaves. */
-export const MarketDataLive = MarketData.layer.pipe(Layer.provideMerge(MarketDataConfig.layer))
+export const MarketDataLive = Layer.mergeAll(Analytics.layer, Feedback.layer).pipe(
+  Layer.provideMerge(MarketData.layer),
+  Layer.provideMerge(MarketDataConfig.layer)
+)
 
 /** Every service of the router over a database and a chain. */
 export const ServicesLive = Layer.mergeAll(

@@ -870,5 +870,20 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
   "0017_receipts_unsigned": Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
     yield* sql`CREATE INDEX receipts_unsigned ON receipts (created_at) WHERE signature IS NULL`
+  }),
+  "0019_market_feedback": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // One explicit rating per served request (D129): who rated is not kept, only the request it rates.
+    yield* sql`
+      CREATE TABLE market_feedback (
+        request_id TEXT PRIMARY KEY REFERENCES requests (request_id),
+        model_class TEXT NOT NULL,
+        provider_id TEXT NOT NULL,
+        task TEXT NOT NULL,
+        rating SMALLINT NOT NULL CHECK (rating BETWEEN 1 AND 5),
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+      )
+    `
+    yield* sql`CREATE INDEX market_feedback_fit ON market_feedback (model_class, task)`
   })
 }

@@ -55,7 +55,9 @@ export const ConflictCode = Schema.Literals([
   "lease_expired",
   "stale_fence",
   "effect_resolved",
-  "acceptance_frozen"
+  "acceptance_frozen",
+  // routing feedback (docs/decisions.md D129)
+  "feedback_already_recorded"
 ])
 export class Conflict extends Schema.TaggedError<Conflict>()(
   "Conflict",

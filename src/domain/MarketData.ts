@@ -133,3 +133,145 @@ export const MarketSnapshot = Schema.Struct({
   })
 })
 export type MarketSnapshot = typeof MarketSnapshot.Type
+
+/** Aggregates of one class over a window (hourly rollups). */
+const ClassFigures = {
+  model_class: Schema.String,
+  count: Schema.Number,
+  volume_tokens: Schema.Number,
+  volume: Schema.Number,
+  vwap: Schema.NullOr(Schema.Number),
+  high: Schema.NullOr(Schema.Number),
+  low: Schema.NullOr(Schema.Number),
+  ttft_avg_ms: Schema.NullOr(Schema.Number)
+}
+
+/** `GET /v1/analytics/market`: per-class cleared prices, concentration (HHI of provider volume) and latency. */
+export const AnalyticsMarket = Schema.Struct({
+  object: Schema.Literal("analytics.market"),
+  unit: Schema.String,
+  window_ms: Schema.Number,
+  from: Schema.Number,
+  hhi: Schema.NullOr(Schema.Number),
+  classes: Schema.Array(
+    Schema.Struct({ ...ClassFigures, providers: Schema.Number, hhi: Schema.NullOr(Schema.Number) })
+  )
+})
+export type AnalyticsMarket = typeof AnalyticsMarket.Type
+
+/** `GET /v1/analytics/rollups`: hourly aggregates per class, kept 90 days. */
+export const Rollups = Schema.Struct({
+  object: Schema.Literal("analytics.rollups"),
+  unit: Schema.String,
+  window_ms: Schema.Number,
+  from: Schema.Number,
+  rollups: Schema.Array(Schema.Struct({ hour: Schema.Number, ...ClassFigures }))
+})
+export type Rollups = typeof Rollups.Type
+
+/** `GET /v1/analytics/dashboard`: the whole market per bucket, ready for a chart. */
+export const Dashboard = Schema.Struct({
+  object: Schema.Literal("analytics.dashboard"),
+  unit: Schema.String,
+  window_ms: Schema.Number,
+  bucket_ms: Schema.Number,
+  from: Schema.Number,
+  to: Schema.Number,
+  buckets: Schema.Array(
+    Schema.Struct({
+      t: Schema.Number,
+      count: Schema.Number,
+      volume_tokens: Schema.Number,
+      volume: Schema.Number,
+      vwap: Schema.NullOr(Schema.Number),
+      ttft_avg_ms: Schema.NullOr(Schema.Number)
+    })
+  )
+})
+export type Dashboard = typeof Dashboard.Type
+
+/**
+ * `GET /v1/analytics/leaderboard`: customers by aggregate spend, by rank only (no wallet, no label: D128),
+ * and providers by cleared volume.
+ */
+export const MarketLeaderboard = Schema.Struct({
+  object: Schema.Literal("analytics.leaderboard"),
+  window_ms: Schema.Number,
+  customers: Schema.Array(
+    Schema.Struct({ rank: Schema.Number, spend: Schema.Number, requests: Schema.Number })
+  ),
+  providers: Schema.Array(
+    Schema.Struct({
+      rank: Schema.Number,
+      provider: Schema.String,
+      volume: Schema.Number,
+      volume_tokens: Schema.Number,
+      clears: Schema.Number,
+      share: Schema.Number
+    })
+  )
+})
+export type MarketLeaderboard = typeof MarketLeaderboard.Type
+
+/** `GET /v1/analytics/providers/:id`: served volume and reliability over the last 24 h, and live quotes. */
+export const ProviderAnalytics = Schema.Struct({
+  object: Schema.Literal("analytics.provider"),
+  provider: Schema.String,
+  window_ms: Schema.Number,
+  clears: Schema.Number,
+  volume: Schema.Number,
+  volume_tokens: Schema.Number,
+  /** Its clears over all clears of the classes it served in the window. */
+  win_share: Schema.NullOr(Schema.Number),
+  /** Requests it won and served, and those it won but failed before delivering (released) or part-way. */
+  requests: Schema.Number,
+  released: Schema.Number,
+  partial: Schema.Number,
+  /** Requests it won whose reply came from a fallback provider. */
+  failovers: Schema.Number,
+  error_rate: Schema.NullOr(Schema.Number),
+  ttft_p50_ms: Schema.NullOr(Schema.Number),
+  ttft_p90_ms: Schema.NullOr(Schema.Number),
+  ttft_p99_ms: Schema.NullOr(Schema.Number),
+  quotes: Schema.Array(
+    Schema.Struct({
+      model_class: Schema.String,
+      price_in: Schema.Number,
+      price_out: Schema.Number,
+      capacity_rps: Schema.Number,
+      valid_until: Schema.Number
+    })
+  )
+})
+export type ProviderAnalytics = typeof ProviderAnalytics.Type
+
+/** `POST /v1/routing/feedback/:id`: one explicit rating of a served request. */
+export const FeedbackRequest = Schema.Struct({
+  rating: Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 5 })),
+  task: Schema.optional(Schema.String.check(Schema.isMinLength(1), Schema.isMaxLength(64)))
+})
+export type FeedbackRequest = typeof FeedbackRequest.Type
+
+export const FeedbackRecorded = Schema.Struct({
+  object: Schema.Literal("routing.feedback"),
+  request_id: Schema.String,
+  model_class: Schema.String,
+  rating: Schema.Number,
+  task: Schema.String
+})
+export type FeedbackRecorded = typeof FeedbackRecorded.Type
+
+/** `GET /v1/analytics/task-fit`: ratings per (class, task), aggregated; nothing names who rated. */
+export const TaskFit = Schema.Struct({
+  object: Schema.Literal("analytics.task_fit"),
+  scale: Schema.String,
+  fits: Schema.Array(
+    Schema.Struct({
+      model_class: Schema.String,
+      task: Schema.String,
+      ratings: Schema.Number,
+      mean: Schema.Number
+    })
+  )
+})
+export type TaskFit = typeof TaskFit.Type

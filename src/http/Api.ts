@@ -8,7 +8,7 @@ import { ChallengesApi, IntegrityAdminApi, IntegrityApi, ProviderClaimsApi } fro
 import { KeyAnalyticsApi } from "./KeyAnalyticsApi.ts"
 import { CreditsApi, KeysApi, WalletsAdminApi } from "./KeysApi.ts"
 import { AdminApi, MarketApi, ProviderApi, RoutingApi } from "./MarketApi.ts"
-import { MarketDataApi } from "./MarketDataApi.ts"
+import { FeedbackApi, MarketAnalyticsApi, MarketDataApi } from "./MarketDataApi.ts"
 import { PointsApi } from "./PointsApi.ts"
 import { SessionsApi } from "./SessionsApi.ts"
 import { AgentSetupApi, AgentSetupPageApi } from "./SetupApi.ts"
@@ -22,6 +22,8 @@ export class Api extends HttpApi.make("svc")
   .add(ProviderApi)
   .add(MarketApi)
   .add(MarketDataApi)
+  .add(MarketAnalyticsApi)
+  .add(FeedbackApi)
   .add(RoutingApi)
   .add(ChatApi)
   .add(ReceiptsApi)

@@ -1,7 +1,20 @@
 import { Schema } from "effect"
 import { HttpApiEndpoint, HttpApiGroup, HttpApiSchema, OpenApi } from "effect/http-api"
-import { InvalidRequest, ServiceUnavailable } from "../domain/Errors.ts"
-import { Candles, MarketIndex, MarketSnapshot, MarketStats } from "../domain/MarketData.ts"
+import { Conflict, InvalidRequest, NotFound, ServiceUnavailable, Unauthorized } from "../domain/Errors.ts"
+import {
+  AnalyticsMarket,
+  Candles,
+  Dashboard,
+  FeedbackRecorded,
+  FeedbackRequest,
+  MarketIndex,
+  MarketLeaderboard,
+  MarketSnapshot,
+  MarketStats,
+  ProviderAnalytics,
+  Rollups,
+  TaskFit
+} from "../domain/MarketData.ts"
 import { openAi } from "./ErrorWire.ts"
 
 const Millis = Schema.optional(Schema.NumberFromString)
@@ -38,5 +51,58 @@ export class MarketDataApi extends HttpApiGroup.make("marketData").add(
   }).annotate(
     OpenApi.Description,
     "`text/event-stream`: each `data:` frame is a MarketSnapshot (the snapshot's schema), pushed on a clear or a quote in or out, with `: heartbeat` comments between. At subscriber capacity: 503 with `Retry-After`; poll `/v1/market/snapshot` instead."
+  )
+) {}
+
+const Window = { window_ms: Millis }
+
+/** Public analytics (spec 4.4), from the clearing records and the hourly rollups. */
+export class MarketAnalyticsApi extends HttpApiGroup.make("marketAnalytics").add(
+  HttpApiEndpoint.get("market", "/v1/analytics/market", {
+    query: Window,
+    success: AnalyticsMarket,
+    error: openAi(InvalidRequest)
+  }).annotate(
+    OpenApi.Description,
+    "Per-class cleared prices, HHI of provider shares of cleared volume, latency; `window_ms` ≤ 90 days (default 24 h), whole hours."
+  ),
+  HttpApiEndpoint.get("rollups", "/v1/analytics/rollups", {
+    query: { ...Window, model_class: Schema.optional(Schema.String) },
+    success: Rollups,
+    error: openAi(InvalidRequest)
+  }).annotate(OpenApi.Description, "Hourly aggregates per class, kept 90 days, maintained as clears commit."),
+  HttpApiEndpoint.get("dashboard", "/v1/analytics/dashboard", {
+    query: { ...Window, bucket_ms: Millis },
+    success: Dashboard,
+    error: openAi(InvalidRequest)
+  }).annotate(
+    OpenApi.Description,
+    "The whole market per bucket (whole hours, at most 500 points; default 7 days)."
+  ),
+  HttpApiEndpoint.get("leaderboard", "/v1/analytics/leaderboard", {
+    query: { limit: Schema.optional(Schema.NumberFromString) },
+    success: MarketLeaderboard,
+    error: openAi(InvalidRequest)
+  }).annotate(
+    OpenApi.Description,
+    "Customers by spend over 30 days, by rank only (no wallet or label); providers by cleared volume. `limit` 1..100, default 10."
+  ),
+  HttpApiEndpoint.get("provider", "/v1/analytics/providers/:id", {
+    params: { id: Schema.String },
+    success: ProviderAnalytics,
+    error: openAi(NotFound)
+  }),
+  HttpApiEndpoint.get("taskFit", "/v1/analytics/task-fit", { success: TaskFit })
+) {}
+
+export class FeedbackApi extends HttpApiGroup.make("feedback").add(
+  HttpApiEndpoint.post("rate", "/v1/routing/feedback/:id", {
+    params: { id: Schema.String },
+    payload: FeedbackRequest,
+    success: FeedbackRecorded,
+    error: [openAi(InvalidRequest), openAi(Unauthorized), openAi(NotFound), openAi(Conflict)]
+  }).annotate(
+    OpenApi.Description,
+    "One rating (1..5, optional `task`) of a served request, with its `x-stream-token`, within 10 minutes; a second rating is 409 `feedback_already_recorded`."
   )
 ) {}

@@ -23,7 +23,7 @@ import {
 import { KeyAnalyticsHandlers } from "./handlers/KeyAnalytics.ts"
 import { CreditsHandlers, KeysHandlers, WalletsAdminHandlers } from "./handlers/Keys.ts"
 import { AdminHandlers, MarketHandlers, ProviderHandlers, RoutingHandlers } from "./handlers/Market.ts"
-import { MarketDataHandlers } from "./handlers/MarketData.ts"
+import { FeedbackHandlers, MarketAnalyticsHandlers, MarketDataHandlers } from "./handlers/MarketData.ts"
 import { PointsHandlers } from "./handlers/Points.ts"
 import { ReceiptHandlers } from "./handlers/Receipts.ts"
 import { SessionHandlers } from "./handlers/Sessions.ts"
@@ -42,6 +42,8 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     ProviderHandlers,
     MarketHandlers,
     MarketDataHandlers,
+    MarketAnalyticsHandlers,
+    FeedbackHandlers,
     RoutingHandlers,
     ChatHandlers,
     ReceiptHandlers,

@@ -2,6 +2,8 @@ import { Effect } from "effect"
 import { HttpServerResponse } from "effect/http"
 import { HttpApiBuilder } from "effect/http-api"
 import { ServiceUnavailable } from "../../domain/Errors.ts"
+import { Analytics } from "../../marketdata/Analytics.ts"
+import { Feedback } from "../../marketdata/Feedback.ts"
 import { MarketData } from "../../marketdata/MarketData.ts"
 import { Api } from "../Api.ts"
 import { renderError } from "../Middleware.ts"
@@ -38,5 +40,32 @@ export const MarketDataHandlers = HttpApiBuilder.group(
               })
         )
       )
+  })
+)
+
+export const MarketAnalyticsHandlers = HttpApiBuilder.group(
+  Api,
+  "marketAnalytics",
+  Effect.fn(function* (handlers) {
+    const analytics = yield* Analytics
+    const feedback = yield* Feedback
+    return handlers
+      .handle("market", ({ query }) => analytics.market(query.window_ms))
+      .handle("rollups", ({ query }) => analytics.rollups(query.window_ms, query.model_class))
+      .handle("dashboard", ({ query }) => analytics.dashboard(query.window_ms, query.bucket_ms))
+      .handle("leaderboard", ({ query }) => analytics.leaderboard(query.limit))
+      .handle("provider", ({ params }) => analytics.provider(params.id))
+      .handle("taskFit", () => feedback.taskFit)
+  })
+)
+
+export const FeedbackHandlers = HttpApiBuilder.group(
+  Api,
+  "feedback",
+  Effect.fn(function* (handlers) {
+    const feedback = yield* Feedback
+    return handlers.handle("rate", ({ params, payload, request }) =>
+      feedback.rate(params.id, request.headers["x-stream-token"], payload)
+    )
   })
 )
