@@ -203,12 +203,15 @@ export const chatChunkFrames = (
     // The complete envelope, over the whole text, before the stream says it is finished.
     const rich = richBefore(admitted, index)
     if (rich !== undefined) frames.push(richFrame(rich))
-    // A cut stream ends with its error chunk: no `stop` follows it (the usage frame still says
-    // what was charged, and `[DONE]` closes the stream).
+    // A cut stream ends with its error chunk, which carries `finish_reason: "error"` (as the
+    // OpenAI-compatible routers' mid-stream error does): no `stop` follows it (the usage frame still
+    // says what was charged, and `[DONE]` closes the stream).
     if (wasCut(summary) && summary.error !== null) {
       frames.push(
         frame(
           {
+            ...base,
+            choices: [{ index: 0, delta: {}, finish_reason: "error" }],
             error: {
               message: summary.error.message,
               type: "upstream_error",

@@ -115,6 +115,7 @@ describe("hang-ups leave nothing behind; a cut reply says so (issue 11)", () => 
           const afterError = streamed.text.slice(streamed.text.indexOf('"error":{'))
           assert.isAbove(streamed.text.indexOf('"error":{'), 0)
           assert.notMatch(afterError, /"finish_reason":"stop"/)
+          assert.match(streamed.text, /"finish_reason":"error"/)
           assert.match(afterError, /"status":"partial"/)
           assert.match(afterError, /data: \[DONE\]/)
 
