@@ -89,6 +89,8 @@ export class Authorizations extends Context.Service<
           )
           .pipe(Effect.orDie)
 
+      // One transaction: once the authorization reads `failed`, the session it funded is already dead
+      // (no reader sees a failed funding beside a session still taking turns).
       const recordFailed = (row: ClaimedAuthorization, reason: string, expired: boolean) =>
         Effect.gen(function* () {
           yield* sql`
@@ -101,7 +103,7 @@ export class Authorizations extends Context.Service<
           if (expired) {
             yield* sql`UPDATE sessions SET status = 'dead' WHERE funding_request_id = ${row.request_id} AND status = 'open'`
           }
-        }).pipe(Effect.orDie)
+        }).pipe(sql.withTransaction, Effect.orDie)
 
       const recover = sql`
         UPDATE x402_authorizations SET status = 'pending', updated_at = now()

@@ -184,8 +184,19 @@ describe("funded keys and budget sessions", () => {
         yield* sql`UPDATE sessions SET funding_kind = 'x402' WHERE session_id = ${sessionId}`
         yield* sql`INSERT INTO x402_authorizations (payer, nonce, request_id, value, valid_after, valid_before, signature, status)
                    VALUES (${key.wallet}, ${`0x${"ab".repeat(32)}`}, ${funding}, 1000, 0, 1, '0x00', 'pending')`
+        // The router's own settlement loop runs beside this pass and may claim the row first (then this
+        // pass finds nothing): pass until the authorization is recorded failed, by whichever of them took it.
         const settlement = yield* Settlement
-        yield* settlement.runOnce
+        yield* waitFor(
+          "the funding authorization to fail",
+          Effect.gen(function* () {
+            yield* settlement.runOnce
+            const rows = yield* sql<{ status: string }>`
+              SELECT status FROM x402_authorizations WHERE request_id = ${funding}`
+            return rows[0]?.status === "failed" ? true : undefined
+          }).pipe(Effect.orDie),
+          60_000
+        )
         const dead = yield* postJson("/v1/chat/completions", body, { "x-session-token": token })
         assert.strictEqual(dead.status, 402)
         assert.strictEqual((dead.json as Body402).code, "session_dead")
