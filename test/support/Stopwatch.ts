@@ -1,4 +1,5 @@
 import { existsSync, readFileSync } from "node:fs"
+import { availableParallelism, loadavg } from "node:os"
 
 /**
  * Wall time, and how much a shared machine slowed it down.
@@ -51,4 +52,17 @@ export const startStopwatch = (pid?: number): Stopwatch => {
       return ran > 0 ? Math.max(1, (ran + waited) / ran) : 1
     }
   }
+}
+
+/**
+ * The slowdown a shared machine is expected to cause, for bounds that must be fixed before the work starts
+ * (a test's own timeout, a wait on another process): the runnable threads per core over the last minute
+ * (`loadavg / cores`, at least 1). It is 1 on a machine that runs nothing else (CI), so the bound there is
+ * the plain one; where other suites keep every core busy several times over, a thread gets its CPU that
+ * much less often and the bound grows with it. Where a thread's own schedstat can be read over the measured
+ * window, `startStopwatch` is the better measure.
+ */
+export const loadStretch = (): number => {
+  const [oneMinute] = loadavg()
+  return Math.max(1, (oneMinute ?? 0) / availableParallelism())
 }
