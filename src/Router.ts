@@ -2,6 +2,7 @@ import { Config, Effect, Layer, Option } from "effect"
 import { BannerLive } from "./Banner.ts"
 import { Chain } from "./chain/Chain.ts"
 import { DatabaseLive } from "./db/Database.ts"
+import { Instances } from "./db/Instances.ts"
 import { Fleet } from "./devnet/fleet/Fleet.ts"
 import { Evals } from "./evals/Evals.ts"
 import { HttpServerLive } from "./http/Server.ts"
@@ -83,7 +84,7 @@ export const PaymentsLive = Receipts.layer.pipe(
     )
   ),
   Layer.provideMerge(Layer.mergeAll(PaymentVerifier.layer, Keys.layer, Wallets.layer, Authorizations.layer)),
-  Layer.provideMerge(Layer.mergeAll(Ledger.layer, Treasury.layer)),
+  Layer.provideMerge(Layer.mergeAll(Ledger.layer, Treasury.layer, Instances.layer)),
   Layer.provideMerge(Layer.mergeAll(X402Config.layer, PayoutConfig.layer))
 )
 

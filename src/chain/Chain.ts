@@ -119,18 +119,11 @@ export interface ChainShape {
   readonly balanceOf: (address: Address) => Effect.Effect<bigint, ChainError>
   /** A quick read (paid path): fails `Timeout` when the node does not answer in time. */
   readonly authorizationState: (authorizer: Address, nonce: Hex) => Effect.Effect<boolean, ChainError>
-  /** Sends the authorization from the router signer, which pays gas; returns once broadcast, not mined. */
   /** Dry-runs the authorization as the router would send it (eth_call): fails `Reverted` with the token's reason. */
   readonly simulateTransferWithAuthorization: (
     authorization: TransferAuthorization
   ) => Effect.Effect<void, ChainError>
-  readonly submitTransferWithAuthorization: (
-    authorization: TransferAuthorization
-  ) => Effect.Effect<Hash, ChainError>
   readonly waitForReceipt: (hash: Hash) => Effect.Effect<TransactionOutcome, ChainError>
-  /** A refund or payout. Sent by the treasury when its key is configured, else by the router signer. */
-  readonly transferFromTreasury: (to: Address, amount: bigint) => Effect.Effect<Hash, ChainError>
-  readonly anchorEpoch: (epochId: bigint, root: Hex) => Effect.Effect<Hash, ChainError>
   /** The anchored root of an epoch, or the zero hash when none is anchored. */
   readonly anchoredRoot: (epochId: bigint) => Effect.Effect<Hex, ChainError>
   /** EIP-712 signature by the router signer (receipts); no transaction, no gas. */
@@ -162,7 +155,11 @@ const requireUint64 = (epochId: bigint) =>
 
 type SignerWallet = WalletClient<HttpTransport, ViemChain, LocalAccount>
 
-/** One account that sends transactions. Its sends are serialized so that nonces never collide. */
+/**
+ * One account's sends while a fresh embedded chain is set up (contract deployment, demo-wallet funding),
+ * serialized so that nonces never collide. Everything the router sends after start goes through
+ * `ledger/Treasury.ts` over `outgoing` (docs/decisions.md D165).
+ */
 interface Sender {
   readonly address: Address
   readonly account: LocalAccount
@@ -343,59 +340,11 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     }
   )
 
-  const submitTransferWithAuthorization = Effect.fn("Chain.submitTransferWithAuthorization")(
-    (a: TransferAuthorization) => {
-      const split = splitSignature(a.signature)
-      return router.send("Chain.submitTransferWithAuthorization", (wallet, nonce) =>
-        split === undefined
-          ? wallet.writeContract({
-              address: token,
-              abi: testUsdcAbi,
-              functionName: "transferWithAuthorization",
-              args: [a.from, a.to, a.value, a.validAfter, a.validBefore, a.nonce, a.signature],
-              nonce
-            })
-          : wallet.writeContract({
-              address: token,
-              abi: testUsdcAbi,
-              functionName: "transferWithAuthorization",
-              args: [a.from, a.to, a.value, a.validAfter, a.validBefore, a.nonce, split.v, split.r, split.s],
-              nonce
-            })
-      )
-    }
-  )
-
   const waitForReceipt = Effect.fn("Chain.waitForReceipt")(function* (hash: Hash) {
     const receipt = yield* call("Chain.waitForReceipt", () =>
       publicClient.waitForTransactionReceipt({ hash, timeout: RECEIPT_TIMEOUT_MS })
     )
     return { status: receipt.status, blockNumber: receipt.blockNumber } satisfies TransactionOutcome
-  })
-
-  const transferFromTreasury = Effect.fn("Chain.transferFromTreasury")((to: Address, amount: bigint) =>
-    payer.send("Chain.transferFromTreasury", (wallet, nonce) =>
-      wallet.writeContract({
-        address: token,
-        abi: testUsdcAbi,
-        functionName: "transfer",
-        args: [to, amount],
-        nonce
-      })
-    )
-  )
-
-  const anchorEpoch = Effect.fn("Chain.anchorEpoch")(function* (epochId: bigint, root: Hex) {
-    yield* requireUint64(epochId)
-    return yield* router.send("Chain.anchorEpoch", (wallet, nonce) =>
-      wallet.writeContract({
-        address: anchor,
-        abi: epochAnchorAbi,
-        functionName: "anchor",
-        args: [epochId, root],
-        nonce
-      })
-    )
   })
 
   const calls: ChainShape["calls"] = {
@@ -424,11 +373,11 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
       data: encodeFunctionData({ abi: testUsdcAbi, functionName: "transfer", args: [to, amount] })
     }),
     anchor: (epochId, root) =>
-      Effect.as(requireUint64(epochId), {
+      Effect.map(requireUint64(epochId), () => ({
         from: router.address,
         to: anchor,
         data: encodeFunctionData({ abi: epochAnchorAbi, functionName: "anchor", args: [epochId, root] })
-      })
+      }))
   }
   const outgoing = makeOutgoing(
     publicClient,
@@ -504,10 +453,7 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     balanceOf,
     authorizationState,
     simulateTransferWithAuthorization,
-    submitTransferWithAuthorization,
     waitForReceipt,
-    transferFromTreasury,
-    anchorEpoch,
     anchoredRoot,
     signTypedData: (typedData: TypedDataDefinition) =>
       call("Chain.signTypedData", () => router.account.signTypedData(typedData)),

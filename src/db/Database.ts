@@ -4,12 +4,13 @@ import { Config, Effect, Layer, Option, Redacted } from "effect"
 import { Migrator } from "effect/sql"
 import { startEmbeddedPostgres } from "../devnet/EmbeddedPostgres.ts"
 import { RouterConfig } from "../RouterConfig.ts"
+import { applicationName } from "./Instances.ts"
 import { migrations } from "./migrations.ts"
 
 export const MigratorLayer = PgMigrator.layer({ loader: Migrator.fromRecord(migrations) })
 
 /** The database URL: `DATABASE_URL` when set, else an embedded Postgres in `DATA_DIR`. */
-const databaseUrl = Effect.gen(function* () {
+export const databaseUrl = Effect.gen(function* () {
   const configured = yield* Config.Redacted("DATABASE_URL").pipe(Config.option)
   if (Option.isSome(configured)) return configured.value
   const { dataDir } = yield* RouterConfig
@@ -17,7 +18,7 @@ const databaseUrl = Effect.gen(function* () {
 })
 
 const clientFor = (url: Redacted.Redacted) =>
-  PgClient.layer({ url, applicationName: "svc-router", connectTimeout: "10 seconds" })
+  PgClient.layer({ url, applicationName, connectTimeout: "10 seconds" })
 
 /** SqlClient + PgClient with migrations applied. */
 export const DatabaseLive = Layer.provideMerge(

@@ -806,6 +806,31 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
       )
     `
   }),
+  "0014_router_instances": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // One row per router process on this database, kept alive by its heartbeat (db/Instances.ts). A
+    // connection names its instance in `application_name` ("svc-router/<id>"), so the capacity leases
+    // and reservations it writes carry their instance without any statement saying so; a survivor
+    // settles what a dead instance left open as soon as its heartbeat stops.
+    yield* sql`
+      CREATE TABLE router_instances (
+        instance_id TEXT PRIMARY KEY,
+        started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        stopped_at TIMESTAMPTZ,
+        settled_at TIMESTAMPTZ
+      )
+    `
+    yield* sql`
+      CREATE FUNCTION router_instance_of_connection() RETURNS TEXT LANGUAGE sql STABLE AS $$
+        SELECT substring(current_setting('application_name') from '^svc-router/(.+)$')
+      $$
+    `
+    yield* sql`ALTER TABLE capacity_leases ADD COLUMN instance_id TEXT DEFAULT router_instance_of_connection()`
+    yield* sql`ALTER TABLE requests ADD COLUMN instance_id TEXT DEFAULT router_instance_of_connection()`
+    yield* sql`CREATE INDEX capacity_leases_instance ON capacity_leases (instance_id)`
+    yield* sql`CREATE INDEX requests_reserved_instance ON requests (instance_id) WHERE status = 'reserved'`
+  }),
   "0015_outgoing_transactions": Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
     // One row per account the router sends from: its row lock serializes nonce allocation across every

@@ -1,5 +1,6 @@
 import { Config, Context, Effect, Layer } from "effect"
 import { repeatInBackground } from "../Background.ts"
+import { Instances } from "../db/Instances.ts"
 import { epochOf } from "../ledger/Epochs.ts"
 import { Ledger, type PaymentSource, type StaleReservation } from "../ledger/Ledger.ts"
 import { receiptOf } from "../ledger/Records.ts"
@@ -28,14 +29,24 @@ const sourceOf = (row: StaleReservation): PaymentSource => {
  * It is released in full (the caller is never charged for work nobody can prove) with a
  * signed `released` receipt. A request this instance is still serving is never touched.
  */
-export class Reaper extends Context.Service<Reaper, { readonly runOnce: Effect.Effect<number> }>()(
-  "router/inference/Reaper"
-) {
+export class Reaper extends Context.Service<
+  Reaper,
+  {
+    readonly runOnce: Effect.Effect<number>
+    /**
+     * Settles what dead router instances left open (D154): their capacity leases are deleted and
+     * their reservations released in full with signed receipts, as soon as their heartbeat stops.
+     * Returns how many reservations it released.
+     */
+    readonly settleDeadInstances: Effect.Effect<number>
+  }
+>()("router/inference/Reaper") {
   static readonly make = Effect.gen(function* () {
     const ledger = yield* Ledger
     const idempotency = yield* Idempotency
     const live = yield* LiveStreams
     const sessions = yield* Sessions
+    const instances = yield* Instances
     const { epochSeconds } = yield* RouterConfig
     // Past the serving deadline (15 min) no instance can still be serving it; before the epoch
     // close's 30-minute dead-request rule, so a released receipt lands before its epoch closes.
@@ -82,7 +93,25 @@ export class Reaper extends Context.Service<Reaper, { readonly runOnce: Effect.E
       return stale.length
     }).pipe(Effect.withSpan("Reaper.runOnce"))
 
-    return Reaper.of({ runOnce })
+    const settleDeadInstances = Effect.gen(function* () {
+      const dead = yield* instances.dead
+      if (dead.length === 0) return 0
+      const leases = yield* instances.releaseLeases(dead)
+      const open = yield* ledger.reservationsOf(dead)
+      // Nothing this instance serves is ever touched (a request id is one instance's only).
+      const orphaned = open.filter((row) => live.get(row.request_id) === undefined)
+      yield* Effect.forEach(orphaned, release, { discard: true })
+      // A page of 100 at a time: the instances are settled once nothing of theirs is left open.
+      if (open.length < 100) yield* instances.markSettled(dead)
+      yield* Effect.logWarning("settled what dead router instances left open", {
+        instances: dead.join(","),
+        leases,
+        reservations: orphaned.length
+      })
+      return orphaned.length
+    }).pipe(Effect.withSpan("Reaper.settleDeadInstances"))
+
+    return Reaper.of({ runOnce, settleDeadInstances })
   })
 
   static readonly layer = Layer.effect(
@@ -90,6 +119,11 @@ export class Reaper extends Context.Service<Reaper, { readonly runOnce: Effect.E
     Effect.gen(function* () {
       const reaper = yield* Reaper.make
       yield* repeatInBackground(reaper.runOnce, { every: "1 minute", failure: "reaper pass failed" })
+      yield* repeatInBackground(reaper.settleDeadInstances, {
+        every: "5 seconds",
+        failure: "settling dead instances failed",
+        level: "warning"
+      })
       return reaper
     })
   )

@@ -86,6 +86,10 @@ export class Ledger extends Context.Service<
     ) => Effect.Effect<boolean>
     /** Reservations older than `afterSeconds`, oldest first (at most 100). */
     readonly staleReservations: (afterSeconds: number) => Effect.Effect<ReadonlyArray<StaleReservation>>
+    /** Reservations still open that the given (dead) router instances made. */
+    readonly reservationsOf: (
+      instanceIds: ReadonlyArray<string>
+    ) => Effect.Effect<ReadonlyArray<StaleReservation>>
   }
 >()("router/ledger/Ledger") {
   static readonly layer = Layer.effect(
@@ -107,6 +111,16 @@ export class Ledger extends Context.Service<
           ORDER BY r.created_at LIMIT 100
         `.pipe(Effect.flatMap(decodeStale), Effect.orDie)
 
+      const reservationsOf = (instanceIds: ReadonlyArray<string>) =>
+        sql`
+          SELECT r.request_id, r.payment_kind, r.payer, r.authorized::text, r.key_id, r.session_id,
+                 EXISTS (SELECT 1 FROM sessions s WHERE s.funding_request_id = r.request_id) AS opens_session,
+                 r.model_class, r.provider_id, (extract(epoch from r.created_at) * 1000)::float8 AS created_at
+          FROM requests r
+          WHERE r.status = 'reserved' AND r.instance_id IN ${sql.in(instanceIds)}
+          ORDER BY r.created_at LIMIT 100
+        `.pipe(Effect.flatMap(decodeStale), Effect.orDie)
+
       return Ledger.of({
         ...reservations,
         capture,
@@ -115,7 +129,8 @@ export class Ledger extends Context.Service<
         receipt: receipts.read,
         economics: receipts.economics,
         closeSession: makeSessionClose(sql),
-        staleReservations
+        staleReservations,
+        reservationsOf
       })
     })
   )

@@ -36,9 +36,10 @@ export interface ProviderPayouts {
  * `landed`, a funded key's capture, or a session turn whose session funding is a key or a landed
  * authorization. Payable shares at or above the floor are claimed (`requests.payout_id`, so none is paid
  * twice) into one `provider_payouts` row per provider, sent in one transfer from the treasury to the
- * provider's registered signer; below the floor they accrue. The claim is recorded before the broadcast
- * and the hash before the receipt is awaited; a resumed payout awaits its hash, or adopts its transfer
- * from the token's logs when a crash lost the hash, or goes back to accruing when no transfer appeared.
+ * provider's registered signer; below the floor they accrue. The claim is recorded before the transfer
+ * is sent, and the transfer is sent through `Treasury` under the payout's id (docs/decisions.md D170): a
+ * resumed payout, with or without its hash, gets the transaction already recorded for it; its shares
+ * accrue again only when the transfer moved nothing (refused before signing, reverted or replaced).
  */
 export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =>
   Effect.gen(function* () {

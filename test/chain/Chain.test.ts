@@ -24,6 +24,7 @@ import {
   verifyTransferAuthorization
 } from "../../src/chain/Chain.ts"
 import { devAccount } from "../../src/chain/DevAccounts.ts"
+import { sendNow, submit } from "../support/ChainSend.ts"
 
 // An empty provider: RPC_URL is unset whatever the environment says, so the layer starts its own Anvil.
 const ChainEmbedded = Chain.layer.pipe(Layer.provide(ConfigProvider.layer(ConfigProvider.fromEnvRecord({}))))
@@ -127,7 +128,7 @@ layer(ChainEmbedded, { timeout: "60 seconds" })("Chain (embedded Anvil)", (it) =
       yield* chain.simulateTransferWithAuthorization(payment)
       assert.strictEqual(yield* chain.balanceOf(chain.treasury), treasuryBefore, "a simulation moves nothing")
 
-      const hash = yield* chain.submitTransferWithAuthorization(payment)
+      const hash = yield* submit(chain, payment)
       const outcome = yield* chain.waitForReceipt(hash)
 
       assert.strictEqual(outcome.status, "success")
@@ -153,7 +154,7 @@ layer(ChainEmbedded, { timeout: "60 seconds" })("Chain (embedded Anvil)", (it) =
       const simulatedReplay = yield* expectChainError(chain.simulateTransferWithAuthorization(payment))
       assert.strictEqual(simulatedReplay.reason, "Reverted")
       assert.include(simulatedReplay.message, "authorization is used or canceled")
-      const replay = yield* expectChainError(chain.submitTransferWithAuthorization(payment))
+      const replay = yield* expectChainError(submit(chain, payment))
       assert.strictEqual(replay.reason, "Reverted")
       assert.include(replay.message, "authorization is used or canceled")
       assert.strictEqual(yield* chain.balanceOf(chain.treasury), treasuryBefore + 1_250_000n)
@@ -170,7 +171,7 @@ layer(ChainEmbedded, { timeout: "60 seconds" })("Chain (embedded Anvil)", (it) =
         (yield* expectChainError(chain.simulateTransferWithAuthorization(expired))).message,
         "authorization is expired"
       )
-      const expiredError = yield* expectChainError(chain.submitTransferWithAuthorization(expired))
+      const expiredError = yield* expectChainError(submit(chain, expired))
       assert.deepStrictEqual(expiredError.reason, "Reverted")
       assert.include(expiredError.message, "authorization is expired")
 
@@ -179,10 +180,7 @@ layer(ChainEmbedded, { timeout: "60 seconds" })("Chain (embedded Anvil)", (it) =
       const redirected = { ...signed, to: chain.routerSigner }
       assert.isTrue(yield* Effect.promise(() => verifyTransferAuthorization(signed)))
       assert.isFalse(yield* Effect.promise(() => verifyTransferAuthorization(redirected)))
-      assert.include(
-        (yield* expectChainError(chain.submitTransferWithAuthorization(redirected))).message,
-        "invalid signature"
-      )
+      assert.include((yield* expectChainError(submit(chain, redirected))).message, "invalid signature")
 
       // the high-s twin of a valid signature recovers the same signer but must be refused
       const s = hexToBigInt(slice(signed.signature, 32, 64))
@@ -190,8 +188,7 @@ layer(ChainEmbedded, { timeout: "60 seconds" })("Chain (embedded Anvil)", (it) =
       const twin: Hex = `${slice(signed.signature, 0, 32)}${numberToHex(SECP256K1_N - s, { size: 32 }).slice(2)}${numberToHex(v === 27 ? 28 : 27, { size: 1 }).slice(2)}`
       assert.strictEqual(size(twin), 65)
       assert.include(
-        (yield* expectChainError(chain.submitTransferWithAuthorization({ ...signed, signature: twin })))
-          .message,
+        (yield* expectChainError(submit(chain, { ...signed, signature: twin }))).message,
         "invalid signature"
       )
 
@@ -218,7 +215,7 @@ layer(ChainEmbedded, { timeout: "60 seconds" })("Chain (embedded Anvil)", (it) =
       )
       const { authorization: a, signature } = Schema.decodeUnknownSync(X402ExactPayload)(result.payload)
       const treasuryBefore = yield* chain.balanceOf(chain.treasury)
-      const hash = yield* chain.submitTransferWithAuthorization({
+      const hash = yield* submit(chain, {
         from: getAddress(a.from),
         to: getAddress(a.to),
         value: BigInt(a.value),
@@ -257,36 +254,22 @@ layer(ChainEmbedded, { timeout: "60 seconds" })("Chain (embedded Anvil)", (it) =
     })
   )
 
-  it.effect("serializes concurrent router submissions without nonce collisions", () =>
-    Effect.gen(function* () {
-      const chain = yield* Chain
-      const payments = yield* Effect.forEach([3, 4, 5, 6, 7], (i) => authorize(i, 100_000n))
-      const treasuryBefore = yield* chain.balanceOf(chain.treasury)
-      const hashes = yield* Effect.forEach(payments, chain.submitTransferWithAuthorization, {
-        concurrency: "unbounded"
-      })
-      const outcomes = yield* Effect.forEach(hashes, chain.waitForReceipt, { concurrency: "unbounded" })
-      assert.deepStrictEqual(
-        outcomes.map((o) => o.status),
-        payments.map(() => "success")
-      )
-      assert.strictEqual(new Set(hashes).size, payments.length)
-      assert.strictEqual(yield* chain.balanceOf(chain.treasury), treasuryBefore + 500_000n)
-    })
-  )
-
   it.effect("pays refunds from the treasury", () =>
     Effect.gen(function* () {
       const chain = yield* Chain
       const recipient = chain.demoWallets[0]!.address
       const before = yield* chain.balanceOf(recipient)
       const treasuryBefore = yield* chain.balanceOf(chain.treasury)
-      const outcome = yield* chain.waitForReceipt(yield* chain.transferFromTreasury(recipient, 250_000n))
+      const outcome = yield* chain.waitForReceipt(
+        yield* sendNow(chain, chain.calls.treasuryTransfer(recipient, 250_000n))
+      )
       assert.strictEqual(outcome.status, "success")
       assert.strictEqual(yield* chain.balanceOf(recipient), before + 250_000n)
       assert.strictEqual(yield* chain.balanceOf(chain.treasury), treasuryBefore - 250_000n)
 
-      const overdraw = yield* expectChainError(chain.transferFromTreasury(recipient, treasuryBefore))
+      const overdraw = yield* expectChainError(
+        sendNow(chain, chain.calls.treasuryTransfer(recipient, treasuryBefore))
+      )
       assert.strictEqual(overdraw.reason, "Reverted")
       assert.include(overdraw.message, "exceeds balance")
     })
@@ -344,17 +327,17 @@ layer(ChainEmbedded, { timeout: "60 seconds" })("Chain (embedded Anvil)", (it) =
       const root: Hex = `0x${"ab".repeat(32)}`
       assert.strictEqual(yield* chain.anchoredRoot(7n), zeroHash)
 
-      const outcome = yield* chain.waitForReceipt(yield* chain.anchorEpoch(7n, root))
+      const outcome = yield* chain.waitForReceipt(yield* sendNow(chain, chain.calls.anchor(7n, root)))
       assert.strictEqual(outcome.status, "success")
       assert.strictEqual(yield* chain.anchoredRoot(7n), root)
       assert.strictEqual(yield* chain.anchoredRoot(8n), zeroHash)
 
-      const again = yield* expectChainError(chain.anchorEpoch(7n, `0x${"cd".repeat(32)}`))
+      const again = yield* expectChainError(sendNow(chain, chain.calls.anchor(7n, `0x${"cd".repeat(32)}`)))
       assert.strictEqual(again.reason, "Reverted")
       assert.include(again.message, "epoch already anchored")
       assert.strictEqual(yield* chain.anchoredRoot(7n), root)
 
-      const outOfRange = yield* expectChainError(chain.anchorEpoch(2n ** 64n, root))
+      const outOfRange = yield* expectChainError(sendNow(chain, chain.calls.anchor(2n ** 64n, root)))
       assert.strictEqual(outOfRange.reason, "Invalid")
     })
   )

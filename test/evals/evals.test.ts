@@ -1,6 +1,7 @@
 import { assert, describe, layer } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Schema } from "effect"
 import { SqlClient } from "effect/sql"
+import { EvalRun } from "../../src/domain/Evals.ts"
 import { adaptersRouter, OPENAI_CLASS, providerRequests, waitFor, waitForBook } from "../adapters/support.ts"
 import { fundedKey } from "../support/Keys.ts"
 import { call, postJson } from "../support/Router.ts"
@@ -83,6 +84,7 @@ describe("evaluations (spec 4.3)", () => {
           )
           assert.strictEqual(created.status, 200, created.text)
           const run = yield* finished((created.json as Run).id, headers)
+          Schema.decodeUnknownSync(EvalRun)(run)
           assert.strictEqual(run.status, "completed")
           assert.strictEqual(run.cases.length, 6)
           for (const c of run.cases) assert.isTrue(c.passed, `${c.case_id}: ${c.detail}`)

@@ -1,6 +1,7 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
+import { INSTANCE_ID } from "../../src/db/Instances.ts"
 import { Reaper } from "../../src/inference/Reaper.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
 import { fundedKey, keyState } from "../support/Keys.ts"
@@ -51,6 +52,80 @@ describe("reservations left by a dead request", () => {
         )
         assert.strictEqual(yield* reaper.runOnce, 0)
       })
+    )
+
+    it.effect(
+      "a dead router instance's leases and reservations are settled as soon as its heartbeat stops",
+      () =>
+        Effect.gen(function* () {
+          const ledger = yield* Ledger
+          const sql = yield* SqlClient.SqlClient
+          const reaper = yield* Reaper
+          const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
+          const record = (requestId: string) => ({
+            requestId,
+            dialect: "openai",
+            payer: key.wallet,
+            requestedModel: "auto",
+            modelClass: "chat-small",
+            providerId: "p",
+            authorized: 3_000,
+            agent: {}
+          })
+          // This instance registered itself; what it writes names it, through its connections.
+          const me = yield* sql<{ alive: boolean }>`
+          SELECT heartbeat_at > now() - interval '30 seconds' AS alive FROM router_instances
+          WHERE instance_id = ${INSTANCE_ID} AND stopped_at IS NULL`
+          assert.deepStrictEqual(me, [{ alive: true }])
+          yield* ledger.reserveCredit(record("req_mine"), key.keyId)
+          yield* ledger.reserveCredit(record("req_of_dead"), key.keyId)
+          yield* ledger.reserveCredit(record("req_of_alive"), key.keyId)
+          const mine = yield* sql<{
+            instance_id: string
+          }>`SELECT instance_id FROM requests WHERE request_id = 'req_mine'`
+          assert.strictEqual(mine[0]!.instance_id, INSTANCE_ID)
+          // Another instance died 40 seconds ago mid-request; a third is alive and serving.
+          yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
+                   VALUES ('i_dead', now() - interval '40 seconds'), ('i_alive', now())`
+          yield* sql`UPDATE requests SET instance_id = 'i_dead' WHERE request_id = 'req_of_dead'`
+          yield* sql`UPDATE requests SET instance_id = 'i_alive' WHERE request_id = 'req_of_alive'`
+          yield* sql`INSERT INTO capacity_leases (lease_id, provider_id, model_class, expires_at, instance_id)
+                   VALUES ('l_dead', 'p', 'chat-small', now() + interval '20 minutes', 'i_dead'),
+                          ('l_alive', 'p', 'chat-small', now() + interval '20 minutes', 'i_alive')`
+          yield* sql`INSERT INTO capacity_leases (lease_id, provider_id, model_class, expires_at)
+                   VALUES ('l_mine', 'p', 'chat-small', now() + interval '20 minutes')`
+
+          assert.strictEqual(yield* reaper.settleDeadInstances, 1)
+          const statuses = yield* sql<{ request_id: string; status: string }>`
+          SELECT request_id, status FROM requests WHERE payer = ${key.wallet} ORDER BY request_id`
+          assert.deepStrictEqual(
+            statuses.map((r) => [r.request_id, r.status]),
+            [
+              ["req_mine", "reserved"],
+              ["req_of_alive", "reserved"],
+              ["req_of_dead", "released"]
+            ]
+          )
+          const leases = yield* sql<{ lease_id: string; instance_id: string }>`
+          SELECT lease_id, instance_id FROM capacity_leases ORDER BY lease_id`
+          assert.deepStrictEqual(
+            leases.map((l) => [l.lease_id, l.instance_id]),
+            [
+              ["l_alive", "i_alive"],
+              ["l_mine", INSTANCE_ID]
+            ]
+          )
+          const receipt = (yield* call("/v1/receipts/req_of_dead")).json as {
+            receipt: { status: string; charged: number }
+          }
+          assert.deepStrictEqual([receipt.receipt.status, receipt.receipt.charged], ["released", 0])
+          assert.strictEqual((yield* keyState(key.keyId)).reserved, 6_000)
+          // Settled once: the dead instance is not visited again.
+          assert.strictEqual(yield* reaper.settleDeadInstances, 0)
+          const dead = yield* sql<{ settled: boolean }>`
+          SELECT settled_at IS NOT NULL AS settled FROM router_instances WHERE instance_id = 'i_dead'`
+          assert.deepStrictEqual(dead, [{ settled: true }])
+        })
     )
 
     it.effect(

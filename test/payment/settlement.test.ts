@@ -5,6 +5,7 @@ import { privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
 import { randomAuthorizationNonce, signTransferAuthorization } from "../../src/chain/Eip3009.ts"
 import { Settlement } from "../../src/payment/Settlement.ts"
+import { submit } from "../support/ChainSend.ts"
 import { routerLayer } from "../support/Router.ts"
 
 describe("settlement", () => {
@@ -34,7 +35,7 @@ describe("settlement", () => {
           )
           // The first attempt's transfer landed, but the wait for its receipt failed: the row went back
           // to `pending` without a hash. A second submission would fail at gas estimation.
-          const hash = yield* chain.submitTransferWithAuthorization({ ...authorization, signature })
+          const hash = yield* submit(chain, { ...authorization, signature })
           assert.strictEqual((yield* chain.waitForReceipt(hash)).status, "success")
           const payer = account.address.toLowerCase()
           yield* sql`INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,

@@ -18,6 +18,7 @@ import {
 } from "../../src/domain/X402.ts"
 import { PaymentVerifier, type VerifiedPayment } from "../../src/payment/PaymentVerifier.ts"
 import { X402Config } from "../../src/payment/X402.ts"
+import { submit } from "../support/ChainSend.ts"
 
 // An empty provider: RPC_URL is unset whatever the environment says, so the layer starts its own Anvil.
 const ChainEmbedded = Chain.layer.pipe(Layer.provide(ConfigProvider.layer(ConfigProvider.fromEnvRecord({}))))
@@ -466,7 +467,7 @@ layer(TestLayer, { timeout: "90 seconds", excludeTestServices: true })(
         // settled once on chain (this setup step moves money); verifying it again must not
         const settled = yield* sign(yield* demoAccount(2))
         const receipt = yield* chain.waitForReceipt(
-          yield* chain.submitTransferWithAuthorization({ ...settled, signature: settled.signature })
+          yield* submit(chain, { ...settled, signature: settled.signature })
         )
         assert.strictEqual(receipt.status, "success")
         assert.isTrue(yield* chain.authorizationState(settled.from, settled.nonce))

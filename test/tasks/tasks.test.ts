@@ -1,6 +1,7 @@
 import { assert, describe, layer } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Schema } from "effect"
 import { SqlClient } from "effect/sql"
+import { OtlpTrace, TaskView, Verdict } from "../../src/domain/Tasks.ts"
 import { adaptersRouter, OPENAI_CLASS, providerRequests, waitForBook } from "../adapters/support.ts"
 import { fundedKey } from "../support/Keys.ts"
 import { call, postJson } from "../support/Router.ts"
@@ -64,6 +65,7 @@ describe("durable tasks over HTTP (spec 4.3)", () => {
           assert.notInclude(row!.stored, token)
 
           const ok = yield* call(`/v1/tasks/${task.id}`, { headers: { "x-task-token": token } })
+          Schema.decodeUnknownSync(TaskView)(ok.json)
           assert.strictEqual(ok.status, 200)
           assert.deepInclude(ok.json as object, {
             id: task.id,
@@ -274,7 +276,7 @@ describe("durable tasks over HTTP (spec 4.3)", () => {
             ["output_schema"]
           )
           const good = yield* postJson(`${path}/verify`, { output: { score: 3 } }, headers)
-          const passed = good.json as { passed: boolean; state: string; event_seq: number }
+          const passed = Schema.decodeUnknownSync(Verdict)(good.json)
           assert.isTrue(passed.passed)
           assert.strictEqual(passed.state, "succeeded")
           const view = (yield* call(path, { headers })).json as {
@@ -462,6 +464,7 @@ describe("durable tasks over HTTP (spec 4.3)", () => {
           yield* postJson(`${path}/verify`, {}, headers)
           const trace = yield* call(`${path}/trace/otlp`, { headers })
           assert.strictEqual(trace.status, 200, trace.text)
+          Schema.decodeUnknownSync(OtlpTrace)(trace.json)
           const spans = (
             trace.json as {
               resourceSpans: Array<{

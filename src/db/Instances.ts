@@ -1,0 +1,85 @@
+import { randomBytes } from "node:crypto"
+import { Config, Context, Effect, Layer } from "effect"
+import { SqlClient } from "effect/sql"
+import { repeatInBackground } from "../Background.ts"
+
+/**
+ * This process's instance id. Every database connection names it in `application_name`
+ * (`svc-router/<id>`), so what the instance writes (capacity leases, reservations) carries it.
+ */
+export const INSTANCE_ID = `i_${randomBytes(6).toString("hex")}`
+export const applicationName = `svc-router/${INSTANCE_ID}`
+
+/** How often an instance says it is alive; an instance silent for `INSTANCE_DEAD_AFTER_SECONDS` is dead. */
+const HEARTBEAT = "5 seconds"
+
+/**
+ * The router instances on this database (D154): each registers itself at start, beats every five
+ * seconds and marks itself stopped at its end. An instance whose heartbeat is older than
+ * `INSTANCE_DEAD_AFTER_SECONDS` (30 s) or that stopped is dead: its capacity leases are released
+ * at once and its open reservations settled by a survivor (`inference/Reaper.ts`), instead of
+ * waiting out the 20-minute lease TTL and reaping age.
+ */
+export class Instances extends Context.Service<
+  Instances,
+  {
+    readonly self: string
+    readonly deadAfterSeconds: number
+    /** Dead instances whose leftovers are not settled yet. */
+    readonly dead: Effect.Effect<ReadonlyArray<string>>
+    /** Deletes the capacity leases the given instances hold; returns how many. */
+    readonly releaseLeases: (instanceIds: ReadonlyArray<string>) => Effect.Effect<number>
+    /** Records that nothing of these instances is left open. */
+    readonly markSettled: (instanceIds: ReadonlyArray<string>) => Effect.Effect<void>
+  }
+>()("router/db/Instances") {
+  static readonly layer = Layer.effect(
+    Instances,
+    Effect.gen(function* () {
+      const sql = yield* SqlClient.SqlClient
+      const deadAfterSeconds = yield* Config.Int("INSTANCE_DEAD_AFTER_SECONDS").pipe(Config.withDefault(30))
+      // Alive again after a stall long enough to be declared dead: registered afresh, so what it
+      // opens from now on is settled if it dies later.
+      const beat = sql`
+        INSERT INTO router_instances (instance_id) VALUES (${INSTANCE_ID})
+        ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now(), stopped_at = NULL, settled_at = NULL
+      `.pipe(Effect.asVoid)
+      yield* Effect.acquireRelease(Effect.orDie(beat), () =>
+        sql`UPDATE router_instances SET stopped_at = now() WHERE instance_id = ${INSTANCE_ID}`.pipe(
+          Effect.ignore
+        )
+      )
+      yield* repeatInBackground(beat, {
+        every: HEARTBEAT,
+        failure: "instance heartbeat failed",
+        level: "warning"
+      })
+
+      const dead = sql<{ instance_id: string }>`
+        SELECT instance_id FROM router_instances
+        WHERE instance_id <> ${INSTANCE_ID} AND settled_at IS NULL
+          AND (stopped_at IS NOT NULL OR heartbeat_at < now() - make_interval(secs => ${deadAfterSeconds}))
+        ORDER BY heartbeat_at LIMIT 20
+      `.pipe(
+        Effect.map((rows) => rows.map((r) => r.instance_id)),
+        Effect.orDie
+      )
+
+      const releaseLeases = (instanceIds: ReadonlyArray<string>) =>
+        sql<{ lease_id: string }>`
+          DELETE FROM capacity_leases WHERE instance_id IN ${sql.in(instanceIds)} RETURNING lease_id
+        `.pipe(
+          Effect.map((rows) => rows.length),
+          Effect.orDie
+        )
+
+      const markSettled = (instanceIds: ReadonlyArray<string>) =>
+        sql`
+          UPDATE router_instances SET settled_at = now()
+          WHERE instance_id IN ${sql.in(instanceIds)} AND settled_at IS NULL
+        `.pipe(Effect.asVoid, Effect.orDie)
+
+      return Instances.of({ self: INSTANCE_ID, deadAfterSeconds, dead, releaseLeases, markSettled })
+    })
+  )
+}
