@@ -27,6 +27,9 @@ interface Signals {
   readonly hurry: Deferred.Deferred<NodeJS.Signals>
 }
 
+/** What the primary of a `WORKERS=N` router sends a worker to stop it (src/Cluster.ts): a first signal. */
+export const SHUTDOWN_MESSAGE = "svc:shutdown"
+
 const listenForSignals = Effect.sync((): Signals => {
   const stop = Deferred.makeUnsafe<NodeJS.Signals>()
   const hurry = Deferred.makeUnsafe<NodeJS.Signals>()
@@ -43,6 +46,14 @@ const listenForSignals = Effect.sync((): Signals => {
   // Kept until the process exits: a signal during the close must not kill it half-way.
   process.on("SIGTERM", onSignal)
   process.on("SIGINT", onSignal)
+  // A worker of `WORKERS=N`: its primary says when to stop. A terminal's Ctrl-C reaches the worker too;
+  // either starts the drain, and the pair counts once.
+  process.on("message", (message) => {
+    if (message === SHUTDOWN_MESSAGE && received === 0) {
+      received++
+      Deferred.doneUnsafe(stop, Effect.succeed("SIGTERM"))
+    }
+  })
   return { stop, hurry }
 })
 

@@ -10,7 +10,7 @@ import { migrations } from "./migrations.ts"
 export const MigratorLayer = PgMigrator.layer({ loader: Migrator.fromRecord(migrations) })
 
 /** The database URL: `DATABASE_URL` when set, else an embedded Postgres in `DATA_DIR`. */
-const databaseUrl = Effect.gen(function* () {
+export const databaseUrl = Effect.gen(function* () {
   const configured = yield* Config.Redacted("DATABASE_URL").pipe(Config.option)
   if (Option.isSome(configured)) return configured.value
   const { dataDir } = yield* RouterConfig

@@ -56,8 +56,51 @@ export const chargeNumerator = (tokens: TokenCounts, tariff: Tariff): bigint => 
   return (input - cachedInput) * priceIn + cachedInput * priceInCached + output * priceOut
 }
 
+const PRICE_UNIT = 1_000_000
+
+/**
+ * The charge in plain numbers when every product and the sum stay below 2^53 (then each is exact in a
+ * double, as is the quotient's remainder), else undefined. An auction prices every live quote, and the
+ * bigint path costs several allocations a quote; the property test holds this equal to the bigint one.
+ */
+const chargeFast = (tokens: TokenCounts, tariff: Tariff): number | undefined => {
+  const { input, cachedInput, output } = tokens
+  const priceIn = tariff.price_in
+  const priceOut = tariff.price_out
+  const cached = tariff.price_in_cached ?? priceIn
+  if (
+    !(
+      Number.isSafeInteger(input) &&
+      Number.isSafeInteger(cachedInput) &&
+      Number.isSafeInteger(output) &&
+      Number.isSafeInteger(priceIn) &&
+      Number.isSafeInteger(priceOut) &&
+      Number.isSafeInteger(cached) &&
+      cachedInput >= 0 &&
+      cachedInput <= input &&
+      output >= 0 &&
+      priceIn >= 0 &&
+      priceOut >= 0 &&
+      cached >= 0
+    )
+  )
+    return undefined
+  const numerator = (input - cachedInput) * priceIn + cachedInput * cached + output * priceOut
+  if (!(numerator <= Number.MAX_SAFE_INTEGER)) return undefined
+  const whole = Math.floor(numerator / PRICE_UNIT)
+  const rest = numerator - whole * PRICE_UNIT
+  // The floored quotient may be one off where the double division rounded; the exact rest corrects it.
+  const quotient = rest < 0 ? whole - 1 : rest >= PRICE_UNIT ? whole + 1 : whole
+  return numerator - quotient * PRICE_UNIT > 0 ? quotient + 1 : quotient
+}
+
 /** Charge in base units: the exact cost rounded up to the next base unit. */
 export const charge = (tokens: TokenCounts, tariff: Tariff): number =>
+  chargeFast(tokens, tariff) ??
+  toSafeNumber("charge", ceilDiv(chargeNumerator(tokens, tariff), TOKENS_PER_PRICE_UNIT))
+
+/** The bigint path alone: the reference the fast path is tested against. */
+export const chargeExact = (tokens: TokenCounts, tariff: Tariff): number =>
   toSafeNumber("charge", ceilDiv(chargeNumerator(tokens, tariff), TOKENS_PER_PRICE_UNIT))
 
 /** The most a request can cost: the whole prompt at the input price and `maxTokens` of output. */

@@ -164,7 +164,7 @@ export class PaidCalls extends Context.Service<
           const original: Original<P> = { admitted, agent: context.agent, payload: options.payload }
           served.set(admitted.stream, (from) => options.respond(original, from))
           return yield* options.respond(original, 0)
-        }).pipe(Effect.scoped, Effect.withSpan("PaidCalls.serve", { attributes: { path: options.path } }))
+        }).pipe(Effect.scoped)
 
       const find = (id: string, token: string | undefined) =>
         Effect.gen(function* () {

@@ -77,7 +77,7 @@ export const makeAdmission = Effect.gen(function* () {
   })
 
   /** A request of its own: routed, then funded; with `routing.session_id` it opens that session. */
-  const fresh = Effect.fn("Completions.admitFresh")(function* (
+  const fresh = Effect.fnUntraced(function* (
     request: ChatCompletionRequest,
     context: PaidRequestContext,
     promptEstimate: number
@@ -158,7 +158,7 @@ export const makeAdmission = Effect.gen(function* () {
   })
 
   /** A later turn of an open session: no payment of its own, the locked tariff, one at a time. */
-  const turn = Effect.fn("Completions.admitTurn")(function* (
+  const turn = Effect.fnUntraced(function* (
     request: ChatCompletionRequest,
     context: PaidRequestContext,
     session: SessionRow,

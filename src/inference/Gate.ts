@@ -20,7 +20,7 @@ export const gateLaunchFeatures = (request: {
 /** Vendor-native hosted tools the router will not run (computer use, hosted browsing, ...). */
 const isHostedTool = (tool: { readonly type: string }) => tool.type !== "function"
 
-export const gateChat = Effect.fn("Completions.gate")(function* (request: ChatCompletionRequest) {
+export const gateChat = Effect.fnUntraced(function* (request: ChatCompletionRequest) {
   yield* gateLaunchFeatures(request)
   const hosted = request.tools?.find(isHostedTool)
   if (hosted !== undefined) {

@@ -182,7 +182,7 @@ const finish =
         )
       }
       yield* Deferred.succeed(input.started, undefined)
-    }).pipe(Effect.orDie, Effect.withSpan("Serve.finish"))
+    }).pipe(Effect.orDie)
 
 /**
  * The serve step: an admitted, paid-for request is served in its own supervised fiber. The winner
@@ -258,7 +258,8 @@ export class Serve extends Context.Service<
         )
       }
 
-      const launch = Effect.fn("Serve.launch")(function* (input: Launch) {
+      // Untraced: its annotations go on the admission span that calls it (Completions.admit).
+      const launch = Effect.fnUntraced(function* (input: Launch) {
         const { requestId, createdAt, request, auction, funding } = input
         yield* Effect.annotateCurrentSpan({
           request_id: requestId,

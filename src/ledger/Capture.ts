@@ -28,6 +28,9 @@ export interface CaptureRecord {
 
 const X402Source: PaymentSource = { _tag: "X402" }
 
+/** One more write of the settling statement: its CTE's name (another write may wait for it) and text. */
+type Effect_ = readonly [name: string, statement: Statement.Fragment]
+
 /** A ledger row the settling statement writes (only for a positive amount). */
 interface Entry {
   readonly account: string
@@ -58,7 +61,7 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
     record: CaptureRecord,
     status: "captured" | "released",
     entries: ReadonlyArray<Entry>,
-    effects: ReadonlyArray<Statement.Fragment>
+    effects: ReadonlyArray<Effect_>
   ) => {
     const { receipt, economics } = record
     const rows = entries.filter((e) => e.amount > 0)
@@ -85,7 +88,7 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
                    AS e(account text, kind text, amount bigint)
             )`
           ]),
-      ...effects.map((effect, i) => sql`${sql.literal(`effect${i}`)} AS (${effect})`)
+      ...effects.map(([name, effect]) => sql`${sql.literal(name)} AS (${effect})`)
     ]
     return sql<{ claimed: number }>`
       WITH ${sql.join(", ", false)(ctes)}
@@ -95,19 +98,31 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
 
   const claimedOnly = sql`EXISTS (SELECT 1 FROM claimed)`
 
-  /** A funded key's reservation goes back: the cap and the owner's balance, less what was spent. */
+  /**
+   * A funded key's reservation goes back: the cap and the owner's balance, less what was spent. The key
+   * row is locked before the balance row, as the reservation locks them (`Reserve.ts`): the balance's
+   * update waits for the key's (it reads `key_settled`), so a capture and a reservation of the same key
+   * never wait on each other in a circle.
+   */
   const settleCredit = (receipt: ReceiptBody, keyId: string) => ({
     entries: [
       { account: receipt.wallet, kind: "credit_released", amount: receipt.authorized - receipt.charged }
     ],
     effects: [
-      sql`UPDATE api_keys SET reserved = reserved - ${receipt.authorized}, spent = spent + ${receipt.charged}
-          WHERE key_id = ${keyId} AND ${claimedOnly}`,
-      sql`UPDATE wallet_balances
-          SET reserved = reserved - ${receipt.authorized},
-              available = available + ${receipt.authorized - receipt.charged}, updated_at = now()
-          WHERE wallet = ${receipt.wallet} AND ${claimedOnly}`
-    ]
+      [
+        "key_settled",
+        sql`UPDATE api_keys SET reserved = reserved - ${receipt.authorized}, spent = spent + ${receipt.charged}
+            WHERE key_id = ${keyId} AND ${claimedOnly}
+            RETURNING key_id`
+      ],
+      [
+        "balance_settled",
+        sql`UPDATE wallet_balances
+            SET reserved = reserved - ${receipt.authorized},
+                available = available + ${receipt.authorized - receipt.charged}, updated_at = now()
+            WHERE wallet = ${receipt.wallet} AND EXISTS (SELECT 1 FROM key_settled)`
+      ]
+    ] satisfies ReadonlyArray<Effect_>
   })
 
   /** A served turn (or the opening call) is spent from its session and lets the session go. */
@@ -120,11 +135,7 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
     sql`UPDATE x402_authorizations SET status = 'pending', updated_at = now()
         WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}`
 
-  const capture = Effect.fn("Ledger.capture")(function* ({
-    receipt,
-    economics,
-    source = X402Source
-  }: CaptureRecord) {
+  const capture = Effect.fnUntraced(function* ({ receipt, economics, source = X402Source }: CaptureRecord) {
     const { routerFee, providerShare } = feeSplit(receipt.charged)
     const refund = receipt.authorized - receipt.charged
     const entries: Array<Entry> = [
@@ -132,7 +143,7 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
       { account: "router", kind: "router_fee", amount: routerFee },
       { account: `provider:${receipt.provider_id}`, kind: "provider_share", amount: providerShare }
     ]
-    const effects: Array<Statement.Fragment> = []
+    const effects: Array<Effect_> = []
     switch (source._tag) {
       case "Credit": {
         const credit = settleCredit(receipt, source.keyId)
@@ -142,20 +153,24 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
       }
       case "SessionOpening":
         // The remainder stays in the session budget until the session closes.
-        if (source.funding._tag === "X402") effects.push(submitAuthorization(receipt))
-        effects.push(spendSession(receipt, source.sessionId, source.prefixTokens))
+        if (source.funding._tag === "X402")
+          effects.push(["authorization_settled", submitAuthorization(receipt)])
+        effects.push(["session_settled", spendSession(receipt, source.sessionId, source.prefixTokens)])
         break
       case "SessionTurn":
-        effects.push(spendSession(receipt, source.sessionId, source.prefixTokens))
+        effects.push(["session_settled", spendSession(receipt, source.sessionId, source.prefixTokens)])
         break
       case "X402":
-        effects.push(submitAuthorization(receipt))
+        effects.push(["authorization_settled", submitAuthorization(receipt)])
         if (refund > 0) {
           entries.push({ account: receipt.wallet, kind: "refund_due", amount: refund })
-          effects.push(sql`
-            INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
-            SELECT request_id, ${receipt.wallet}, ${refund}, ${receipt.epoch_id}, 'due' FROM claimed
-          `)
+          effects.push([
+            "refund_recorded",
+            sql`
+              INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
+              SELECT request_id, ${receipt.wallet}, ${refund}, ${receipt.epoch_id}, 'due' FROM claimed
+            `
+          ])
         }
     }
     const claimed = yield* settleStatement({ receipt, economics }, "captured", entries, effects).pipe(
@@ -165,19 +180,18 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
     if (claimed && settledOnCapture(source)) yield* receipts.enqueue(receipt)
   })
 
-  const release = Effect.fn("Ledger.release")(function* ({
-    receipt,
-    economics,
-    source = X402Source
-  }: CaptureRecord) {
+  const release = Effect.fnUntraced(function* ({ receipt, economics, source = X402Source }: CaptureRecord) {
     const entries: Array<Entry> = []
-    const effects: Array<Statement.Fragment> = []
+    const effects: Array<Effect_> = []
     const releaseAuthorization = () => {
       // The authorization is never submitted; its signature is erased.
-      effects.push(sql`
-        UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
-        WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}
-      `)
+      effects.push([
+        "authorization_settled",
+        sql`
+          UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
+          WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}
+        `
+      ])
       entries.push({ account: receipt.wallet, kind: "authorization_released", amount: receipt.authorized })
     }
     const releaseCredit = (keyId: string) => {
@@ -196,14 +210,17 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
         // Nothing was served: the session never opened and its funding goes back whole.
         if (source.funding._tag === "Credit") releaseCredit(source.funding.keyId)
         else releaseAuthorization()
-        effects.push(
+        effects.push([
+          "session_settled",
           sql`DELETE FROM sessions WHERE session_id = ${source.sessionId} AND turns = 0 AND ${claimedOnly}`
-        )
+        ])
         break
       case "SessionTurn":
-        effects.push(sql`UPDATE sessions SET in_flight = NULL
-                         WHERE session_id = ${source.sessionId} AND in_flight = ${receipt.request_id}
-                           AND ${claimedOnly}`)
+        effects.push([
+          "session_settled",
+          sql`UPDATE sessions SET in_flight = NULL
+              WHERE session_id = ${source.sessionId} AND in_flight = ${receipt.request_id} AND ${claimedOnly}`
+        ])
         entries.push({ account: receipt.wallet, kind: "session_released", amount: receipt.authorized })
     }
     const claimed = yield* settleStatement({ receipt, economics }, "released", entries, effects).pipe(

@@ -142,10 +142,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
    * Over the cap or the balance, a CHECK constraint fails and nothing is written; an owner
    * with no balance row trips the division guard. Any number of router instances share it.
    */
-  const reserveCredit = Effect.fn("Ledger.reserveCredit")(function* (
-    record: ReservationRecord,
-    keyId: string
-  ) {
+  const reserveCredit = Effect.fnUntraced(function* (record: ReservationRecord, keyId: string) {
     const rows = yield* sql<{ remaining: string; guard: number }>`
       WITH k AS (
         UPDATE api_keys SET reserved = reserved + ${record.authorized}, requests = requests + 1
@@ -171,6 +168,9 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
       )
       SELECT (SELECT remaining FROM k)::text AS remaining, 1 / (SELECT count(*)::int FROM w) AS guard
     `.pipe(
+      // Two statements that lock the same key and balance rows can meet in a deadlock (Postgres aborts
+      // one); the statement is atomic, so it is run again.
+      Effect.retry({ while: (error) => error.reason._tag === "DeadlockError", times: 3 }),
       // Refusals are the schema's own: the key's cap (`api_keys_within_budget`), the owner's balance
       // (`wallet_balances` never below zero) or no balance row at all (the division guard, SQLSTATE
       // 22012). Anything else is the database failing, a 503 to retry, never a 402.

@@ -97,6 +97,8 @@ export const runAuction = (
   )
   const excluded: Array<Exclusion> = []
   const candidates: Array<Candidate> = []
+  // Per class, once: a class's reserve cost is the same for every quote of it.
+  const reserves = new Map<string, number | null>()
   for (const live of inScope) {
     const { quote } = live
     const modelClass = findClass(catalog, quote.model_class)
@@ -106,7 +108,13 @@ export const runAuction = (
     }
     const cost = worstCase(tokens.promptTokens, tokens.maxTokens, quote)
     const estimate = latency(quote.provider_id, quote.model_class)
-    const reason = exclusionReason(live, modelClass, request, cost, estimate, isLockedQuote(quote, lock))
+    let reserve = reserves.get(modelClass.id)
+    if (reserve === undefined) {
+      reserve = reserveCostOf(modelClass, tokens)
+      reserves.set(modelClass.id, reserve)
+    }
+    const locked = isLockedQuote(quote, lock)
+    const reason = exclusionReason(live, modelClass, request, cost, estimate, locked, reserve)
     if (reason !== undefined) excluded.push({ quote_id: quote.quote_id, reason })
     else candidates.push(scoreCandidate(quote, modelClass, cost, weights, estimate))
   }

@@ -20,6 +20,8 @@ export interface Candidate {
   readonly modelClass: ModelClass
   readonly cost: number
   readonly score: bigint
+  /** `score` as a number when it is a safe integer (then exact), else NaN: compared before the bigint. */
+  readonly scoreNumber: number
   readonly breakdown: ScoreBreakdown
 }
 
@@ -61,11 +63,14 @@ export const scoreCandidate = (
     maturity: latency.maturity
   }
   const multiplier = multiplierBps(weights, breakdown.quality_penalty, breakdown.latency_penalty)
+  const product = cost * multiplier
+  const safe = Number.isSafeInteger(product)
   return {
     quote,
     modelClass,
     cost,
-    score: BigInt(cost) * BigInt(multiplier),
+    score: safe ? BigInt(product) : BigInt(cost) * BigInt(multiplier),
+    scoreNumber: safe ? product : Number.NaN,
     breakdown: { ...breakdown, multiplier_bps: multiplier }
   }
 }
@@ -74,7 +79,13 @@ export const compareStrings = (a: string, b: string): number => (a < b ? -1 : a 
 
 /** Total order: score, then own cost, then quote id, then provider id. */
 export const compareCandidates = (a: Candidate, b: Candidate): number =>
-  (a.score < b.score ? -1 : a.score > b.score ? 1 : 0) ||
+  (Number.isNaN(a.scoreNumber) || Number.isNaN(b.scoreNumber)
+    ? a.score < b.score
+      ? -1
+      : a.score > b.score
+        ? 1
+        : 0
+    : a.scoreNumber - b.scoreNumber) ||
   a.cost - b.cost ||
   compareStrings(a.quote.quote_id, b.quote.quote_id) ||
   compareStrings(a.quote.provider_id, b.quote.provider_id)

@@ -31,7 +31,9 @@ const exclusionReason = (
   request: AuctionRequest,
   cost: number,
   latency: LatencyEstimate,
-  locked: boolean
+  locked: boolean,
+  /** The class's reserve cost for this request (`reserveCostOf`), computed once per class by the caller. */
+  reserve: number | null = reserveCostOf(modelClass, request)
 ): ExclusionReason | undefined => {
   const { quote } = live
   const needed = request.promptTokens + request.maxTokens
@@ -43,7 +45,6 @@ const exclusionReason = (
   if (live.inFlight >= quote.capacity_rps) return "at_capacity"
   if (Math.min(quote.max_context, modelClass.max_context) < needed) return "context_too_small"
   if (locked) return undefined
-  const reserve = reserveCostOf(modelClass, request)
   if (reserve !== null && cost > reserve) return "above_reserve"
   const slo = request.latencySlo
   if (slo !== undefined && !(latency.quantile(slo.confidence) <= slo.deadlineMs)) return "latency_slo"

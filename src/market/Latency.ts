@@ -22,20 +22,27 @@ export class Latency extends Context.Service<
   }
 >()("router/market/Latency") {
   static readonly layer = Layer.sync(Latency, () => {
-    const states = new Map<string, LatencyState>()
-    const key = (p: string, c: string) => `${p}\u0000${c}`
+    // Provider, then class: no key string is built per lookup (an auction looks up every live quote).
+    const states = new Map<string, Map<string, LatencyState>>()
     return Latency.of({
       observe: (providerId, modelClass, ttftMs) =>
         Effect.map(Clock.currentTimeMillis, (now) => {
-          const k = key(providerId, modelClass)
-          states.set(k, record(states.get(k) ?? emptyLatencyState, ttftMs, now, defaultLatencyConfig))
+          let classes = states.get(providerId)
+          if (classes === undefined) {
+            classes = new Map()
+            states.set(providerId, classes)
+          }
+          classes.set(
+            modelClass,
+            record(classes.get(modelClass) ?? emptyLatencyState, ttftMs, now, defaultLatencyConfig)
+          )
         }),
       lookup: Effect.map(
         Clock.currentTimeMillis,
         (now): LatencyLookup =>
           (providerId, classId) =>
             latencyEstimate(
-              states.get(key(providerId, classId)) ?? emptyLatencyState,
+              states.get(providerId)?.get(classId) ?? emptyLatencyState,
               now,
               defaultLatencyConfig
             )

@@ -42,18 +42,26 @@ export interface LatencyState {
   /** Bucket weights as of `atMs`. */
   readonly weights: ReadonlyArray<number>
   readonly atMs: number
+  /** The sum of `weights`, kept by `record` so an auction does not add 53 numbers per quote. */
+  readonly total?: number
 }
 
 const FIRST_UPPER_MS = 10
 const GROWTH = 1.2
 /** Upper bounds 10 ms, 12 ms, ... up to about 130 s; slower samples land in the last bucket. */
 export const BUCKET_COUNT = 53
-const upperBound = (i: number): number => FIRST_UPPER_MS * GROWTH ** i
-const lowerBound = (i: number): number => (i === 0 ? 0 : upperBound(i - 1))
+/** Bucket i holds (UPPER[i - 1], UPPER[i]]: computed once (the quantile walk reads them per call). */
+const UPPER: ReadonlyArray<number> = Array.from(
+  { length: BUCKET_COUNT },
+  (_, i) => FIRST_UPPER_MS * GROWTH ** i
+)
+const upperBound = (i: number): number => UPPER[i]!
+const lowerBound = (i: number): number => (i === 0 ? 0 : UPPER[i - 1]!)
 
 export const emptyLatencyState: LatencyState = {
   weights: Array.from({ length: BUCKET_COUNT }, () => 0),
-  atMs: 0
+  atMs: 0,
+  total: 0
 }
 
 const bucketOf = (ttftMs: number): number => {
@@ -65,7 +73,13 @@ const bucketOf = (ttftMs: number): number => {
 const decayFactor = (fromMs: number, toMs: number, config: LatencyConfig): number =>
   toMs <= fromMs ? 1 : 2 ** (-(toMs - fromMs) / config.halfLifeMs)
 
-const rawWeight = (state: LatencyState): number => state.weights.reduce((sum, w) => sum + w, 0)
+const sumOf = (weights: ReadonlyArray<number>): number => {
+  let sum = 0
+  for (let i = 0; i < weights.length; i++) sum += weights[i]!
+  return sum
+}
+
+const rawWeight = (state: LatencyState): number => state.total ?? sumOf(state.weights)
 
 /** Adds one measurement at `nowMs`. A clock that steps backwards is treated as no time passing. */
 export const record = (
@@ -80,7 +94,7 @@ export const record = (
   const factor = decayFactor(state.atMs, atMs, config)
   const target = bucketOf(ttftMs)
   const weights = state.weights.map((w, i) => w * factor + (i === target ? 1 : 0))
-  return { weights, atMs }
+  return { weights, atMs, total: sumOf(weights) }
 }
 
 /** The decayed number of samples behind the estimate. */
@@ -95,21 +109,15 @@ export const maturity = (
   nowMs: number,
   config: LatencyConfig = defaultLatencyConfig
 ): Maturity => {
-  const weight = effectiveWeight(state, nowMs, config)
-  return weight >= config.matureWeight ? "mature" : weight >= config.warmingWeight ? "warming" : "cold"
+  return maturityOf(effectiveWeight(state, nowMs, config), config)
 }
 
-/**
- * The q-quantile of the measurements alone (linear inside a bucket), or undefined without data.
- * Decay scales every bucket alike, so this does not depend on the current time.
- */
-export const observedQuantile = (state: LatencyState, q: number): number | undefined => {
-  const total = rawWeight(state)
-  if (!(total > 0)) return undefined
+/** The q-quantile of weights summing to `total` (linear inside a bucket); `total` must be above 0. */
+const quantileOfWeights = (weights: ReadonlyArray<number>, total: number, q: number): number => {
   const target = Math.min(1, Math.max(0, q)) * total
   let below = 0
   for (let i = 0; i < BUCKET_COUNT; i++) {
-    const w = state.weights[i] ?? 0
+    const w = weights[i] ?? 0
     if (w > 0 && below + w >= target) {
       const fraction = Math.min(1, Math.max(0, (target - below) / w))
       return lowerBound(i) + fraction * (upperBound(i) - lowerBound(i))
@@ -119,28 +127,60 @@ export const observedQuantile = (state: LatencyState, q: number): number | undef
   return upperBound(BUCKET_COUNT - 1)
 }
 
+/**
+ * The q-quantile of the measurements alone (linear inside a bucket), or undefined without data.
+ * Decay scales every bucket alike, so this does not depend on the current time.
+ */
+export const observedQuantile = (state: LatencyState, q: number): number | undefined => {
+  const total = rawWeight(state)
+  return total > 0 ? quantileOfWeights(state.weights, total, q) : undefined
+}
+
+/** The planned quantile from the observed one and the decayed weight: the prior blended by maturity. */
+const blend = (observed: number | undefined, weight: number, config: LatencyConfig): number => {
+  if (observed === undefined) return config.priorMs
+  const share = Math.min(1, weight / config.matureWeight)
+  return Math.max(observed, (1 - share) * config.priorMs + share * observed)
+}
+
+const maturityOf = (weight: number, config: LatencyConfig): Maturity =>
+  weight >= config.matureWeight ? "mature" : weight >= config.warmingWeight ? "warming" : "cold"
+
 /** The TTFT quantile the router plans with: observations blended with the prior by data maturity. */
 export const quantile = (
   state: LatencyState,
   q: number,
   nowMs: number,
   config: LatencyConfig = defaultLatencyConfig
-): number => {
-  const observed = observedQuantile(state, q)
-  if (observed === undefined) return config.priorMs
-  const share = Math.min(1, effectiveWeight(state, nowMs, config) / config.matureWeight)
-  return Math.max(observed, (1 - share) * config.priorMs + share * observed)
-}
+): number => blend(observedQuantile(state, q), effectiveWeight(state, nowMs, config), config)
 
-/** A snapshot for the auction; `undefined` state means the pair was never measured. */
+/**
+ * A snapshot for the auction; `undefined` state means the pair was never measured. The bucket sum is
+ * kept by `record`, the decay is computed once per snapshot, and the last quantile asked is remembered
+ * (an auction asks the scoring quantile of every quote it considers, and an SLO's).
+ */
 export const latencyEstimate = (
   state: LatencyState | undefined,
   nowMs: number,
   config: LatencyConfig = defaultLatencyConfig
 ): LatencyEstimate => {
   const current = state ?? emptyLatencyState
+  const total = rawWeight(current)
+  const weight = total * decayFactor(current.atMs, nowMs, config)
+  let lastQ = Number.NaN
+  let lastValue = Number.NaN
   return {
-    quantile: (q) => quantile(current, q, nowMs, config),
-    maturity: maturity(current, nowMs, config)
+    quantile: (q) => {
+      if (q !== lastQ) {
+        lastValue = blend(
+          total > 0 ? quantileOfWeights(current.weights, total, q) : undefined,
+          weight,
+          config
+        )
+        lastQ = q
+      }
+      return lastValue
+    },
+    maturity: maturityOf(weight, config)
   }
 }

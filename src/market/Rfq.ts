@@ -26,7 +26,7 @@ export class Rfq extends Context.Service<
       const book = yield* QuoteBook
       const latency = yield* Latency
       const catalog = yield* ModelCatalog
-      const run = Effect.fn("Rfq.run")(function* (request: MarketRequest) {
+      const run = Effect.fnUntraced(function* (request: MarketRequest) {
         const { requireSessionTariff, onlyClasses, ...auctionRequest } = request
         const nowMs = yield* Clock.currentTimeMillis
         const live = yield* book.live

@@ -212,7 +212,7 @@ export class Keys extends Context.Service<
       const keyExpired = (code: string) =>
         new Unauthorized({ code, message: "This key has expired; ask its wallet for a new one" })
 
-      const resolveCreditKey = Effect.fn("Keys.resolveCreditKey")(function* (secret: string) {
+      const resolveCreditKey = Effect.fnUntraced(function* (secret: string) {
         const row = yield* live(secret)
         if (row === undefined) {
           return yield* new Unauthorized({

@@ -33,6 +33,7 @@ const FLOORS: Readonly<Record<string, number>> = {
   "Banner.ts": 5,
   "Router.ts": 5,
   "Shutdown.ts": 5,
+  "Cluster.ts": 5,
   "main.ts": 6,
   cli: 6
 }

@@ -70,7 +70,7 @@ const paidCall = (key: string) =>
 
 describe("the paid credit-key path's database cost", () => {
   layer(router, { excludeTestServices: true, timeout: 120_000 })((it) => {
-    it.effect("at most five round trips, none of them a transaction", () =>
+    it.effect("at most five round trips, none of them a transaction, and twelve spans", () =>
       Effect.gen(function* () {
         yield* waitFor(
           "the provider's quote",
@@ -95,7 +95,7 @@ describe("the paid credit-key path's database cost", () => {
         yield* Effect.sleep("300 millis")
         const spans = exporter.getFinishedSpans()
         // The paid call's trace (the fleet's quote posts are traces of their own).
-        const paid = spans.find((s) => s.name === "PaidCalls.serve")
+        const paid = spans.find((s) => s.name === "Completions.admit")
         assert.isDefined(paid, `spans: ${spans.map((s) => s.name).join(", ")}`)
         const trace = spans.filter((s) => s.spanContext().traceId === paid!.spanContext().traceId)
         const cost = costOf(trace)
@@ -103,6 +103,14 @@ describe("the paid credit-key path's database cost", () => {
         // Key resolution, the reservation, the capacity lease and its release, the capture.
         assert.isAtMost(cost.roundTrips, 5, `round trips:\n  ${listing}`)
         assert.strictEqual(trace.filter((s) => s.name === "sql.transaction").length, 0)
+        // The router's own spans (the simulated provider's, in the same trace, are not the router's):
+        // the request, admission, the auction, the capacity slot, the upstream call, serving, settling,
+        // and one per statement (33 before issue 12, one per internal function, each with a stack trace).
+        const providerSide = (s: ReadableSpan) =>
+          s.name.startsWith("ProviderServer.") ||
+          (s.kind === SpanKind.SERVER && s.parentSpanContext !== undefined)
+        const routerSpans = trace.filter((s) => !providerSide(s))
+        assert.isAtMost(routerSpans.length, 12, routerSpans.map((s) => s.name).join(", "))
         // The key and its owner's balance: once when reserving, once when capturing.
         assert.isAtMost(cost.keyUpdates, 2)
         assert.isAtMost(cost.walletUpdates, 2)

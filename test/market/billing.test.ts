@@ -1,6 +1,13 @@
 import { assert, describe, it } from "@effect/vitest"
 import fc from "fast-check"
-import { charge, chargeNumerator, feeSplit, ROUTER_FEE_BPS, worstCase } from "../../src/domain/Billing.ts"
+import {
+  charge,
+  chargeExact,
+  chargeNumerator,
+  feeSplit,
+  ROUTER_FEE_BPS,
+  worstCase
+} from "../../src/domain/Billing.ts"
 
 const count = fc.integer({ min: 0, max: 2_000_000 })
 const price = fc.integer({ min: 0, max: 100_000_000 })
@@ -50,6 +57,47 @@ describe("Billing.charge", () => {
         { price_in: 1_000_000, price_out: 0, price_in_cached: null }
       ),
       10
+    )
+  })
+
+  it("the plain-number fast path equals the bigint path, near 2^53 and at rounding edges too", () => {
+    const count = fc.oneof(
+      fc.integer({ min: 0, max: 2_000_000 }),
+      fc.integer({ min: 0, max: Number.MAX_SAFE_INTEGER }),
+      fc.constantFrom(0, 1, 999_999, 1_000_000, 1_000_001)
+    )
+    const price = fc.oneof(
+      fc.integer({ min: 0, max: 50_000_000 }),
+      fc.integer({ min: 0, max: Number.MAX_SAFE_INTEGER }),
+      fc.constantFrom(0, 1, 999_999, 1_000_000, 1_000_001)
+    )
+    fc.assert(
+      fc.property(
+        count,
+        count,
+        count,
+        price,
+        price,
+        fc.option(price),
+        (a, b, output, priceIn, priceOut, cached) => {
+          const tokens = { input: Math.max(a, b), cachedInput: Math.min(a, b), output }
+          const tariff = { price_in: priceIn, price_out: priceOut, price_in_cached: cached }
+          let exact: number | string
+          try {
+            exact = chargeExact(tokens, tariff)
+          } catch (error) {
+            exact = String(error)
+          }
+          let fast: number | string
+          try {
+            fast = charge(tokens, tariff)
+          } catch (error) {
+            fast = String(error)
+          }
+          assert.strictEqual(fast, exact)
+        }
+      ),
+      { numRuns: 5_000 }
     )
   })
 

@@ -1,0 +1,141 @@
+import { type ChildProcess, execFileSync, spawn } from "node:child_process"
+import { createHash, randomBytes } from "node:crypto"
+import { rmSync } from "node:fs"
+import { PgClient } from "@effect/sql-pg"
+import { Effect, Redacted } from "effect"
+import { afterAll, beforeAll, describe, expect, inject, it } from "vitest"
+import { freePort } from "../../src/devnet/EmbeddedPostgres.ts"
+
+/**
+ * Issue 12 item 6: `WORKERS=2 npm start` is two router processes behind one port, one database and one
+ * chain (the primary's embedded Anvil and fleet); paid calls through the port settle in the one book,
+ * and a SIGTERM drains both workers and stops everything, exit 0.
+ */
+const database = `workers_${randomBytes(4).toString("hex")}`
+const adminUrl = () => inject("adminDatabaseUrl")
+const urlFor = (name: string) => {
+  const url = new URL(adminUrl())
+  url.pathname = `/${name}`
+  return url.toString()
+}
+const sql = <A extends object>(url: string, statement: string, params: ReadonlyArray<unknown> = []) =>
+  Effect.runPromise(
+    Effect.gen(function* () {
+      const client = yield* PgClient.PgClient
+      return yield* client.unsafe<A>(statement, params as Array<unknown>)
+    }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url) })))
+  )
+
+/** The node processes whose parent is `pid`. */
+const nodeChildren = (pid: number) =>
+  execFileSync("ps", ["-o", "pid=,args=", "--ppid", String(pid)])
+    .toString()
+    .split("\n")
+    .filter((line) => line.includes("src/main.ts"))
+
+describe("WORKERS=2: two router processes on one port", () => {
+  let primary: ChildProcess
+  let port = 0
+  let output = ""
+  const dataDir = `/tmp/svc-workers-${randomBytes(4).toString("hex")}`
+
+  beforeAll(async () => {
+    await sql(adminUrl(), `CREATE DATABASE ${database}`)
+    port = await Effect.runPromise(freePort)
+    const env: Record<string, string | undefined> = {
+      ...process.env,
+      WORKERS: "2",
+      PORT: String(port),
+      DATABASE_URL: urlFor(database),
+      OPERATOR_TOKEN: "workers-test",
+      DATA_DIR: dataDir
+    }
+    delete env.RPC_URL
+    primary = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
+      env,
+      stdio: ["ignore", "pipe", "pipe"]
+    })
+    primary.stdout!.on("data", (b) => {
+      output += b
+    })
+    primary.stderr!.on("data", (b) => {
+      output += b
+    })
+    const started = Date.now()
+    while (Date.now() - started < 270_000) {
+      const depth = await fetch(`http://127.0.0.1:${port}/v1/market/book`)
+        .then((r) => r.json() as Promise<{ classes: Array<{ model_class: string; depth: number }> }>)
+        .then((b) => b.classes.find((c) => c.model_class === "chat-small")?.depth ?? 0)
+        .catch(() => 0)
+      if (depth > 0) return
+      await new Promise((r) => setTimeout(r, 250))
+    }
+    throw new Error(`WORKERS=2 did not start:\n${output.slice(-3000)}`)
+    // Three processes compile and start at once (the primary, then two workers): on a loaded machine
+    // that takes minutes, not seconds.
+  }, 300_000)
+
+  afterAll(async () => {
+    if (primary.exitCode === null) primary.kill("SIGKILL")
+    await sql(adminUrl(), `DROP DATABASE IF EXISTS ${database} WITH (FORCE)`).catch(() => undefined)
+    rmSync(dataDir, { recursive: true, force: true })
+  }, 60_000)
+
+  it("serves paid calls from both workers into one book, then drains and exits 0 on SIGTERM", async () => {
+    const workers = nodeChildren(primary.pid!)
+    expect(workers.length, workers.join("\n")).toBe(2)
+
+    const db = urlFor(database)
+    const wallet = `0x${randomBytes(20).toString("hex")}`
+    const secret = `svc_ck_${randomBytes(24).toString("base64url")}`
+    const keyId = `key_${randomBytes(8).toString("hex")}`
+    await sql(db, "INSERT INTO wallets (wallet, invited) VALUES ($1, true)", [wallet])
+    await sql(db, "INSERT INTO wallet_balances (wallet, available) VALUES ($1, 100000000)", [wallet])
+    await sql(
+      db,
+      "INSERT INTO api_keys (key_id, wallet, label, kind, key_hash, budget) VALUES ($1, $2, 'w', 'credit', $3, 100000000)",
+      [keyId, wallet, createHash("sha256").update(secret).digest("hex")]
+    )
+    // Fresh connections, handed to the workers in turn by the primary.
+    const ids = await Promise.all(
+      Array.from({ length: 12 }, async () => {
+        const response = await fetch(`http://127.0.0.1:${port}/v1/chat/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json", "x-credit-key": secret, connection: "close" },
+          body: JSON.stringify({
+            model: "chat-small",
+            messages: [{ role: "user", content: "hi" }],
+            max_tokens: 8
+          })
+        })
+        expect(response.status, await response.clone().text()).toBe(200)
+        await response.text()
+        return response.headers.get("x-request-id")!
+      })
+    )
+    // Every receipt reads back signed from either worker.
+    for (const id of ids) {
+      const receipt = (await fetch(`http://127.0.0.1:${port}/v1/receipts/${id}`).then((r) => r.json())) as {
+        signature: string | null
+        final: boolean
+      }
+      expect(receipt.final).toBe(true)
+      expect(receipt.signature).toMatch(/^0x[0-9a-f]{130}$/)
+    }
+    const [key] = await sql<{ spent: string; reserved: string; requests: number }>(
+      db,
+      "SELECT spent::text, reserved::text, requests::int FROM api_keys WHERE key_id = $1",
+      [keyId]
+    )
+    expect(key!.requests).toBe(12)
+    expect(Number(key!.reserved)).toBe(0)
+
+    const exited = new Promise<number | null>((resolve) => primary.once("exit", (code) => resolve(code)))
+    primary.kill("SIGTERM")
+    expect(await exited).toBe(0)
+    for (const line of workers) {
+      const pid = Number(line.trim().split(/\s+/)[0])
+      expect(() => process.kill(pid, 0)).toThrow()
+    }
+  }, 180_000)
+})
