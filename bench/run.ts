@@ -1,7 +1,8 @@
 /**
  * `npm run bench`: time to first token through the router against the provider's own,
  * measured in the same process on the same machine (the baseline), plus the router's
- * per-request overhead split into admission (auction, x402 verification, reservation)
+ * per-request overhead split into admission (auction, x402 verification, reservation; exact,
+ * upto and a funded key side by side)
  * and streaming. Prints figures; asserts nothing (these machines are noisy).
  *
  * Uses DATABASE_URL when set, else an embedded Postgres in a temporary folder, and its
@@ -13,9 +14,11 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
 import { ExactEvmScheme } from "@x402/evm/exact/client"
+import { createPermit2ApprovalTx, UptoEvmScheme } from "@x402/evm/upto/client"
 import { wrapFetchWithPayment, x402Client, x402HTTPClient } from "@x402/fetch"
 import { Effect, Layer, ManagedRuntime, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
+import { createWalletClient, publicActions, http as viemHttp } from "viem"
 import { privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../src/chain/Chain.ts"
 import { DatabaseLive } from "../src/db/Database.ts"
@@ -162,17 +165,31 @@ const main = async () => {
       .setSpendControls(false)
     const payingFetch = wrapFetchWithPayment(fetch, client)
     const http = new x402HTTPClient(client)
+    // An `upto` payer (its own demo wallet): Permit2 approved once, the official client with only
+    // `UptoEvmScheme` registered, so it picks the `upto` entry of the 402.
+    const uptoAccount = privateKeyToAccount(chain.demoWallets[1]!.privateKey!)
+    const uptoWallet = createWalletClient({
+      account: uptoAccount,
+      chain: chain.publicClient.chain,
+      transport: viemHttp(chain.rpcUrl)
+    }).extend(publicActions)
+    await uptoWallet.waitForTransactionReceipt({
+      hash: await uptoWallet.sendTransaction(createPermit2ApprovalTx(chain.token))
+    })
+    const uptoHttp = new x402HTTPClient(
+      new x402Client().register(chain.network, new UptoEvmScheme(uptoAccount)).setSpendControls(false)
+    )
     /** A signed PAYMENT-SIGNATURE for this body, obtained outside the timed section. */
-    const signedFor = async (payload: unknown) => {
+    const signedFor = async (payload: unknown, client: x402HTTPClient = http) => {
       const unpaid = await fetch(`${router}/v1/chat/completions`, {
         method: "POST",
         headers: { "content-type": "application/json" },
         body: JSON.stringify(payload)
       })
       await unpaid.text()
-      const required = http.getPaymentRequiredResponse((name) => unpaid.headers.get(name))
-      const paymentPayload = await http.createPaymentPayload(required)
-      return http.encodePaymentSignatureHeader(paymentPayload)
+      const required = client.getPaymentRequiredResponse((name) => unpaid.headers.get(name))
+      const paymentPayload = await client.createPaymentPayload(required)
+      return client.encodePaymentSignatureHeader(paymentPayload)
     }
     const body = (i: number) => ({
       model: "chat-small",
@@ -188,6 +205,8 @@ const main = async () => {
         model: "chat-small"
       })
       await firstContentMs(payingFetch, `${router}/v1/chat/completions`, body(i))
+      const upto = await signedFor(body(6000 + i), uptoHttp)
+      await firstContentMs(fetch, `${router}/v1/chat/completions`, body(6000 + i), upto)
     }
     // A funded key: the same paid path without x402 verification (no signature, no chain reads).
     const creditKey = `svc_ck_bench_${Date.now()}`
@@ -212,6 +231,7 @@ const main = async () => {
     const direct: Array<number> = []
     const keyed: Array<number> = []
     const routed: Array<number> = []
+    const routedUpto: Array<number> = []
     const withQuote: Array<number> = []
     const directStream: Array<number> = []
     const routedStream: Array<number> = []
@@ -221,6 +241,10 @@ const main = async () => {
       const headers = await signedFor(body(2000 + i))
       routed.push(await firstContentMs(fetch, `${router}/v1/chat/completions`, body(2000 + i), headers))
       routedStream.push(lastStream)
+      const uptoHeaders = await signedFor(body(7000 + i), uptoHttp)
+      routedUpto.push(
+        await firstContentMs(fetch, `${router}/v1/chat/completions`, body(7000 + i), uptoHeaders)
+      )
       withQuote.push(await firstContentMs(payingFetch, `${router}/v1/chat/completions`, body(3000 + i)))
       keyed.push(
         await firstContentMs(fetch, `${router}/v1/chat/completions`, body(5000 + i), {
@@ -237,6 +261,9 @@ const main = async () => {
         `  through the router, paid     ${summary(routed)}`,
         `  router overhead, paid call   ${summary(overhead)}`,
         "    (auction, EIP-712 verification, nonce and balance reads, reservation, capacity lease, relay)",
+        `  through the router, paid upto ${summary(routedUpto)}`,
+        `  router overhead, upto        ${summary(routedUpto.map((u, i) => u - direct[i]!))}`,
+        "    (x402 upto: Permit2 witness signature, nonce, balance and allowance reads, ceiling reservation; settled after)",
         `  incl. the 402 round trip     ${summary(withQuote)}`,
         "    (what @x402/fetch sees: an unpaid call answered 402, signing, then the paid call)",
         `  through the router, funded key ${summary(keyed)}`,

@@ -31,6 +31,8 @@ import type { TokenDomain } from "./Eip3009.ts"
 import { type EmbeddedContracts, prepareState, readContracts, writeContracts } from "./EmbeddedState.ts"
 import { makeOutgoing, type OutgoingCall, type OutgoingTransactions } from "./Outgoing.ts"
 import { ensureUptoContracts, PERMIT2_ADDRESS, UPTO_PROXY_ADDRESS } from "./Permit2.ts"
+import { permit2Abi } from "./permit2Artifact.ts"
+import { nonceBitmapPosition, type UptoPermit, uptoSettleCall } from "./UptoPermit.ts"
 
 export { ChainError, type ChainErrorReason } from "./ChainError.ts"
 export {
@@ -103,6 +105,11 @@ export interface ChainShape {
   readonly calls: {
     /** EIP-3009 `transferWithAuthorization`, sent by the router signer (which pays gas). */
     readonly transferWithAuthorization: (authorization: TransferAuthorization) => OutgoingCall
+    /**
+     * An x402 `upto` settlement: `amount` (at most the ceiling) of the permit through the upto proxy, sent
+     * by the router signer (the witness's facilitator), which pays gas.
+     */
+    readonly uptoSettlement: (permit: UptoPermit, amount: bigint) => OutgoingCall
     /** A token transfer from the payer (`payer`) to `to`. */
     readonly treasuryTransfer: (to: Address, amount: bigint) => OutgoingCall
     /** An epoch root, anchored by the router signer; fails `Invalid` beyond uint64. */
@@ -119,6 +126,10 @@ export interface ChainShape {
   readonly balanceOf: (address: Address) => Effect.Effect<bigint, ChainError>
   /** A quick read (paid path): fails `Timeout` when the node does not answer in time. */
   readonly authorizationState: (authorizer: Address, nonce: Hex) => Effect.Effect<boolean, ChainError>
+  /** A quick read (paid path): whether Permit2 has spent `owner`'s unordered `nonce` (an `upto` settlement). */
+  readonly permit2NonceUsed: (owner: Address, nonce: bigint) => Effect.Effect<boolean, ChainError>
+  /** A quick read (paid path): the token allowance `owner` gave Permit2. */
+  readonly permit2Allowance: (owner: Address) => Effect.Effect<bigint, ChainError>
   /** Dry-runs the authorization as the router would send it (eth_call): fails `Reverted` with the token's reason. */
   readonly simulateTransferWithAuthorization: (
     authorization: TransferAuthorization
@@ -313,6 +324,30 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     )
   )
 
+  const permit2NonceUsed = Effect.fn("Chain.permit2NonceUsed")(function* (owner: Address, nonce: bigint) {
+    const { wordPos, bitPos } = nonceBitmapPosition(nonce)
+    const word = yield* quickCall("Chain.permit2NonceUsed", () =>
+      connection.quickClient.readContract({
+        address: PERMIT2_ADDRESS,
+        abi: permit2Abi,
+        functionName: "nonceBitmap",
+        args: [owner, wordPos]
+      })
+    )
+    return ((word >> bitPos) & 1n) === 1n
+  })
+
+  const permit2Allowance = Effect.fn("Chain.permit2Allowance")((owner: Address) =>
+    quickCall("Chain.permit2Allowance", () =>
+      connection.quickClient.readContract({
+        address: token,
+        abi: testUsdcAbi,
+        functionName: "allowance",
+        args: [owner, PERMIT2_ADDRESS]
+      })
+    )
+  )
+
   const simulateTransferWithAuthorization = Effect.fn("Chain.simulateTransferWithAuthorization")(
     (a: TransferAuthorization) => {
       const split = splitSignature(a.signature)
@@ -365,6 +400,14 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
                 functionName: "transferWithAuthorization",
                 args: [a.from, a.to, a.value, a.validAfter, a.validBefore, a.nonce, split.v, split.r, split.s]
               })
+      }
+    },
+    uptoSettlement: (permit, amount) => {
+      const settle = uptoSettleCall(permit, amount)
+      return {
+        from: router.address,
+        to: settle.address,
+        data: encodeFunctionData({ abi: settle.abi, functionName: settle.functionName, args: settle.args })
       }
     },
     treasuryTransfer: (to, amount) => ({
@@ -452,6 +495,8 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     probe,
     balanceOf,
     authorizationState,
+    permit2NonceUsed,
+    permit2Allowance,
     simulateTransferWithAuthorization,
     waitForReceipt,
     anchoredRoot,

@@ -875,6 +875,21 @@ export const migrations: Record<string, Effect.Effect<void, unknown, SqlClient.S
       WHERE status IN ('signed', 'broadcast')
     `
   }),
+  "0016_upto_authorizations": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // An x402 `upto` authorization (a Permit2 witness transfer) shares the queue of `exact` ones. Its `nonce`
+    // is Permit2's, kept as `permit2:0x<32 bytes>` so it never meets a token's EIP-3009 nonce; `valid_after`
+    // and `valid_before` are the witness's `validAfter` and the permit's `deadline`; `ceiling` is the signed
+    // `permitted.amount`. `value` is what the settlement moves: the ceiling while reserved (all of it is
+    // committed against the payer's balance), the metered charge from capture on (docs/decisions.md D201).
+    yield* sql`
+      ALTER TABLE x402_authorizations
+        ADD COLUMN scheme TEXT NOT NULL DEFAULT 'exact' CHECK (scheme IN ('exact', 'upto')),
+        ADD COLUMN ceiling BIGINT,
+        ADD CONSTRAINT x402_authorizations_upto_ceiling
+          CHECK ((scheme = 'exact' AND ceiling IS NULL) OR (scheme = 'upto' AND ceiling >= value))
+    `
+  }),
   // Receipts are signed just after they are stored (issue 12): the sweep finds the few an instance left
   // unsigned when it stopped, without reading the whole table.
   "0017_receipts_unsigned": Effect.gen(function* () {

@@ -4,7 +4,8 @@ import { type Address, getAddress, type Hex } from "viem"
 /**
  * The x402 v2 wire (spec 2.7, 5.2; docs/protocol.md): the 402 body and its base64 twin in
  * `PAYMENT-REQUIRED`, the `PAYMENT-SIGNATURE` envelope of an `exact` payment (nested as the official
- * client sends it, or flat as the spec shows it), and the `PAYMENT-RESPONSE` settle response.
+ * client sends it, or flat as the spec shows it) and of an `upto` payment (a Permit2 witness transfer,
+ * docs/protocol.md section 6), and the `PAYMENT-RESPONSE` settle response.
  */
 
 /** One settlement rail the caller may pay on (spec 2.7, plus the x402 v2 names). */
@@ -18,8 +19,15 @@ export const PaymentRequirements = Schema.Struct({
   payTo: Schema.String,
   asset: Schema.String,
   maxTimeoutSeconds: Schema.Int,
-  /** The token's EIP-712 domain, which the official client needs to sign. */
-  extra: Schema.Struct({ name: Schema.String, version: Schema.String })
+  /**
+   * The token's EIP-712 domain, which the official client needs to sign; an `upto` entry also names the
+   * facilitator (the router signer), which the official `upto` client signs into the witness.
+   */
+  extra: Schema.Struct({
+    name: Schema.String,
+    version: Schema.String,
+    facilitatorAddress: Schema.optionalKey(Schema.String)
+  })
 })
 export type PaymentRequirements = typeof PaymentRequirements.Type
 
@@ -122,6 +130,21 @@ export const ExactPayload = Schema.Struct({
   payload: Schema.Struct({ authorization: ExactAuthorization, signature: HexBytes })
 })
 
+/** The Permit2 witness transfer an `upto` payment signs (`permit2Authorization` of the official client). */
+export const UptoAuthorization = Schema.Struct({
+  from: EvmAddress,
+  permitted: Schema.Struct({ token: EvmAddress, amount: Uint256 }),
+  spender: EvmAddress,
+  nonce: Uint256,
+  deadline: Uint256,
+  witness: Schema.Struct({ to: EvmAddress, facilitator: EvmAddress, validAfter: Uint256 })
+})
+
+/** The `payload` of an `upto` envelope. */
+export const UptoPayload = Schema.Struct({
+  payload: Schema.Struct({ permit2Authorization: UptoAuthorization, signature: HexBytes })
+})
+
 /**
  * The rail a payment names. `asset` and `payTo` are echoed by the official client (under
  * `accepted`) and may be sent in the flat envelope; when present they are checked against the quote.
@@ -154,6 +177,18 @@ export interface ExactPayment {
   /** The recipient the envelope names (`accepted.payTo`), when it names one. */
   readonly payTo?: string | undefined
   readonly authorization: typeof ExactAuthorization.Type
+  readonly signature: Hex
+}
+
+/** An `upto` payment as the router checks it: a ceiling, settled at the metered actual. */
+export interface UptoPayment {
+  readonly scheme: "upto"
+  readonly network: string
+  /** The token the envelope names (`accepted.asset`), when it names one. */
+  readonly asset?: string | undefined
+  /** The recipient the envelope names (`accepted.payTo`), when it names one. */
+  readonly payTo?: string | undefined
+  readonly authorization: typeof UptoAuthorization.Type
   readonly signature: Hex
 }
 

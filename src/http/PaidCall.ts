@@ -4,6 +4,7 @@ import type { HttpServerResponse } from "effect/http"
 import type { HttpServerRequest } from "effect/http/HttpServerRequest"
 import { Chain } from "../chain/Chain.ts"
 import { verifyTransferAuthorization } from "../chain/Eip3009.ts"
+import { verifyUptoPermitSignature } from "../chain/UptoPermit.ts"
 import type { ChatCompletionRequest } from "../domain/Chat.ts"
 import { Conflict, NotFound, Unauthorized } from "../domain/Errors.ts"
 import { type LiveStream, LiveStreams } from "../inference/LiveStreams.ts"
@@ -96,16 +97,20 @@ export class PaidCalls extends Context.Service<
           if (context.paymentHeader === undefined) return undefined
           const decoded = decodePaymentSignature(context.paymentHeader)
           if (Result.isFailure(decoded)) return undefined
-          const { authorization, signature } = decoded.success
-          const signed = yield* Effect.tryPromise(() =>
-            verifyTransferAuthorization({
-              token: chain.token,
-              chainId: chain.chainId,
-              domain: chain.tokenDomain,
-              ...authorization,
-              signature
-            })
-          ).pipe(Effect.orElseSucceed(() => false))
+          const payment = decoded.success
+          const { authorization, signature } = payment
+          const signed =
+            payment.scheme === "upto"
+              ? yield* verifyUptoPermitSignature(chain.chainId, { ...payment.authorization, signature })
+              : yield* Effect.tryPromise(() =>
+                  verifyTransferAuthorization({
+                    token: chain.token,
+                    chainId: chain.chainId,
+                    domain: chain.tokenDomain,
+                    ...payment.authorization,
+                    signature
+                  })
+                ).pipe(Effect.orElseSucceed(() => false))
           return signed ? `payer:${authorization.from.toLowerCase()}` : undefined
         })
 

@@ -110,6 +110,8 @@ export const makeAdmission = Effect.gen(function* () {
         sessionId
       },
       subject: opening ? "this session's budget" : "the worst case of this request",
+      // Spec 5.2: a per-turn completion takes `upto` too; a session's budget is `exact` only.
+      upto: !opening,
       // An opening call records its session before anything is reserved.
       beforeReserve: (payer, budget, source) =>
         sessionId === undefined
@@ -146,7 +148,9 @@ export const makeAdmission = Effect.gen(function* () {
       funding,
       source:
         sessionId === undefined
-          ? paid
+          ? funding._tag === "X402"
+            ? { _tag: "X402", scheme: funding.payment.scheme }
+            : paid
           : { _tag: "SessionOpening", sessionId, funding: paid, prefixTokens: 0 },
       authorized,
       promptEstimate,

@@ -31,7 +31,7 @@ const paidByOf = (funding: Funding): PaidBy =>
     ? { _tag: "Credit", keyId: funding.keyId }
     : funding._tag === "Session"
       ? { _tag: "Session", sessionId: funding.sessionId }
-      : { _tag: "X402" }
+      : { _tag: "X402", scheme: funding.payment.scheme }
 
 interface Deps {
   readonly book: QuoteBook["Service"]

@@ -13,7 +13,10 @@ export const ClaimedAuthorization = Schema.Struct({
   valid_before: Schema.String,
   signature: Schema.NullOr(Schema.String),
   tx_hash: Schema.NullOr(Schema.String),
-  attempts: Schema.Number
+  attempts: Schema.Number,
+  /** `upto`: a Permit2 witness transfer of `value` (the charge) under the signed `ceiling` (migration 0016). */
+  scheme: Schema.Literals(["exact", "upto"]),
+  ceiling: Schema.NullOr(Schema.String)
 })
 export type ClaimedAuthorization = typeof ClaimedAuthorization.Type
 const decodeClaimed = Schema.decodeUnknownEffect(Schema.Array(ClaimedAuthorization))
@@ -59,7 +62,7 @@ export class Authorizations extends Context.Service<
           ORDER BY created_at LIMIT 16 FOR UPDATE SKIP LOCKED
         )
         RETURNING payer, nonce, request_id, value::text, valid_after::text, valid_before::text, signature, tx_hash,
-                  attempts
+                  attempts, scheme, ceiling::text
       `.pipe(Effect.flatMap(decodeClaimed), Effect.orDie)
 
       const recordBroadcast = (row: ClaimedAuthorization, hash: Hex) =>

@@ -5,9 +5,12 @@ import type { EconomicsRecord } from "../domain/Economics.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import type { ReceiptStore } from "./ReceiptStore.ts"
 
-/** How a captured request was paid: an x402 authorization, or a funded key's reservation. */
+/**
+ * How a captured request was paid: an x402 authorization (`exact` unless said: an `upto` one settles the
+ * charge itself, so it has no refund), or a funded key's reservation.
+ */
 export type PaymentSource =
-  | { readonly _tag: "X402" }
+  | { readonly _tag: "X402"; readonly scheme?: "exact" | "upto" }
   | { readonly _tag: "Credit"; readonly keyId: string }
   /** The call that opened a session: its authorization or key reservation is the session budget. */
   | {
@@ -46,8 +49,12 @@ interface Entry {
  * finalize shortly after the response).
  */
 export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) => {
-  /** Whether the receipt is final as captured (balance- or budget-backed) or waits for a transfer. */
-  const settledOnCapture = (source: PaymentSource) =>
+  /**
+   * Whether the receipt is final as captured (balance- or budget-backed, or an `upto` authorization charged
+   * zero, which settles nothing) or waits for a transfer.
+   */
+  const settledOnCapture = (source: PaymentSource, receipt: ReceiptBody) =>
+    (source._tag === "X402" && source.scheme === "upto" && receipt.charged === 0) ||
     source._tag === "Credit" ||
     source._tag === "SessionTurn" ||
     (source._tag === "SessionOpening" && source.funding._tag === "Credit")
@@ -135,6 +142,31 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
     sql`UPDATE x402_authorizations SET status = 'pending', updated_at = now()
         WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}`
 
+  /**
+   * An `upto` authorization is settled at the charge itself: the proxy moves exactly that much, so the
+   * queue's `value` becomes the charge and nothing is refunded; the unused ceiling is never taken. A zero
+   * charge settles nothing: the authorization is released unsubmitted (its signature erased).
+   */
+  const settleUpto = (receipt: ReceiptBody) => ({
+    entries: [
+      {
+        account: receipt.wallet,
+        kind: "authorization_released",
+        amount: receipt.authorized - receipt.charged
+      }
+    ],
+    effects: [
+      [
+        "authorization_settled",
+        receipt.charged > 0
+          ? sql`UPDATE x402_authorizations SET status = 'pending', value = ${receipt.charged}, updated_at = now()
+                WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}`
+          : sql`UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
+                WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}`
+      ]
+    ] satisfies Array<Effect_>
+  })
+
   const capture = Effect.fnUntraced(function* ({ receipt, economics, source = X402Source }: CaptureRecord) {
     const { routerFee, providerShare } = feeSplit(receipt.charged)
     const refund = receipt.authorized - receipt.charged
@@ -161,6 +193,12 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
         effects.push(["session_settled", spendSession(receipt, source.sessionId, source.prefixTokens)])
         break
       case "X402":
+        if (source.scheme === "upto") {
+          const upto = settleUpto(receipt)
+          entries.push(...upto.entries)
+          effects.push(...upto.effects)
+          break
+        }
         effects.push(["authorization_settled", submitAuthorization(receipt)])
         if (refund > 0) {
           entries.push({ account: receipt.wallet, kind: "refund_due", amount: refund })
@@ -177,7 +215,7 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
       Effect.orDie
     )
     // A charge settled on a balance or a budget is final now: its receipt is signed shortly after.
-    if (claimed && settledOnCapture(source)) yield* receipts.enqueue(receipt)
+    if (claimed && settledOnCapture(source, receipt)) yield* receipts.enqueue(receipt)
   })
 
   const release = Effect.fnUntraced(function* ({ receipt, economics, source = X402Source }: CaptureRecord) {

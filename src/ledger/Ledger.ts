@@ -11,12 +11,21 @@ import {
   makeReservations,
   type NonceReplay,
   type ReservationRecord,
+  type UptoNonceKey,
   type X402Hold
 } from "./Reserve.ts"
 import { makeSessionClose } from "./SessionClose.ts"
 
 export type { CaptureRecord, PaymentSource } from "./Capture.ts"
-export { CreditRefused, NonceReplay, type ReservationRecord, type X402Hold } from "./Reserve.ts"
+export {
+  CreditRefused,
+  NonceReplay,
+  permit2NonceOf,
+  type ReservationRecord,
+  type UptoNonceKey,
+  uptoNonceKey,
+  type X402Hold
+} from "./Reserve.ts"
 
 /** A reservation still open: what the reaper needs to release it. */
 export const StaleReservation = Schema.Struct({
@@ -49,7 +58,7 @@ export class Ledger extends Context.Service<
       record: ReservationRecord,
       hold: X402Hold
     ) => Effect.Effect<void, NonceReplay | ServiceUnavailable>
-    readonly nonceUnused: (payer: string, nonce: Hex) => Effect.Effect<boolean>
+    readonly nonceUnused: (payer: string, nonce: Hex | UptoNonceKey) => Effect.Effect<boolean>
     readonly reserveSessionTurn: (record: ReservationRecord) => Effect.Effect<void, ServiceUnavailable>
     /**
      * Reserves the worst case from a funded key's owner balance within the key's cap, in one

@@ -5,7 +5,7 @@ import { type AuctionCleared, type RankedBid, rivalCounterfactuals } from "../ma
 
 /** How a receipt names what paid: a funded key, a session's budget, or an x402 authorization. */
 export type PaidBy =
-  | { readonly _tag: "X402" }
+  | { readonly _tag: "X402"; readonly scheme?: "exact" | "upto" }
   | { readonly _tag: "Credit"; readonly keyId: string }
   | { readonly _tag: "Session"; readonly sessionId: string }
 
@@ -32,6 +32,8 @@ export interface ReceiptFacts {
   readonly paymentRef: string
   /** Whether the charge is settled as it is captured (a balance or a budget) or waits for a transfer. */
   readonly settledOnCapture: boolean
+  /** Nothing will move for it (an `upto` authorization charged zero): settlement `none`. */
+  readonly settlesNothing?: boolean
   readonly status: ReceiptBody["status"]
   readonly ttftMs: number
   readonly sessionId: string | null
@@ -56,7 +58,12 @@ export const receiptOf = (facts: ReceiptFacts): ReceiptBody => ({
   refund_ref: null,
   ttft_ms: facts.ttftMs,
   status: facts.status,
-  settlement: facts.status === "released" ? "none" : facts.settledOnCapture ? "landed" : "pending",
+  settlement:
+    facts.status === "released" || facts.settlesNothing === true
+      ? "none"
+      : facts.settledOnCapture
+        ? "landed"
+        : "pending",
   epoch_id: facts.epochId,
   session_id: facts.sessionId,
   quotes_competing: facts.quotesCompeting,

@@ -1,6 +1,6 @@
 import { Effect, Schema } from "effect"
 import type { SqlClient, SqlError } from "effect/sql"
-import type { Hex } from "viem"
+import { type Hex, hexToBigInt, toHex } from "viem"
 import { databaseUnavailable, isCheckViolation, pgFault } from "../db/SqlFaults.ts"
 import type { ServiceUnavailable } from "../domain/Errors.ts"
 
@@ -34,7 +34,9 @@ export interface ReservationRecord {
 }
 
 export interface X402Hold {
-  readonly nonce: Hex
+  /** `exact` unless said; an `upto` hold's value is its ceiling, and its nonce key is `uptoNonceKey`. */
+  readonly scheme?: "exact" | "upto"
+  readonly nonce: Hex | UptoNonceKey
   readonly validAfter: bigint
   readonly validBefore: bigint
   readonly signature: Hex
@@ -45,6 +47,12 @@ export interface X402Hold {
    */
   readonly balance?: bigint | undefined
 }
+
+/** How an `upto` authorization's Permit2 nonce is keyed in `x402_authorizations` (migration 0016). */
+export type UptoNonceKey = `permit2:0x${string}`
+export const uptoNonceKey = (nonce: bigint): UptoNonceKey => `permit2:${toHex(nonce, { size: 32 })}`
+/** The Permit2 nonce of an `upto` row's key. */
+export const permit2NonceOf = (key: string): bigint => hexToBigInt(key.slice("permit2:".length) as Hex)
 
 const isUniqueViolation = (error: SqlError.SqlError) => error.reason._tag === "UniqueViolation"
 
@@ -61,6 +69,8 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
    */
   const reserveX402 = Effect.fn("Ledger.reserveX402")(function* (record: ReservationRecord, hold: X402Hold) {
     const payer = record.payer.toLowerCase()
+    const scheme = hold.scheme ?? "exact"
+    const ceiling = scheme === "upto" ? record.authorized : null
     const insert = sql`
       WITH request AS (
         INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
@@ -71,9 +81,10 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
         RETURNING request_id
       ), hold AS (
         INSERT INTO x402_authorizations (payer, nonce, request_id, value, valid_after, valid_before,
-                                         signature, status)
+                                         signature, status, scheme, ceiling)
         SELECT ${payer}, ${hold.nonce.toLowerCase()}, request_id, ${record.authorized},
-               ${hold.validAfter.toString()}, ${hold.validBefore.toString()}, ${hold.signature}, 'reserved'
+               ${hold.validAfter.toString()}, ${hold.validBefore.toString()}, ${hold.signature}, 'reserved',
+               ${scheme}, ${ceiling}
         FROM request
         RETURNING request_id
       )
@@ -109,7 +120,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
     )
   })
 
-  const nonceUnused = (payer: string, nonce: Hex) =>
+  const nonceUnused = (payer: string, nonce: Hex | UptoNonceKey) =>
     sql<{ n: number }>`
       SELECT count(*)::int AS n FROM x402_authorizations
       WHERE payer = ${payer.toLowerCase()} AND nonce = ${nonce.toLowerCase()}

@@ -60,6 +60,9 @@ export class Settle extends Context.Service<
       const { epochSeconds } = yield* RouterConfig
 
       const request = (served: Served) => {
+        // An `upto` authorization charged zero is released unsubmitted: there is nothing to settle.
+        const settlesNothing =
+          served.paidBy._tag === "X402" && served.paidBy.scheme === "upto" && served.charged === 0
         const receipt = receiptOf({
           requestId: served.requestId,
           createdAt: served.createdAt,
@@ -73,7 +76,8 @@ export class Settle extends Context.Service<
           authorized: served.authorized,
           paymentRef: paymentRefOf(served.paidBy),
           // A funded key's or a session's charge is settled on its balance as it is captured.
-          settledOnCapture: served.paidBy._tag !== "X402",
+          settledOnCapture: served.paidBy._tag !== "X402" || settlesNothing,
+          settlesNothing,
           status: served.status,
           ttftMs: served.ttftMs,
           sessionId: served.detail._tag === "Tokens" ? served.detail.sessionId : null,

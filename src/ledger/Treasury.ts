@@ -10,6 +10,7 @@ import {
   type TransactionState,
   type TransferAuthorization
 } from "../chain/Chain.ts"
+import type { UptoPermit } from "../chain/UptoPermit.ts"
 
 /**
  * Every transfer the router sends, named by what it is for and by the record it settles, so that
@@ -21,6 +22,17 @@ export type OutgoingTransfer =
       readonly _tag: "X402Settlement"
       readonly requestId: string
       readonly authorization: TransferAuthorization
+    }
+  /**
+   * A captured x402 `upto` authorization: exactly the charged `amount` (at most the signed ceiling) moves
+   * payer → treasury through the upto proxy, sent by the router signer as the witness's facilitator.
+   * Permit2 spends the nonce with it, so one authorization can never transfer twice.
+   */
+  | {
+      readonly _tag: "UptoSettlement"
+      readonly requestId: string
+      readonly permit: UptoPermit
+      readonly amount: bigint
     }
   /** The overage of a payer's ended requests, batched (treasury → payer). */
   | {
@@ -55,6 +67,8 @@ export const purposeOf = (transfer: OutgoingTransfer): string => {
   switch (transfer._tag) {
     case "X402Settlement":
       return `x402:${transfer.requestId}`
+    case "UptoSettlement":
+      return `upto:${transfer.requestId}`
     case "RefundBatch": {
       const digest = createHash("sha256")
         .update([...transfer.requestIds].sort().join("\n"))
@@ -74,6 +88,7 @@ export const purposeOf = (transfer: OutgoingTransfer): string => {
 const attributes = (transfer: OutgoingTransfer): Record<string, string> => {
   switch (transfer._tag) {
     case "X402Settlement":
+    case "UptoSettlement":
       return { purpose: transfer._tag, request_id: transfer.requestId }
     case "RefundBatch":
       return { purpose: transfer._tag, refunds: String(transfer.requestIds.length) }
@@ -150,7 +165,7 @@ export interface TreasuryShape {
 }
 
 /**
- * The one way money (or an anchor) leaves the router: x402 settlement submissions, refund batches,
+ * The one way money (or an anchor) leaves the router: x402 settlement submissions (`exact` and `upto`), refund batches,
  * provider payouts, withdrawals and epoch anchors, each exactly once (docs/decisions.md D86, D165-D171).
  * Callers keep their own records (the claim, and the hash before they await it); a caller that resumes
  * after a crash calls `send` again with the same transfer and gets the transaction already recorded.
@@ -170,6 +185,8 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
         switch (transfer._tag) {
           case "X402Settlement":
             return Effect.succeed(chain.calls.transferWithAuthorization(transfer.authorization))
+          case "UptoSettlement":
+            return Effect.succeed(chain.calls.uptoSettlement(transfer.permit, transfer.amount))
           case "RefundBatch":
           case "ProviderPayout":
           case "Withdrawal":

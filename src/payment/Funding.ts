@@ -9,7 +9,7 @@ import {
 import { PaymentRequired, type PaymentRequiredCode } from "../domain/X402.ts"
 import { Ledger, type ReservationRecord } from "../ledger/Ledger.ts"
 import { CreditKeys } from "./CreditKeys.ts"
-import { PaymentVerifier, type VerifiedPayment } from "./PaymentVerifier.ts"
+import { PaymentVerifier, type QuoteInput, type VerifiedPayment } from "./PaymentVerifier.ts"
 import { type SessionRow, Sessions, type TurnRefusal } from "./Sessions.ts"
 
 /** How an admitted request is paid for. */
@@ -36,6 +36,8 @@ export interface FundingInput<E> {
   readonly resourceUrl: string
   readonly worstCase: number
   readonly description: string
+  /** Whether `upto` is accepted besides `exact` (per-turn completions, spec 5.2); defaults to no. */
+  readonly upto?: boolean
   /** What the request is, minus who pays and how much. */
   readonly reservation: Omit<ReservationRecord, "payer" | "authorized">
   /** What the refusals call the thing being paid for ("the worst case of this request", "the image"). */
@@ -71,18 +73,14 @@ export interface FundedTurn {
 
 /**
  * The one place a paid request is funded: a funded key's reservation (owner balance within
- * the key's cap, no signature), a verified x402 `exact` authorization reserved against the
- * payer's balance, or a turn of an open session drawn on its budget (one turn at a time).
+ * the key's cap, no signature), a verified x402 authorization (`exact`, or an `upto` ceiling where
+ * the surface takes it) reserved against the payer's balance, or a turn of an open session drawn on its budget (one turn at a time).
  * Refusals are typed; a refusal to pay is a 402 that carries fresh `accepts`.
  */
 export class FundingService extends Context.Service<
   FundingService,
   {
-    readonly quote: (
-      input: { readonly worstCase: number; readonly resourceUrl: string; readonly description: string },
-      code?: PaymentRequiredCode,
-      error?: string
-    ) => PaymentRequired
+    readonly quote: (input: QuoteInput, code?: PaymentRequiredCode, error?: string) => PaymentRequired
     readonly fund: <E = never>(
       input: FundingInput<E>
     ) => Effect.Effect<Funded, PaymentRequired | Unauthorized | Forbidden | ServiceUnavailable | E>
@@ -100,11 +98,7 @@ export class FundingService extends Context.Service<
       const creditKeys = yield* CreditKeys
       const sessions = yield* Sessions
 
-      const quote = (
-        input: { readonly worstCase: number; readonly resourceUrl: string; readonly description: string },
-        code?: PaymentRequiredCode,
-        error?: string
-      ) => {
+      const quote = (input: QuoteInput, code?: PaymentRequiredCode, error?: string) => {
         const { _tag, ...body } = verifier.quote(input)
         return new PaymentRequired({
           ...body,
@@ -141,25 +135,36 @@ export class FundingService extends Context.Service<
             } satisfies Funded
           }
           if (input.paymentHeader === undefined) return yield* Effect.fail(quote(input))
-          const payment = yield* verifier.verifyExact({
+          const payment = yield* verifier.verify({
             header: input.paymentHeader,
             worstCase: input.worstCase,
             resourceUrl: input.resourceUrl,
             description: input.description,
+            upto: input.upto === true,
             nonceUnused: ledger.nonceUnused
           })
+          // `upto`: the ceiling is reserved (and committed against the balance); the actual is settled.
           const authorized = Number(payment.value)
           yield* input.beforeReserve?.(payment.payer, authorized, { _tag: "X402" }) ?? Effect.void
           yield* ledger
             .reserveX402(
               { ...input.reservation, payer: payment.payer, authorized },
-              {
-                nonce: payment.authorization.nonce,
-                validAfter: payment.authorization.validAfter,
-                validBefore: payment.authorization.validBefore,
-                signature: payment.signature,
-                balance: payment.balance
-              }
+              payment.scheme === "exact"
+                ? {
+                    nonce: payment.authorization.nonce,
+                    validAfter: payment.authorization.validAfter,
+                    validBefore: payment.authorization.validBefore,
+                    signature: payment.signature,
+                    balance: payment.balance
+                  }
+                : {
+                    scheme: "upto",
+                    nonce: payment.nonceKey,
+                    validAfter: payment.authorization.witness.validAfter,
+                    validBefore: payment.authorization.deadline,
+                    signature: payment.signature,
+                    balance: payment.balance
+                  }
             )
             .pipe(Effect.catchTag("NonceReplay", (refused) => refuse("payment_invalid", refused.refusal)))
           return { funding: { _tag: "X402", payment }, payer: payment.payer, authorized } satisfies Funded

@@ -1,7 +1,9 @@
 import { Clock, Context, Effect, Fiber, Layer, Result } from "effect"
 import { type Address, type Hex, hexToBigInt, size, slice } from "viem"
 import { Chain, type ChainShape, verifyTransferAuthorization } from "../chain/Chain.ts"
+import { verifyUptoPermitSignature } from "../chain/UptoPermit.ts"
 import type { PaymentRequired, PaymentRequiredCode } from "../domain/X402.ts"
+import { type UptoNonceKey, uptoNonceKey } from "../ledger/Ledger.ts"
 import {
   decodePaymentSignature,
   EXACT_MAX_VALIDITY_S,
@@ -9,13 +11,34 @@ import {
   type ExactPayment,
   PAYMENT_CLOCK_SKEW_S,
   paymentRequired,
+  UPTO_MAX_DEADLINE_S,
+  UPTO_MIN_DEADLINE_S,
+  type UptoPayment,
   X402Config,
   type X402Limits,
   type X402Settings
 } from "./X402.ts"
 
+/** A direct x402 payment that passed every check: `exact` or `upto`. Nothing has been submitted yet. */
+export type VerifiedPayment = VerifiedExact | VerifiedUpto
+
+/** An `upto` payment that passed every check: a ceiling the router settles the metered actual of. */
+export interface VerifiedUpto {
+  readonly scheme: "upto"
+  readonly payer: Address
+  /** Base units: the signed ceiling, at least the quoted worst case. */
+  readonly value: bigint
+  readonly authorization: UptoPayment["authorization"]
+  readonly signature: Hex
+  readonly network: string
+  /** The key of its Permit2 nonce in the ledger. */
+  readonly nonceKey: UptoNonceKey
+  /** The payer's token balance as read during verification (base units). */
+  readonly balance: bigint
+}
+
 /** An `exact` payment that passed every check; nothing has been submitted yet. */
-export interface VerifiedPayment {
+export interface VerifiedExact {
   readonly scheme: "exact"
   readonly payer: Address
   /** Base units authorized: at least the quoted worst case. */
@@ -38,13 +61,20 @@ export interface VerifyExactInput {
    * Whether the caller's database has never seen this (payer, nonce). Infallible by type: the caller
    * decides what its own database failure means.
    */
-  readonly nonceUnused: (payer: Address, nonce: Hex) => Effect.Effect<boolean>
+  readonly nonceUnused: (payer: Address, nonce: Hex | UptoNonceKey) => Effect.Effect<boolean>
+}
+
+export interface VerifyInput extends VerifyExactInput {
+  /** Whether this surface takes `upto` (per-turn completions); elsewhere an `upto` payment is `wrong_scheme`. */
+  readonly upto: boolean
 }
 
 export interface QuoteInput {
   readonly worstCase: number
   readonly resourceUrl: string
   readonly description: string
+  /** Whether `accepts` lists `upto` after `exact` (per-turn completions). */
+  readonly upto?: boolean
 }
 
 const SECP256K1_HALF_N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n / 2n
@@ -59,14 +89,18 @@ export const x402Settings = (chain: ChainShape, limits: X402Limits): X402Setting
   payTo: chain.treasury,
   tokenDomain: chain.tokenDomain,
   maxTimeoutSeconds: limits.maxTimeoutSeconds,
+  facilitator: chain.routerSigner,
+  uptoProxy: chain.uptoProxy,
+  uptoTimeoutSeconds: limits.uptoTimeoutSeconds,
   soloSettleFloor: limits.soloSettleFloor,
   paymentCap: limits.paymentCap
 })
 
 /**
- * Checks a direct x402 `exact` payment before any provider work: it only reads (signature recovery, the
- * token's nonce state, the payer's balance) and never submits, so every rejection moves no money. Each
- * rejection is a 402 carrying fresh `accepts`, so the client can sign again.
+ * Checks a direct x402 payment before any provider work: it only reads (signature recovery, the nonce's
+ * state in our database and on chain, the payer's balance and, for `upto`, its Permit2 allowance) and never
+ * submits, so every rejection moves no money. Each rejection is a 402 carrying fresh `accepts`, so the
+ * client can sign again.
  */
 export class PaymentVerifier extends Context.Service<
   PaymentVerifier,
@@ -74,7 +108,10 @@ export class PaymentVerifier extends Context.Service<
     readonly settings: X402Settings
     /** The 402 for a request that arrived without a payment. */
     readonly quote: (input: QuoteInput) => PaymentRequired
-    readonly verifyExact: (input: VerifyExactInput) => Effect.Effect<VerifiedPayment, PaymentRequired>
+    /** An `exact` payment only (deposits): an `upto` one is `wrong_scheme`. */
+    readonly verifyExact: (input: VerifyExactInput) => Effect.Effect<VerifiedExact, PaymentRequired>
+    /** `exact`, or `upto` where the surface takes it. */
+    readonly verify: (input: VerifyInput) => Effect.Effect<VerifiedPayment, PaymentRequired>
   }
 >()("router/payment/PaymentVerifier") {
   static readonly layer = Layer.effect(
@@ -86,8 +123,9 @@ export class PaymentVerifier extends Context.Service<
       const quote = (input: QuoteInput) =>
         paymentRequired({ settings, ...input, error: "payment required: sign the quoted maximum" })
 
-      const verifyExact = Effect.fn("PaymentVerifier.verifyExact")(function* (input: VerifyExactInput) {
-        const rejectWith = (
+      const rejecter =
+        (input: VerifyInput) =>
+        (
           code: PaymentRequiredCode,
           error: string,
           extra: { readonly retryable?: boolean } = {}
@@ -100,6 +138,7 @@ export class PaymentVerifier extends Context.Service<
                   worstCase: input.worstCase,
                   resourceUrl: input.resourceUrl,
                   description: input.description,
+                  upto: input.upto,
                   code,
                   error,
                   ...extra
@@ -108,36 +147,31 @@ export class PaymentVerifier extends Context.Service<
             )
           )
 
-        if (input.worstCase > settings.paymentCap) {
-          return yield* rejectWith("payment_limit", "worst case above the payment cap")
-        }
+      /**
+       * Every field the envelope names is the quote's: a signature valid for the real token under an
+       * envelope naming another asset or recipient is refused, before anything is reserved.
+       */
+      const envelopeNamesQuote = ({ asset, payTo }: ExactPayment | UptoPayment): string | undefined =>
+        asset !== undefined && asset.toLowerCase() !== settings.asset.toLowerCase()
+          ? `accepted.asset must be the quoted token ${settings.asset} on ${settings.network}`
+          : payTo !== undefined && payTo.toLowerCase() !== settings.payTo.toLowerCase()
+            ? `accepted.payTo must be the treasury ${settings.payTo}`
+            : undefined
 
-        const decoded = decodePaymentSignature(input.header)
-        if (Result.isFailure(decoded)) {
-          const { reason, message } = decoded.failure
-          return yield* rejectWith(
-            reason === "unsupported_scheme" ? "wrong_scheme" : "payment_invalid",
-            message
-          )
-        }
-        const { network, asset, payTo, authorization, signature } = decoded.success
+      const nowSeconds = Effect.map(Clock.currentTimeMillis, (ms) => BigInt(Math.floor(ms / 1000)))
+      const skew = BigInt(PAYMENT_CLOCK_SKEW_S)
+
+      const checkExact = Effect.fnUntraced(function* (input: VerifyInput, payment: ExactPayment) {
+        const rejectWith = rejecter(input)
+        const { network, authorization, signature } = payment
         const { from, to, value, validAfter, validBefore, nonce } = authorization
         yield* Effect.annotateCurrentSpan({ "payment.payer": from, "payment.value": value.toString() })
 
         if (network !== settings.network) {
           return yield* rejectWith("payment_invalid", `network must be ${settings.network}`)
         }
-        // Every field the envelope names is the quote's: a signature valid for the real token under
-        // an envelope naming another asset or recipient is refused, before anything is reserved.
-        if (asset !== undefined && asset.toLowerCase() !== settings.asset.toLowerCase()) {
-          return yield* rejectWith(
-            "payment_invalid",
-            `accepted.asset must be the quoted token ${settings.asset} on ${settings.network}`
-          )
-        }
-        if (payTo !== undefined && payTo.toLowerCase() !== settings.payTo.toLowerCase()) {
-          return yield* rejectWith("payment_invalid", `accepted.payTo must be the treasury ${settings.payTo}`)
-        }
+        const named = envelopeNamesQuote(payment)
+        if (named !== undefined) return yield* rejectWith("payment_invalid", named)
         if (to !== settings.payTo) {
           return yield* rejectWith(
             "payment_invalid",
@@ -154,8 +188,7 @@ export class PaymentVerifier extends Context.Service<
           return yield* rejectWith("payment_invalid", "signed amount below the quoted maximum")
         }
 
-        const now = BigInt(Math.floor((yield* Clock.currentTimeMillis) / 1000))
-        const skew = BigInt(PAYMENT_CLOCK_SKEW_S)
+        const now = yield* nowSeconds
         if (validAfter > now + skew) {
           return yield* rejectWith("payment_invalid", "authorization.validAfter has not passed yet")
         }
@@ -219,10 +252,156 @@ export class PaymentVerifier extends Context.Service<
           signature,
           network,
           balance
-        } satisfies VerifiedPayment
+        } satisfies VerifiedExact
       })
 
-      return PaymentVerifier.of({ settings, quote, verifyExact })
+      /**
+       * Spec 5.2 `upto`: the Permit2 witness transfer names this token, the upto proxy as spender, the
+       * treasury as `witness.to` and the router signer as `witness.facilitator`; its ceiling covers the
+       * worst case (same floor and cap as `exact`); its deadline lies 30 minutes to 2 hours ahead; it is
+       * signed by `from`; its nonce is unused here and in Permit2's bitmap; and the payer's balance and
+       * Permit2 allowance cover the ceiling.
+       */
+      const checkUpto = Effect.fnUntraced(function* (input: VerifyInput, payment: UptoPayment) {
+        const rejectWith = rejecter(input)
+        const { network, authorization, signature } = payment
+        const { from, permitted, spender, nonce, deadline, witness } = authorization
+        const ceiling = permitted.amount
+        yield* Effect.annotateCurrentSpan({
+          "payment.scheme": "upto",
+          "payment.payer": from,
+          "payment.value": ceiling.toString()
+        })
+
+        if (network !== settings.network) {
+          return yield* rejectWith("payment_invalid", `network must be ${settings.network}`)
+        }
+        const named = envelopeNamesQuote(payment)
+        if (named !== undefined) return yield* rejectWith("payment_invalid", named)
+        if (permitted.token !== settings.asset) {
+          return yield* rejectWith("payment_invalid", `permitted.token must be the asset ${settings.asset}`)
+        }
+        if (spender !== settings.uptoProxy) {
+          return yield* rejectWith(
+            "payment_invalid",
+            `spender must be the x402 upto proxy ${settings.uptoProxy}`
+          )
+        }
+        if (witness.to !== settings.payTo) {
+          return yield* rejectWith("payment_invalid", `witness.to must be the treasury ${settings.payTo}`)
+        }
+        if (witness.facilitator !== settings.facilitator) {
+          return yield* rejectWith(
+            "payment_invalid",
+            `witness.facilitator must be the router ${settings.facilitator} (extra.facilitatorAddress)`
+          )
+        }
+        if (ceiling < BigInt(settings.soloSettleFloor)) {
+          return yield* rejectWith(
+            "solo_settle_floor",
+            `the signed amount is below the solo settlement floor of ${settings.soloSettleFloor} base units`
+          )
+        }
+        if (ceiling < BigInt(input.worstCase)) {
+          return yield* rejectWith("payment_invalid", "signed amount below the quoted maximum")
+        }
+
+        const now = yield* nowSeconds
+        if (witness.validAfter > now + skew) {
+          return yield* rejectWith("payment_invalid", "witness.validAfter has not passed yet")
+        }
+        if (deadline < now + BigInt(UPTO_MIN_DEADLINE_S) - skew) {
+          return yield* rejectWith(
+            "payment_invalid",
+            `the deadline must be at least ${UPTO_MIN_DEADLINE_S} seconds ahead`
+          )
+        }
+        if (deadline > now + BigInt(UPTO_MAX_DEADLINE_S) + skew) {
+          return yield* rejectWith(
+            "payment_invalid",
+            `the deadline must be at most ${UPTO_MAX_DEADLINE_S} seconds ahead`
+          )
+        }
+
+        const unavailable = () =>
+          rejectWith(
+            "payment_verification_unavailable",
+            "the payer's on-chain state could not be read; the signature was not rejected",
+            { retryable: true }
+          )
+        const nonceKey = uptoNonceKey(nonce)
+        const reads = yield* Effect.all(
+          [
+            input.nonceUnused(from, nonceKey),
+            chain.permit2NonceUsed(from, nonce).pipe(Effect.catch(unavailable)),
+            chain.balanceOf(from).pipe(Effect.catch(unavailable)),
+            chain.permit2Allowance(from).pipe(Effect.catch(unavailable))
+          ],
+          { concurrency: "unbounded" }
+        ).pipe(Effect.forkChild({ startImmediately: true }))
+        const recovered = yield* verifyUptoPermitSignature(chain.chainId, { ...authorization, signature })
+        if (!recovered) {
+          yield* Fiber.interrupt(reads)
+          return yield* rejectWith(
+            "payment_invalid",
+            "the signature is not a Permit2 PermitWitnessTransferFrom signed by permit2Authorization.from"
+          )
+        }
+        const [unusedHere, usedOnChain, balance, allowance] = yield* Fiber.join(reads)
+        if (!unusedHere || usedOnChain) {
+          return yield* rejectWith("payment_invalid", "authorization already used")
+        }
+        if (balance < ceiling) {
+          return yield* rejectWith("payment_invalid", "insufficient balance")
+        }
+        if (allowance < ceiling) {
+          return yield* rejectWith(
+            "payment_invalid",
+            "the payer's Permit2 allowance is below the ceiling: approve Permit2 for the token once (createPermit2ApprovalTx)"
+          )
+        }
+
+        return {
+          scheme: "upto",
+          payer: from,
+          value: ceiling,
+          authorization,
+          signature,
+          network,
+          nonceKey,
+          balance
+        } satisfies VerifiedUpto
+      })
+
+      const verify = Effect.fn("PaymentVerifier.verify")(function* (input: VerifyInput) {
+        const rejectWith = rejecter(input)
+        if (input.worstCase > settings.paymentCap) {
+          return yield* rejectWith("payment_limit", "worst case above the payment cap")
+        }
+        const decoded = decodePaymentSignature(input.header, input.upto ? ["exact", "upto"] : ["exact"])
+        if (Result.isFailure(decoded)) {
+          const { reason, message } = decoded.failure
+          return yield* rejectWith(
+            reason === "unsupported_scheme" ? "wrong_scheme" : "payment_invalid",
+            message
+          )
+        }
+        const payment = decoded.success
+        return payment.scheme === "exact"
+          ? yield* checkExact(input, payment)
+          : yield* checkUpto(input, payment)
+      })
+
+      const verifyExact = (input: VerifyExactInput) =>
+        verify({ ...input, upto: false }).pipe(
+          Effect.flatMap((payment) =>
+            payment.scheme === "exact"
+              ? Effect.succeed(payment)
+              : Effect.die("an upto payment passed as exact")
+          )
+        )
+
+      return PaymentVerifier.of({ settings, quote, verify, verifyExact })
     })
   )
 }

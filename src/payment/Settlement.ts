@@ -3,14 +3,16 @@ import { getAddress, type Hex } from "viem"
 import { repeatInBackground } from "../Background.ts"
 import { Chain } from "../chain/Chain.ts"
 import { Authorizations, type ClaimedAuthorization } from "../ledger/Authorizations.ts"
-import { Ledger } from "../ledger/Ledger.ts"
-import { Treasury } from "../ledger/Treasury.ts"
+import { Ledger, permit2NonceOf } from "../ledger/Ledger.ts"
+import { type OutgoingTransfer, Treasury } from "../ledger/Treasury.ts"
 
 /**
- * Submits captured x402 authorizations on chain, off every response's path. A row is
- * claimed with `FOR UPDATE SKIP LOCKED`, so any number of router instances share the
- * queue without double submission; a failure is recorded and retried until the
- * authorization's `validBefore` passes. Nothing here is ever dropped.
+ * Submits captured x402 authorizations on chain, off every response's path: an `exact` one as the
+ * signed EIP-3009 transfer, an `upto` one as a settlement of exactly its charge through the upto proxy
+ * (Permit2 spends its nonce, so it can never transfer twice). A row is claimed with `FOR UPDATE SKIP
+ * LOCKED`, so any number of router instances share the queue without double submission; a failure is
+ * recorded and retried until the authorization's `validBefore` (an `upto` permit's deadline) passes.
+ * Nothing here is ever dropped.
  */
 export class Settlement extends Context.Service<
   Settlement,
@@ -41,30 +43,51 @@ export class Settlement extends Context.Service<
       })
 
     /**
-     * Whether an earlier attempt already moved the money: the token's own record of the nonce is
-     * the truth, whatever happened to our wait for a receipt.
+     * Whether an earlier attempt already moved the money: the token's own record of the nonce (Permit2's
+     * nonce bitmap for `upto`) is the truth, whatever happened to our wait for a receipt.
      */
     const alreadyUsed = (row: ClaimedAuthorization) =>
-      chain.authorizationState(getAddress(row.payer), row.nonce as Hex)
+      row.scheme === "upto"
+        ? chain.permit2NonceUsed(getAddress(row.payer), permit2NonceOf(row.nonce))
+        : chain.authorizationState(getAddress(row.payer), row.nonce as Hex)
 
     /**
      * Submission is idempotent per request (ledger/Treasury.ts): a retry after a crash or a failed wait
      * gets the transaction already recorded for this authorization, with its hash, never a second one.
      */
-    const transferOf = (row: ClaimedAuthorization, signature: Hex) =>
-      ({
-        _tag: "X402Settlement",
-        requestId: row.request_id,
-        authorization: {
-          from: getAddress(row.payer),
-          to: chain.treasury,
-          value: BigInt(row.value),
-          validAfter: BigInt(row.valid_after),
-          validBefore: BigInt(row.valid_before),
-          nonce: row.nonce as Hex,
-          signature
-        }
-      }) as const
+    const transferOf = (row: ClaimedAuthorization, signature: Hex): OutgoingTransfer =>
+      row.scheme === "upto"
+        ? {
+            _tag: "UptoSettlement",
+            requestId: row.request_id,
+            amount: BigInt(row.value),
+            permit: {
+              from: getAddress(row.payer),
+              permitted: { token: chain.token, amount: BigInt(row.ceiling ?? row.value) },
+              spender: chain.uptoProxy,
+              nonce: permit2NonceOf(row.nonce),
+              deadline: BigInt(row.valid_before),
+              witness: {
+                to: chain.treasury,
+                facilitator: chain.routerSigner,
+                validAfter: BigInt(row.valid_after)
+              },
+              signature
+            }
+          }
+        : {
+            _tag: "X402Settlement",
+            requestId: row.request_id,
+            authorization: {
+              from: getAddress(row.payer),
+              to: chain.treasury,
+              value: BigInt(row.value),
+              validAfter: BigInt(row.valid_after),
+              validBefore: BigInt(row.valid_before),
+              nonce: row.nonce as Hex,
+              signature
+            }
+          }
 
     const settleOne = (row: ClaimedAuthorization) =>
       Effect.gen(function* () {

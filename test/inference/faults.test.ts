@@ -67,9 +67,9 @@ describe("paid completions: rejections, idempotency, faults, cancellation, resum
         assert.strictEqual(underpaid.status, 402)
         assert.include(["payment_invalid", "solo_settle_floor"], (underpaid.json as Body402).code)
 
-        const upto = yield* handSignedHeader(account, { value: 10_000_000n, scheme: "upto" })
+        const deferred = yield* handSignedHeader(account, { value: 10_000_000n, scheme: "deferred" })
         const wrongScheme = yield* postJson("/v1/chat/completions", chat("hello"), {
-          "payment-signature": upto
+          "payment-signature": deferred
         })
         assert.strictEqual(wrongScheme.status, 402)
         assert.strictEqual((wrongScheme.json as Body402).code, "wrong_scheme")

@@ -90,7 +90,7 @@ const flatHeader = (p: Signed, overrides: Record<string, unknown> = {}) =>
 const verify = (
   header: string,
   worstCase = 100_000,
-  nonceUnused = (_: Address, __: Hex) => Effect.succeed(true)
+  nonceUnused = (_: Address, __: string) => Effect.succeed(true)
 ) =>
   PaymentVerifier.use((verifier) =>
     verifier.verifyExact({
@@ -136,7 +136,7 @@ layer(TestLayer, { timeout: "90 seconds", excludeTestServices: true })(
         const chain = yield* Chain
         const payment = yield* sign(yield* demoAccount(0), { value: 150_000n })
         const balanceBefore = yield* chain.balanceOf(payment.from)
-        const seen: Array<[Address, Hex]> = []
+        const seen: Array<[Address, string]> = []
         const verified = yield* verify(flatHeader(payment), 150_000, (payer, nonce) =>
           Effect.sync(() => seen.push([payer, nonce])).pipe(Effect.as(true))
         )

@@ -25,6 +25,9 @@ const settings: X402Settings = {
   payTo: "0x70997970C51812dc3A010C7d01b50e0d17dc79C8",
   tokenDomain: { name: "USD Coin", version: "2" },
   maxTimeoutSeconds: 300,
+  facilitator: "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266",
+  uptoProxy: "0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002",
+  uptoTimeoutSeconds: 3600,
   soloSettleFloor: 10_000,
   paymentCap: 50_000_000
 }
@@ -85,11 +88,12 @@ const signedPayload = Effect.gen(function* () {
 const decodeOk = (header: string): ExactPayment => {
   const result = decodePaymentSignature(header)
   if (Result.isFailure(result)) assert.fail(`expected a payment, got: ${result.failure.message}`)
+  if (result.success.scheme !== "exact") assert.fail("expected an exact payment")
   return result.success
 }
 
-const decodeErr = (header: string) => {
-  const result = decodePaymentSignature(header)
+const decodeErr = (header: string, schemes?: ReadonlyArray<"exact" | "upto">) => {
+  const result = decodePaymentSignature(header, schemes)
   if (Result.isSuccess(result)) assert.fail("expected the envelope to be rejected")
   return result.failure
 }
@@ -262,29 +266,74 @@ describe("decodePaymentSignature", () => {
     })
   )
 
-  it.effect("reports another scheme as such, even when its payload has another shape", () =>
-    Effect.gen(function* () {
-      const { authorization, signature } = yield* signedPayload
-      const upto = decodeErr(
-        base64({
+  it.effect(
+    "reports a scheme the surface does not take as such, even when its payload has another shape",
+    () =>
+      Effect.gen(function* () {
+        const { authorization, signature } = yield* signedPayload
+        const nested = base64({
           x402Version: 2,
           accepted: { scheme: "upto", network: "eip155:31337", amount: "1000" },
           payload: { signature, permit2Authorization: { from: authorization.from } }
         })
-      )
-      assert.strictEqual(upto.reason, "unsupported_scheme")
-      assert.include(upto.message, "upto")
-      const flat = decodeErr(
-        base64({
-          x402Version: 2,
-          scheme: "upto",
-          network: "eip155:31337",
-          payload: { authorization, signature }
-        })
-      )
-      assert.strictEqual(flat.reason, "unsupported_scheme")
-    })
+        const upto = decodeErr(nested, ["exact"])
+        assert.strictEqual(upto.reason, "unsupported_scheme")
+        assert.include(upto.message, "upto")
+        const flat = decodeErr(
+          base64({
+            x402Version: 2,
+            scheme: "upto",
+            network: "eip155:31337",
+            payload: { authorization, signature }
+          }),
+          ["exact"]
+        )
+        assert.strictEqual(flat.reason, "unsupported_scheme")
+        // Where upto is taken, its payload must be well-formed; a scheme nobody takes is unsupported.
+        assert.strictEqual(decodeErr(nested).reason, "malformed")
+        const deferred = decodeErr(
+          base64({
+            x402Version: 2,
+            scheme: "deferred",
+            network: "eip155:31337",
+            payload: { authorization, signature }
+          })
+        )
+        assert.strictEqual(deferred.reason, "unsupported_scheme")
+      })
   )
+
+  it("reads the official upto payload: a Permit2 witness transfer with decimal numbers", () => {
+    const permit2Authorization = {
+      from: "0x3c44cdddb6a900fa2b585dd299e03d12fa4293bc",
+      permitted: { token: "0x5FbDB2315678afecb367f032d93F642f64180aa3", amount: "5000000" },
+      spender: "0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002",
+      nonce: "77648812782670860460512307594061302913369283834606025297048026922953510464427",
+      deadline: "1767229200",
+      witness: {
+        to: "0x70997970C51812dc3A010C7d01b50e0d17dc79C8",
+        facilitator: "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266",
+        validAfter: "0"
+      }
+    }
+    const signature = `0x${"ab".repeat(65)}`
+    const result = decodePaymentSignature(
+      base64({
+        x402Version: 2,
+        accepted: { scheme: "upto", network: "eip155:31337", amount: "5000000" },
+        payload: { signature, permit2Authorization }
+      })
+    )
+    if (Result.isFailure(result)) assert.fail(result.failure.message)
+    const payment = result.success
+    if (payment.scheme !== "upto") assert.fail("expected an upto payment")
+    assert.strictEqual(payment.authorization.from, "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC")
+    assert.strictEqual(payment.authorization.permitted.amount, 5_000_000n)
+    assert.strictEqual(payment.authorization.nonce, BigInt(permit2Authorization.nonce))
+    assert.strictEqual(payment.authorization.deadline, 1_767_229_200n)
+    assert.strictEqual(payment.authorization.witness.validAfter, 0n)
+    assert.strictEqual(payment.signature, signature)
+  })
 })
 
 describe("paymentRequired", () => {
@@ -433,22 +482,30 @@ describe("X402Config", () => {
       assert.deepStrictEqual(yield* limits({}), {
         soloSettleFloor: 10_000,
         paymentCap: 50_000_000,
-        maxTimeoutSeconds: 300
+        maxTimeoutSeconds: 300,
+        uptoTimeoutSeconds: 3600
       })
       assert.deepStrictEqual(
-        yield* limits({ SOLO_SETTLE_FLOOR: "2500", PAYMENT_CAP: "1000000", PAYMENT_TIMEOUT_SECONDS: "600" }),
-        { soloSettleFloor: 2_500, paymentCap: 1_000_000, maxTimeoutSeconds: 600 }
+        yield* limits({
+          SOLO_SETTLE_FLOOR: "2500",
+          PAYMENT_CAP: "1000000",
+          PAYMENT_TIMEOUT_SECONDS: "600",
+          UPTO_TIMEOUT_SECONDS: "1800"
+        }),
+        { soloSettleFloor: 2_500, paymentCap: 1_000_000, maxTimeoutSeconds: 600, uptoTimeoutSeconds: 1800 }
       )
     })
   )
 
-  it.effect("refuses a negative floor and a timeout the exact window cannot hold", () =>
+  it.effect("refuses a negative floor and a timeout the exact or the upto window cannot hold", () =>
     Effect.gen(function* () {
       const invalid: ReadonlyArray<Record<string, string>> = [
         { SOLO_SETTLE_FLOOR: "-1" },
         { PAYMENT_CAP: "1.5" },
         { PAYMENT_TIMEOUT_SECONDS: "60" },
-        { PAYMENT_TIMEOUT_SECONDS: String(8 * 24 * 3600) }
+        { PAYMENT_TIMEOUT_SECONDS: String(8 * 24 * 3600) },
+        { UPTO_TIMEOUT_SECONDS: "1799" },
+        { UPTO_TIMEOUT_SECONDS: "7201" }
       ]
       for (const env of invalid) {
         const exit = yield* Effect.exit(limits(env))
