@@ -10,6 +10,7 @@ export const BannerLive = Layer.effectDiscard(
     const lines = [
       "svc router is serving",
       `  base url        ${config.publicUrl}`,
+      `  market page     ${config.publicUrl}/market`,
       `  network         ${chain.network} (${chain.mode === "embedded" ? "embedded anvil" : chain.rpcUrl})`,
       `  token (USDC)    ${chain.token}`,
       `  epoch anchor    ${chain.anchor}`,

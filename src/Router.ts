@@ -35,6 +35,7 @@ import { Rfq } from "./market/Rfq.ts"
 import { Analytics } from "./marketdata/Analytics.ts"
 import { Feedback } from "./marketdata/Feedback.ts"
 import { MarketData, MarketDataConfig } from "./marketdata/MarketData.ts"
+import { MarketPage } from "./marketdata/MarketPage.ts"
 import { CreditKeys } from "./payment/CreditKeys.ts"
 import { Credits } from "./payment/Credits.ts"
 import { FundingService } from "./payment/Funding.ts"
@@ -122,7 +123,7 @@ export const TasksLive = Layer.mergeAll(Verification.layer, TaskTraces.layer, Ev
 )
 
 /** Public market data and analytics (spec 4.4), read from the clearing records the paid path leaves. */
-export const MarketDataLive = Layer.mergeAll(Analytics.layer, Feedback.layer).pipe(
+export const MarketDataLive = Layer.mergeAll(Analytics.layer, Feedback.layer, MarketPage.layer).pipe(
   Layer.provideMerge(MarketData.layer),
   Layer.provideMerge(MarketDataConfig.layer)
 )

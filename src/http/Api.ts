@@ -8,7 +8,7 @@ import { ChallengesApi, IntegrityAdminApi, IntegrityApi, ProviderClaimsApi } fro
 import { KeyAnalyticsApi } from "./KeyAnalyticsApi.ts"
 import { CreditsApi, KeysApi, WalletsAdminApi } from "./KeysApi.ts"
 import { AdminApi, MarketApi, ProviderApi, RoutingApi } from "./MarketApi.ts"
-import { FeedbackApi, MarketAnalyticsApi, MarketDataApi } from "./MarketDataApi.ts"
+import { FeedbackApi, MarketAnalyticsApi, MarketDataApi, MarketPageApi } from "./MarketDataApi.ts"
 import { PointsApi } from "./PointsApi.ts"
 import { SessionsApi } from "./SessionsApi.ts"
 import { AgentSetupApi, AgentSetupPageApi } from "./SetupApi.ts"
@@ -24,6 +24,7 @@ export class Api extends HttpApi.make("svc")
   .add(MarketDataApi)
   .add(MarketAnalyticsApi)
   .add(FeedbackApi)
+  .add(MarketPageApi)
   .add(RoutingApi)
   .add(ChatApi)
   .add(ReceiptsApi)

@@ -106,3 +106,28 @@ export class FeedbackApi extends HttpApiGroup.make("feedback").add(
     "One rating (1..5, optional `task`) of a served request, with its `x-stream-token`, within 10 minutes; a second rating is 409 `feedback_already_recorded`."
   )
 ) {}
+
+/** The page may run only the router's scripts and talk only to the router. */
+export const MARKET_PAGE_POLICY =
+  "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; " +
+  "frame-ancestors 'none'; base-uri 'none'"
+
+const Script = Schema.String.pipe(HttpApiSchema.asText({ contentType: "text/javascript; charset=utf-8" }))
+
+/** The live market page at `/market` (and `/`), its script and the charting library it uses. */
+export class MarketPageApi extends HttpApiGroup.make("marketPage").add(
+  HttpApiEndpoint.get("page", "/market", {
+    success: HttpApiSchema.WithHeaders(
+      Schema.String.pipe(HttpApiSchema.asText({ contentType: "text/html; charset=utf-8" })),
+      { "content-security-policy": Schema.Literal(MARKET_PAGE_POLICY) }
+    )
+  }),
+  HttpApiEndpoint.get("root", "/", {
+    success: HttpApiSchema.WithHeaders(
+      Schema.String.pipe(HttpApiSchema.asText({ contentType: "text/html; charset=utf-8" })),
+      { "content-security-policy": Schema.Literal(MARKET_PAGE_POLICY) }
+    )
+  }),
+  HttpApiEndpoint.get("script", "/market/market.js", { success: Script }),
+  HttpApiEndpoint.get("charts", "/market/lightweight-charts.js", { success: Script })
+) {}

@@ -23,7 +23,12 @@ import {
 import { KeyAnalyticsHandlers } from "./handlers/KeyAnalytics.ts"
 import { CreditsHandlers, KeysHandlers, WalletsAdminHandlers } from "./handlers/Keys.ts"
 import { AdminHandlers, MarketHandlers, ProviderHandlers, RoutingHandlers } from "./handlers/Market.ts"
-import { FeedbackHandlers, MarketAnalyticsHandlers, MarketDataHandlers } from "./handlers/MarketData.ts"
+import {
+  FeedbackHandlers,
+  MarketAnalyticsHandlers,
+  MarketDataHandlers,
+  MarketPageHandlers
+} from "./handlers/MarketData.ts"
 import { PointsHandlers } from "./handlers/Points.ts"
 import { ReceiptHandlers } from "./handlers/Receipts.ts"
 import { SessionHandlers } from "./handlers/Sessions.ts"
@@ -44,6 +49,7 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
     MarketDataHandlers,
     MarketAnalyticsHandlers,
     FeedbackHandlers,
+    MarketPageHandlers,
     RoutingHandlers,
     ChatHandlers,
     ReceiptHandlers,

@@ -1,4 +1,4 @@
-import { Context, Effect, Layer, Schedule } from "effect"
+import { Context, Effect, Layer, Metric, Schedule } from "effect"
 import type { TokenCounts } from "../domain/Billing.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import type { AuctionCleared, RankedBid } from "../market/Auction.ts"
@@ -6,6 +6,21 @@ import { RouterConfig } from "../RouterConfig.ts"
 import { epochOf } from "./Epochs.ts"
 import { Ledger, type PaymentSource } from "./Ledger.ts"
 import { type EconomicsDetail, economicsOf, type PaidBy, paymentRefOf, receiptOf } from "./Records.ts"
+
+/** Settlement writes that failed and were tried again (a database fault under a capture or release). */
+export const settleRetries = Metric.counter("svc_settle_retries_total", {
+  description: "Captures and releases retried after a database fault",
+  incremental: true
+})
+
+/**
+ * Settlements given up after every retry: the request stays `reserved` in the ledger (its durable
+ * record) and is released in full by the reaper; the caller still gets its answer.
+ */
+export const settleAbandoned = Metric.counter("svc_settle_abandoned_total", {
+  description: "Captures and releases given up after every retry (the reaper releases them)",
+  incremental: true
+})
 
 /** How a paid request ended: what was served, by whom, metered how, and what is charged. */
 export interface Served {
@@ -81,8 +96,20 @@ export class Settle extends Context.Service<
         const record = { receipt, economics, source: served.source }
         return (served.status === "released" ? ledger.release(record) : ledger.capture(record)).pipe(
           Effect.catchDefect((defect) => Effect.fail(defect)),
+          Effect.tapError(() => Metric.update(settleRetries, 1)),
           Effect.retry({ schedule: Schedule.exponential("100 millis"), times: 8 }),
-          Effect.orDie,
+          // Never silent, never a hung caller: the request stays `reserved` (the reaper releases it
+          // in full), the give-up is counted in /metrics and logged with its request id.
+          Effect.catch((cause) =>
+            Effect.andThen(
+              Metric.update(settleAbandoned, 1),
+              Effect.logError("settlement given up after retries; the reaper will release it", {
+                request_id: served.requestId,
+                status: served.status,
+                cause: String(cause)
+              })
+            )
+          ),
           Effect.withSpan("Settle.request", {
             attributes: { request_id: served.requestId, status: served.status }
           })

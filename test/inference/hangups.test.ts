@@ -169,6 +169,42 @@ describe("hang-ups leave nothing behind; a cut reply says so (issue 11)", () => 
     )
 
     it.effect(
+      "a capture that cannot be written is counted and retried, and the caller still gets its answer",
+      () =>
+        Effect.gen(function* () {
+          yield* waitForBook
+          const sql = yield* SqlClient.SqlClient
+          const key = yield* fundedKey({ budget: 10_000_000, balance: 10_000_000 })
+          const abandoned = Effect.map(call("/metrics"), (r) =>
+            Number(/^svc_settle_abandoned_total(?:\{[^}]*\})? (\d+)/m.exec(r.text)?.[1] ?? 0)
+          )
+          const before = yield* abandoned
+          // Every settlement of this payer's requests fails in Postgres (a real error, raised by the server).
+          yield* sql.unsafe(`
+          CREATE FUNCTION settle_fault() RETURNS trigger LANGUAGE plpgsql AS $$
+          BEGIN
+            IF NEW.payer = '${key.wallet}' AND NEW.status <> 'reserved' THEN
+              RAISE EXCEPTION 'injected fault' USING ERRCODE = 'serialization_failure';
+            END IF;
+            RETURN NEW;
+          END $$`)
+          yield* sql.unsafe(
+            "CREATE TRIGGER settle_fault BEFORE UPDATE ON requests FOR EACH ROW EXECUTE FUNCTION settle_fault()"
+          )
+          const reply = yield* keyCall(key.secret, "/v1/chat/completions", chat("settle me"))
+          yield* sql.unsafe("DROP TRIGGER settle_fault ON requests")
+          assert.strictEqual(reply.status, 200)
+          assert.isAbove(yield* abandoned, before)
+          // The durable record: the request is still reserved, for the reaper to release in full.
+          const rows = yield* sql<{ status: string }>`SELECT status FROM requests WHERE payer = ${key.wallet}`
+          assert.deepStrictEqual(
+            rows.map((r) => r.status),
+            ["reserved"]
+          )
+        })
+    )
+
+    it.effect(
       "an Idempotency-Key request cut before its first token frees its key: the retry is served",
       () =>
         Effect.gen(function* () {

@@ -1,11 +1,13 @@
 import { Effect } from "effect"
 import { HttpServerResponse } from "effect/http"
-import { HttpApiBuilder } from "effect/http-api"
+import { HttpApiBuilder, HttpApiSchema } from "effect/http-api"
 import { ServiceUnavailable } from "../../domain/Errors.ts"
 import { Analytics } from "../../marketdata/Analytics.ts"
 import { Feedback } from "../../marketdata/Feedback.ts"
 import { MarketData } from "../../marketdata/MarketData.ts"
+import { MarketPage } from "../../marketdata/MarketPage.ts"
 import { Api } from "../Api.ts"
+import { MARKET_PAGE_POLICY } from "../MarketDataApi.ts"
 import { renderError } from "../Middleware.ts"
 
 /** Seconds a refused events subscriber is told to wait (it polls the snapshot meanwhile). */
@@ -67,5 +69,24 @@ export const FeedbackHandlers = HttpApiBuilder.group(
     return handlers.handle("rate", ({ params, payload, request }) =>
       feedback.rate(params.id, request.headers["x-stream-token"], payload)
     )
+  })
+)
+
+export const MarketPageHandlers = HttpApiBuilder.group(
+  Api,
+  "marketPage",
+  Effect.fn(function* (handlers) {
+    const page = yield* MarketPage
+    const html = Effect.succeed(
+      HttpApiSchema.withHeaders({
+        body: page.html,
+        headers: { "content-security-policy": MARKET_PAGE_POLICY }
+      })
+    )
+    return handlers
+      .handle("page", () => html)
+      .handle("root", () => html)
+      .handle("script", () => Effect.succeed(page.script))
+      .handle("charts", () => Effect.succeed(page.charts))
   })
 )
