@@ -1,6 +1,7 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect, Fiber } from "effect"
 import { SqlClient } from "effect/sql"
+import { Reaper } from "../../src/inference/Reaper.ts"
 import { fundedKey, keyState } from "../support/Keys.ts"
 import { waitFor, waitForBook } from "../support/Pay.ts"
 import { call, RouterUrl, routerWithFleet } from "../support/Router.ts"
@@ -200,6 +201,16 @@ describe("hang-ups leave nothing behind; a cut reply says so (issue 11)", () => 
           assert.deepStrictEqual(
             rows.map((r) => r.status),
             ["reserved"]
+          )
+          // Past the reaping age the reaper releases it in full (and leaves nothing open for the next test).
+          yield* sql`UPDATE requests SET created_at = now() - interval '2 hours' WHERE payer = ${key.wallet}`
+          yield* (yield* Reaper).runOnce
+          const after = yield* sql<{
+            status: string
+          }>`SELECT status FROM requests WHERE payer = ${key.wallet}`
+          assert.deepStrictEqual(
+            after.map((r) => r.status),
+            ["released"]
           )
         })
     )

@@ -40,7 +40,11 @@ const startInstance = (url: string) =>
   Effect.gen(function* () {
     const scope = yield* Scope.make()
     const context = yield* Layer.buildWithScope(instanceLayer(url), scope)
-    return { tasks: Context.get(context, Tasks), stop: Scope.close(scope, Exit.void) }
+    return {
+      tasks: Context.get(context, Tasks),
+      budgets: Context.get(context, TaskBudgets),
+      stop: Scope.close(scope, Exit.void)
+    }
   })
 
 const task = { goal: "durable", max_steps: 10, budget: 0 }
@@ -253,5 +257,39 @@ describe("durable tasks across workers and router instances", () => {
         yield* a.stop
       })
     )
+  )
+
+  it.effect(
+    "a hold its instance never closed (a crash mid-call) is settled by the sweep once no request can be serving",
+    () =>
+      Effect.scoped(
+        Effect.gen(function* () {
+          const url = yield* sharedDatabase
+          const a = yield* startInstance(url)
+          const { task: created, token } = yield* a.tasks.create({ ...task, budget: 1_000 }, {})
+          // The request's scope is never closed: its instance died with the hold taken.
+          const requestScope = yield* Scope.make()
+          yield* a.budgets
+            .hold({ task: { token }, requestId: "req_dead", worstCase: 600 })
+            .pipe(Scope.provide(requestScope))
+          const held = yield* a.tasks.view(created.id, { token })
+          assert.deepInclude(held, { held: 600, steps: 1, remaining: 400 })
+          // A second call cannot take what the dead one holds.
+          const refused = yield* Effect.flip(
+            Effect.scoped(a.budgets.hold({ task: { token }, requestId: "req_next", worstCase: 600 }))
+          )
+          assert.strictEqual(
+            refused._tag === "TaskRefused" ? refused.code : refused._tag,
+            "task_budget_exhausted"
+          )
+          assert.strictEqual(yield* a.budgets.settleStale(20 * 60_000), 0)
+          yield* TestClock.adjust("21 minutes")
+          assert.strictEqual(yield* a.budgets.settleStale(20 * 60_000), 1)
+          // It was never funded (no receipt): the hold and the step go back.
+          const after = yield* a.tasks.view(created.id, { token })
+          assert.deepInclude(after, { held: 0, steps: 0, spent: 0, remaining: 1_000 })
+          yield* a.stop
+        })
+      )
   )
 })
