@@ -74,6 +74,23 @@ const reserve = (requestId: string, payer: string, authorized: number) =>
   })
 
 /** Receipts of one epoch: `landed` ones captured and settled, `released` ones never charged. */
+/**
+ * A released receipt is signed by the ledger's background pass (every 20 ms, off the reply's path) and an
+ * epoch closes only once all its receipts are signed: wait for that pass in real time, as the router's own
+ * close loop does, before asking for a close that must happen.
+ */
+const awaitSigned = (epochId: number) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    for (let attempt = 0; attempt < 250; attempt++) {
+      const [row] = yield* sql<{ readonly unsigned: number }>`
+        SELECT count(*)::int AS unsigned FROM receipts WHERE epoch_id = ${epochId} AND signature IS NULL`
+      if (row?.unsigned === 0) return
+      yield* Effect.promise(() => new Promise((resolve) => setTimeout(resolve, 20)))
+    }
+    return yield* Effect.die(new Error(`receipts of epoch ${epochId} still unsigned after 5 s`))
+  }).pipe(Effect.orDie)
+
 const seed = (epochId: number, landed: number, released: number) =>
   Effect.gen(function* () {
     const ledger = yield* Ledger
@@ -96,6 +113,7 @@ const seed = (epochId: number, landed: number, released: number) =>
         })
       }
     }
+    yield* awaitSigned(epochId)
     return ids
   }).pipe(Effect.orDie)
 
@@ -372,6 +390,7 @@ describe("epoch close: crashes and restarts complete it exactly once", () => {
             },
             economics: seededEconomics(inFlightId)
           })
+          yield* awaitSigned(epochId)
           assert.deepStrictEqual((yield* epochs.closeEnded).closed, [epochId])
           yield* assertClosedOnce(epochId, [...ids, pendingId, inFlightId])
 
