@@ -1,0 +1,97 @@
+import { Effect } from "effect"
+import { SqlClient } from "effect/sql"
+import type { Migrations } from "./Migrations.ts"
+
+/** Surviving crashes and paying exactly once: instance registry, outgoing transactions, upto authorizations, receipts signed after the reply. */
+export const reliability: Migrations = {
+  "0014_router_instances": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // One row per router process on this database, kept alive by its heartbeat (db/Instances.ts). A
+    // connection names its instance in `application_name` ("svc-router/<id>"), so the capacity leases
+    // and reservations it writes carry their instance without any statement saying so; a survivor
+    // settles what a dead instance left open as soon as its heartbeat stops.
+    yield* sql`
+      CREATE TABLE router_instances (
+        instance_id TEXT PRIMARY KEY,
+        started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        stopped_at TIMESTAMPTZ,
+        settled_at TIMESTAMPTZ
+      )
+    `
+    yield* sql`
+      CREATE FUNCTION router_instance_of_connection() RETURNS TEXT LANGUAGE sql STABLE AS $$
+        SELECT substring(current_setting('application_name') from '^svc-router/(.+)$')
+      $$
+    `
+    yield* sql`ALTER TABLE capacity_leases ADD COLUMN instance_id TEXT DEFAULT router_instance_of_connection()`
+    yield* sql`ALTER TABLE requests ADD COLUMN instance_id TEXT DEFAULT router_instance_of_connection()`
+    yield* sql`CREATE INDEX capacity_leases_instance ON capacity_leases (instance_id)`
+    yield* sql`CREATE INDEX requests_reserved_instance ON requests (instance_id) WHERE status = 'reserved'`
+  }),
+  "0015_outgoing_transactions": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // One row per account the router sends from: its row lock serializes nonce allocation across every
+    // instance on this database; `next_nonce` is the lowest nonce no recorded transaction holds.
+    yield* sql`
+      CREATE TABLE treasury_senders (
+        address TEXT PRIMARY KEY,
+        next_nonce BIGINT NOT NULL CHECK (next_nonce >= 0),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+      )
+    `
+    // Every transaction the router signs, recorded (raw bytes, hash, nonce) in the transaction that takes
+    // its nonce, before it is broadcast (ledger/Treasury.ts, docs/decisions.md D165-D170). `purpose` names
+    // the one transfer it makes; `reverted` and `void` (its nonce was taken by another transaction) moved
+    // nothing, so a later attempt for the same purpose may follow them; any other status is live.
+    yield* sql`
+      CREATE TABLE outgoing_transactions (
+        id BIGSERIAL PRIMARY KEY,
+        purpose TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        sender TEXT NOT NULL REFERENCES treasury_senders (address),
+        nonce BIGINT NOT NULL CHECK (nonce >= 0),
+        tx_hash TEXT NOT NULL UNIQUE,
+        raw_tx TEXT NOT NULL,
+        to_address TEXT NOT NULL,
+        call_data TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('signed', 'broadcast', 'mined', 'reverted', 'void')),
+        block_number BIGINT,
+        broadcasts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        UNIQUE (sender, nonce)
+      )
+    `
+    yield* sql`
+      CREATE UNIQUE INDEX outgoing_transactions_live_purpose ON outgoing_transactions (purpose)
+      WHERE status IN ('signed', 'broadcast', 'mined')
+    `
+    yield* sql`
+      CREATE INDEX outgoing_transactions_open ON outgoing_transactions (sender, nonce)
+      WHERE status IN ('signed', 'broadcast')
+    `
+  }),
+  "0016_upto_authorizations": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // An x402 `upto` authorization (a Permit2 witness transfer) shares the queue of `exact` ones. Its `nonce`
+    // is Permit2's, kept as `permit2:0x<32 bytes>` so it never meets a token's EIP-3009 nonce; `valid_after`
+    // and `valid_before` are the witness's `validAfter` and the permit's `deadline`; `ceiling` is the signed
+    // `permitted.amount`. `value` is what the settlement moves: the ceiling while reserved (all of it is
+    // committed against the payer's balance), the metered charge from capture on (docs/decisions.md D201).
+    yield* sql`
+      ALTER TABLE x402_authorizations
+        ADD COLUMN scheme TEXT NOT NULL DEFAULT 'exact' CHECK (scheme IN ('exact', 'upto')),
+        ADD COLUMN ceiling BIGINT,
+        ADD CONSTRAINT x402_authorizations_upto_ceiling
+          CHECK ((scheme = 'exact' AND ceiling IS NULL) OR (scheme = 'upto' AND ceiling >= value))
+    `
+  }),
+  // Receipts are signed just after they are stored (issue 12): the sweep finds the few an instance left
+  // unsigned when it stopped, without reading the whole table.
+  "0017_receipts_unsigned": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    yield* sql`CREATE INDEX receipts_unsigned ON receipts (created_at) WHERE signature IS NULL`
+  })
+}
