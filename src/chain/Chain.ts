@@ -1,40 +1,37 @@
 import { join } from "node:path"
-import { Config, Context, Effect, Layer, Option, Redacted, Schema, Semaphore } from "effect"
+import { Config, Context, Effect, Layer, Option } from "effect"
 import {
   type Address,
-  createPublicClient,
-  createWalletClient,
-  defineChain,
   encodeFunctionData,
-  getAddress,
   type Hash,
   type Hex,
   type HttpTransport,
-  hexToNumber,
-  http,
-  type LocalAccount,
   type PublicClient,
-  size,
-  slice,
   type TypedDataDefinition,
-  toHex,
-  type Chain as ViemChain,
-  type WalletClient
+  type Chain as ViemChain
 } from "viem"
-import { privateKeyToAccount } from "viem/accounts"
 import { RouterConfig } from "../RouterConfig.ts"
-import { launchAnvil } from "./Anvil.ts"
-import { epochAnchorAbi, epochAnchorBytecode, testUsdcAbi, testUsdcBytecode } from "./artifacts.ts"
-import { ChainError, fromViemError } from "./ChainError.ts"
-import { demoWalletAccounts, routerSignerAccount, treasuryAccount } from "./DevAccounts.ts"
+import { epochAnchorAbi, testUsdcAbi } from "./artifacts.ts"
+import type { ChainError } from "./ChainError.ts"
+import {
+  call,
+  type DemoWallet,
+  type Deployment,
+  quickCall,
+  RECEIPT_TIMEOUT_MS,
+  readTokenDomain,
+  requireUint64,
+  splitSignature
+} from "./Connection.ts"
+import { embedded, external } from "./Deployment.ts"
 import type { TokenDomain } from "./Eip3009.ts"
-import { type EmbeddedContracts, prepareState, readContracts, writeContracts } from "./EmbeddedState.ts"
 import { makeOutgoing, type OutgoingCall, type OutgoingTransactions } from "./Outgoing.ts"
-import { ensureUptoContracts, PERMIT2_ADDRESS, UPTO_PROXY_ADDRESS } from "./Permit2.ts"
+import { PERMIT2_ADDRESS, UPTO_PROXY_ADDRESS } from "./Permit2.ts"
 import { permit2Abi } from "./permit2Artifact.ts"
 import { nonceBitmapPosition, type UptoPermit, uptoSettleCall } from "./UptoPermit.ts"
 
 export { ChainError, type ChainErrorReason } from "./ChainError.ts"
+export { DEMO_WALLET_FUNDING, type DemoWallet, QUICK_READ_TIMEOUT_MS } from "./Connection.ts"
 export {
   randomAuthorizationNonce,
   signTransferAuthorization,
@@ -53,13 +50,6 @@ export type {
 } from "./Outgoing.ts"
 
 /** 10,000 USDC in base units: what every embedded demo wallet starts with. */
-export const DEMO_WALLET_FUNDING = 10_000_000_000n
-
-export interface DemoWallet {
-  readonly address: Address
-  /** Only in embedded mode, where the keys derive from the public dev mnemonic. */
-  readonly privateKey?: Hex
-}
 
 export interface TransferAuthorization {
   readonly from: Address
@@ -152,138 +142,6 @@ export interface ChainShape {
     readonly from?: Address
     readonly to?: Address
   }) => Effect.Effect<ReadonlyArray<TransferLog>, ChainError>
-}
-
-const RECEIPT_TIMEOUT_MS = 120_000
-const MAX_UINT64 = 2n ** 64n - 1n
-
-const requireUint64 = (epochId: bigint) =>
-  epochId >= 0n && epochId <= MAX_UINT64
-    ? Effect.void
-    : Effect.fail(
-        new ChainError({ reason: "Invalid", message: `epoch id ${epochId} does not fit in uint64` })
-      )
-
-type SignerWallet = WalletClient<HttpTransport, ViemChain, LocalAccount>
-
-/**
- * One account's sends while a fresh embedded chain is set up (contract deployment, demo-wallet funding),
- * serialized so that nonces never collide. Everything the router sends after start goes through
- * `ledger/Treasury.ts` over `outgoing` (docs/decisions.md D165).
- */
-interface Sender {
-  readonly address: Address
-  readonly account: LocalAccount
-  readonly send: (
-    operation: string,
-    write: (wallet: SignerWallet, nonce: number) => Promise<Hash>
-  ) => Effect.Effect<Hash, ChainError>
-}
-
-/**
- * A read a paid request waits on (x402 verification) or a readiness probe: one attempt, answered or given
- * up within this, so a stalled node costs a caller 2 s, not viem's 4 × 10 s (docs/decisions.md D79).
- */
-export const QUICK_READ_TIMEOUT_MS = 2_000
-/** Everything else (settlement, refunds, payouts, anchors, reconciliation): longer, and retried. */
-const BACKGROUND_RPC = { timeout: 10_000, retryCount: 3 } as const
-
-interface Connection {
-  readonly rpcUrl: string
-  readonly chainId: number
-  readonly viemChain: ViemChain
-  readonly publicClient: PublicClient<HttpTransport, ViemChain>
-  /** For quick reads only (`QUICK_READ_TIMEOUT_MS`, no retry). */
-  readonly quickClient: PublicClient<HttpTransport, ViemChain>
-}
-
-const connect = (rpcUrl: string, chainId: number, pollingInterval: number): Connection => {
-  const viemChain = defineChain({
-    id: chainId,
-    name: `eip155:${chainId}`,
-    nativeCurrency: { name: "Ether", symbol: "ETH", decimals: 18 },
-    rpcUrls: { default: { http: [rpcUrl] } }
-  })
-  const publicClient = createPublicClient({
-    chain: viemChain,
-    transport: http(rpcUrl, BACKGROUND_RPC),
-    pollingInterval
-  })
-  const quickClient = createPublicClient({
-    chain: viemChain,
-    transport: http(rpcUrl, { timeout: QUICK_READ_TIMEOUT_MS, retryCount: 0 })
-  })
-  return { rpcUrl, chainId, viemChain, publicClient, quickClient }
-}
-
-const makeSender = Effect.fnUntraced(function* (connection: Connection, account: LocalAccount) {
-  const wallet = createWalletClient({
-    account,
-    chain: connection.viemChain,
-    transport: http(connection.rpcUrl)
-  })
-  const semaphore = yield* Semaphore.make(1)
-  // The node's pending count each time: the treasury (ledger/Treasury.ts) allocates this account's nonces
-  // too, so no count is cached here.
-  const send: Sender["send"] = (operation, write) =>
-    semaphore.withPermit(
-      Effect.gen(function* () {
-        const nonce = yield* Effect.tryPromise({
-          try: () =>
-            connection.publicClient.getTransactionCount({ address: account.address, blockTag: "pending" }),
-          catch: fromViemError(operation)
-        })
-        return yield* Effect.tryPromise({
-          try: () => write(wallet, nonce),
-          catch: fromViemError(operation)
-        })
-      })
-    )
-  return { address: account.address, account, send } satisfies Sender
-})
-
-const call = <A>(operation: string, evaluate: () => Promise<A>) =>
-  Effect.tryPromise({ try: evaluate, catch: fromViemError(operation) })
-
-/** A quick read: the transport gives up at the timeout; the bound here also covers everything around it. */
-const quickCall = <A>(operation: string, evaluate: () => Promise<A>) =>
-  call(operation, evaluate).pipe(
-    Effect.timeoutOrElse({
-      duration: QUICK_READ_TIMEOUT_MS + 250,
-      orElse: () =>
-        Effect.fail(
-          new ChainError({ reason: "Timeout", message: `${operation}: the node did not answer in time` })
-        )
-    })
-  )
-
-const readTokenDomain = (connection: Connection, token: Address) =>
-  Effect.all({
-    name: call("Chain.tokenDomain", () =>
-      connection.publicClient.readContract({ address: token, abi: testUsdcAbi, functionName: "name" })
-    ),
-    version: call("Chain.tokenDomain", () =>
-      connection.publicClient.readContract({ address: token, abi: testUsdcAbi, functionName: "version" })
-    )
-  })
-
-// EIP-3009 has a v,r,s entry point on every USDC version and a bytes one only on v2.2+: EOAs use the former.
-const splitSignature = (signature: Hex) => {
-  if (size(signature) !== 65) return undefined
-  const v = hexToNumber(slice(signature, 64, 65))
-  return { r: slice(signature, 0, 32), s: slice(signature, 32, 64), v: v < 27 ? v + 27 : v }
-}
-
-interface Deployment {
-  readonly mode: ChainShape["mode"]
-  readonly connection: Connection
-  readonly router: Sender
-  /** Absent when no treasury key is configured: then the router signer sends refunds and payouts. */
-  readonly treasurySender: Sender | undefined
-  readonly treasury: Address
-  readonly token: Address
-  readonly anchor: Address
-  readonly demoWallets: ReadonlyArray<DemoWallet>
 }
 
 const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
@@ -512,187 +370,12 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
   } satisfies ChainShape
 })
 
-const deployContract = Effect.fnUntraced(function* (
-  connection: Connection,
-  deployer: Sender,
-  name: string,
-  write: (wallet: SignerWallet, nonce: number) => Promise<Hash>
-) {
-  const hash = yield* deployer.send(`deploy ${name}`, write)
-  const receipt = yield* call(`deploy ${name}`, () =>
-    connection.publicClient.waitForTransactionReceipt({ hash })
-  )
-  if (receipt.status !== "success" || !receipt.contractAddress) {
-    return yield* new ChainError({ reason: "Devnet", message: `deploying ${name} failed` })
-  }
-  return getAddress(receipt.contractAddress)
-})
-
-/** A fresh chain: the contracts deployed, the demo wallets funded. */
-const deployFresh = Effect.fnUntraced(function* (connection: Connection, router: Sender) {
-  const token = yield* deployContract(connection, router, "TestUSDC", (wallet, nonce) =>
-    wallet.deployContract({ abi: testUsdcAbi, bytecode: testUsdcBytecode, nonce })
-  )
-  const anchor = yield* deployContract(connection, router, "EpochAnchor", (wallet, nonce) =>
-    wallet.deployContract({ abi: epochAnchorAbi, bytecode: epochAnchorBytecode, nonce })
-  )
-  const mints = yield* Effect.forEach(demoWalletAccounts(), (wallet) =>
-    router.send("mint", (client, nonce) =>
-      client.writeContract({
-        address: token,
-        abi: testUsdcAbi,
-        functionName: "mint",
-        args: [wallet.address, DEMO_WALLET_FUNDING],
-        nonce
-      })
-    )
-  )
-  yield* Effect.forEach(
-    mints,
-    (hash) => call("mint", () => connection.publicClient.waitForTransactionReceipt({ hash })),
-    {
-      concurrency: "unbounded",
-      discard: true
-    }
-  )
-  return { chainId: connection.chainId, token, anchor } satisfies EmbeddedContracts
-})
-
-/** Whether the recorded contracts are on this chain (a chain whose state was lost has none). */
-const isDeployed = (connection: Connection, contracts: EmbeddedContracts) =>
-  Effect.forEach([contracts.token, contracts.anchor], (address) =>
-    call("Chain.getCode", () => connection.publicClient.getCode({ address: getAddress(address) }))
-  ).pipe(
-    Effect.map(
-      (codes) => contracts.chainId === connection.chainId && codes.every((code) => (code?.length ?? 0) > 2)
-    )
-  )
-
-/**
- * No RPC_URL: a private Anvil with the project's contracts and funded demo wallets. With `stateDir`
- * the chain persists there across restarts (contracts deployed once, on a fresh chain); without it,
- * it lives as long as the layer.
- */
-const embedded = Effect.fnUntraced(function* (stateDir: string | undefined) {
-  const state = stateDir === undefined ? undefined : yield* prepareState(stateDir)
-  const anvil = yield* launchAnvil({ state })
-  const connection = connect(anvil.rpcUrl, anvil.chainId, 50)
-  // Permit2 and the upto proxy at their canonical addresses (idempotent: a resumed chain has them).
-  yield* ensureUptoContracts(connection)
-  const router = yield* makeSender(connection, routerSignerAccount())
-  const treasurySender = yield* makeSender(connection, treasuryAccount())
-  const recorded = stateDir === undefined ? undefined : yield* readContracts(stateDir)
-  const reused = recorded !== undefined && (yield* isDeployed(connection, recorded))
-  if (recorded !== undefined && !reused) {
-    yield* Effect.logError(
-      "the embedded chain lost its state: deploying fresh contracts; ledger entries of earlier runs no longer match the chain"
-    )
-  }
-  const contracts = reused ? recorded : yield* deployFresh(connection, router)
-  if (stateDir !== undefined && !reused) yield* writeContracts(stateDir, contracts)
-  // A resumed chain may miss its last seconds (docs/decisions.md D80): the treasury's recovery pass at
-  // start (ledger/Treasury.ts, D168) offers again every transaction it recorded that this chain does not know.
-  const token = getAddress(contracts.token)
-  const anchor = getAddress(contracts.anchor)
-  const demoWallets = demoWalletAccounts()
-  yield* Effect.logInfo(reused ? "embedded chain resumed" : "embedded chain ready").pipe(
-    Effect.annotateLogs({ rpcUrl: anvil.rpcUrl, token, anchor, demoWallets: demoWallets.length })
-  )
-  return yield* makeService({
-    mode: "embedded",
-    connection,
-    router,
-    treasurySender,
-    treasury: treasurySender.address,
-    token,
-    anchor,
-    demoWallets: demoWallets.map((account) => {
-      const key = account.getHdKey().privateKey
-      return key === null
-        ? { address: account.address }
-        : { address: account.address, privateKey: toHex(key) }
-    })
-  })
-})
-
-const AddressConfig = (name: string) =>
-  Config.schema(Schema.String.check(Schema.isPattern(/^0x[0-9a-fA-F]{40}$/)), name).pipe(
-    Config.map((address) => getAddress(address.toLowerCase()))
-  )
-
-const isPrivateKey = (value: string): value is Hex => /^0x[0-9a-fA-F]{64}$/.test(value)
-
-const accountFromKey = (name: string, key: Redacted.Redacted<string>) => {
-  const raw = Redacted.value(key).trim()
-  const hex = raw.startsWith("0x") ? raw : `0x${raw}`
-  return isPrivateKey(hex)
-    ? Effect.succeed(privateKeyToAccount(hex))
-    : Effect.fail(new ChainError({ reason: "Config", message: `${name} is not a 32-byte hex private key` }))
-}
-
-/** RPC_URL set: the configured chain, token and anchor; the router key signs and pays gas. */
-const external = Effect.fnUntraced(function* (rpcUrl: string) {
-  const config = yield* Config.all({
-    routerKey: Config.Redacted("ROUTER_PRIVATE_KEY"),
-    treasuryKey: Config.option(Config.Redacted("TREASURY_PRIVATE_KEY")),
-    treasury: AddressConfig("TREASURY_ADDRESS"),
-    token: AddressConfig("TOKEN_ADDRESS"),
-    anchor: AddressConfig("ANCHOR_ADDRESS"),
-    chainId: Config.Int("CHAIN_ID")
-  })
-  const connection = connect(rpcUrl, config.chainId, 1000)
-  const actualChainId = yield* call("Chain.connect", () => connection.publicClient.getChainId())
-  if (actualChainId !== config.chainId) {
-    return yield* new ChainError({
-      reason: "Config",
-      message: `CHAIN_ID is ${config.chainId} but the RPC serves chain ${actualChainId}`
-    })
-  }
-  const router = yield* makeSender(connection, yield* accountFromKey("ROUTER_PRIVATE_KEY", config.routerKey))
-  const treasuryKey = Option.getOrUndefined(config.treasuryKey)
-  let treasurySender: Sender | undefined
-  if (treasuryKey !== undefined) {
-    const account = yield* accountFromKey("TREASURY_PRIVATE_KEY", treasuryKey)
-    if (account.address !== config.treasury) {
-      return yield* new ChainError({
-        reason: "Config",
-        message: "TREASURY_PRIVATE_KEY does not belong to TREASURY_ADDRESS"
-      })
-    }
-    // One account, one nonce sequence: a treasury that is also the router signer shares its sender.
-    treasurySender = account.address === router.address ? router : yield* makeSender(connection, account)
-  }
-  const anchorOwner = yield* call("Chain.connect", () =>
-    connection.publicClient.readContract({
-      address: config.anchor,
-      abi: epochAnchorAbi,
-      functionName: "owner"
-    })
-  )
-  if (anchorOwner !== router.address) {
-    return yield* new ChainError({
-      reason: "Config",
-      message: `ANCHOR_ADDRESS is owned by ${anchorOwner}, not by the router signer ${router.address}`
-    })
-  }
-  return yield* makeService({
-    mode: "external",
-    connection,
-    router,
-    treasurySender,
-    treasury: config.treasury,
-    token: config.token,
-    anchor: config.anchor,
-    demoWallets: []
-  })
-})
-
 const make = Effect.fnUntraced(function* (stateDir: string | undefined) {
   const rpcUrl = yield* Config.option(Config.String("RPC_URL"))
   const configured = Option.getOrUndefined(rpcUrl)?.trim()
-  return configured === undefined || configured === ""
-    ? yield* embedded(stateDir)
-    : yield* external(configured)
+  return yield* makeService(
+    configured === undefined || configured === "" ? yield* embedded(stateDir) : yield* external(configured)
+  )
 })
 
 /**
