@@ -217,6 +217,8 @@ export const OpenAiErrorBody = Schema.Struct({
     message: Schema.String,
     type: Schema.String,
     code: Schema.NullOr(Schema.String),
-    param: Schema.NullOr(Schema.String)
+    param: Schema.NullOr(Schema.String),
+    /** Set on a 503: the condition passes, send the same request again after `Retry-After`. */
+    retryable: Schema.optionalKey(Schema.Boolean)
   })
 })

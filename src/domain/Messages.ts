@@ -211,5 +211,10 @@ export type MessagesStreamEvent = typeof MessagesStreamEvent.Type
 /** Anthropic's error body. */
 export const MessagesErrorBody = Schema.Struct({
   type: Schema.Literal("error"),
-  error: Schema.Struct({ type: Schema.String, message: Schema.String })
+  /** `retryable` is set on a 503: the condition passes, send the same request again after `Retry-After`. */
+  error: Schema.Struct({
+    type: Schema.String,
+    message: Schema.String,
+    retryable: Schema.optionalKey(Schema.Boolean)
+  })
 })

@@ -27,12 +27,25 @@ const statusOf = (cls: ErrorClass): number => {
 const tagOf = (cls: ErrorClass) => cls.ast.annotations?.identifier as DialectError["_tag"]
 const asCodec = (cls: ErrorClass) => cls as unknown as Schema.Codec<DialectError, Encoded>
 
+/**
+ * A 503 is always a condition to wait out (the database faulting, a busy or empty market, a draining
+ * instance): its body says `retryable: true` in either dialect, beside the `Retry-After` header the
+ * middleware sets (D210).
+ */
+const retryableOf = (e: Encoded) => (e._tag === "ServiceUnavailable" ? { retryable: true } : {})
+
 export const openAiBody = (e: Encoded) => ({
-  error: { message: e.message, type: errorTypes[e._tag].openai, code: e.code, param: e.param ?? null }
+  error: {
+    message: e.message,
+    type: errorTypes[e._tag].openai,
+    code: e.code,
+    param: e.param ?? null,
+    ...retryableOf(e)
+  }
 })
 export const anthropicBody = (e: Encoded) => ({
   type: "error" as const,
-  error: { type: errorTypes[e._tag].anthropic, message: e.message }
+  error: { type: errorTypes[e._tag].anthropic, message: e.message, ...retryableOf(e) }
 })
 
 export const openAi = <C extends ErrorClass>(cls: C) => {

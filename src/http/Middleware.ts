@@ -44,6 +44,13 @@ export const renderError = (dialect: Dialect, error: DialectError) => {
 
 const schemaMessage = (error: Schema.SchemaError) => SchemaIssue.makeFormatterDefault()(error.issue)
 
+/**
+ * Seconds a `503` tells its caller to wait when nothing more specific was said (a draining instance
+ * and a full live-events endpoint set their own): a database fault or a busy market passes within
+ * seconds, and a sooner retry only adds to the load that caused it (D210).
+ */
+export const RETRY_AFTER_SECONDS = 2
+
 /** Turns framework-level failures (bad JSON, schema mismatch, unknown route, oversize) into typed errors. */
 const frameworkError = (cause: Cause.Cause<unknown>, path: string): DialectError | undefined => {
   for (const reason of cause.reasons) {
@@ -94,8 +101,8 @@ const routeOf = (path: string) => routePatterns.find((r) => r.regex.test(path))?
 
 /**
  * Global middleware: every response carries the auction version; every failure that
- * escaped a handler's typed error channel is rendered in the caller's dialect; every
- * request is counted and timed by route pattern.
+ * escaped a handler's typed error channel is rendered in the caller's dialect; every `503`
+ * carries `Retry-After`; every request is counted and timed by route pattern.
  */
 export const RouterMiddleware = HttpRouter.middleware(
   Effect.gen(function* () {
@@ -141,6 +148,9 @@ export const RouterMiddleware = HttpRouter.middleware(
             )
             response = HttpServerResponse.setStatus(response, 500)
           }
+        }
+        if (response.status === 503 && response.headers["retry-after"] === undefined) {
+          response = HttpServerResponse.setHeader(response, "retry-after", String(RETRY_AFTER_SECONDS))
         }
         const finished = yield* Clock.currentTimeMillis
         yield* recordRequest(

@@ -24,7 +24,12 @@ const keyCall = (secret: string, path: string, body: unknown) =>
         body: JSON.stringify(body)
       })
       const text = await response.text()
-      return { status: response.status, text, requestId: response.headers.get("x-request-id") }
+      return {
+        status: response.status,
+        text,
+        requestId: response.headers.get("x-request-id"),
+        retryAfter: response.headers.get("retry-after")
+      }
     })
   })
 
@@ -154,13 +159,19 @@ describe("hang-ups leave nothing behind; a cut reply says so (issue 11)", () => 
           messages: [{ role: "user", content: "the database fails" }]
         })
         yield* sql.unsafe("DROP TRIGGER fault_for_payer ON requests")
+        // Each dialect says it is the database, to retry: `retryable` in the body, `Retry-After` in the headers.
         assert.strictEqual(refused.status, 503)
-        assert.strictEqual(
-          (JSON.parse(refused.text) as { error: { code: string } }).error.code,
-          "database_unavailable"
-        )
+        assert.deepInclude((JSON.parse(refused.text) as { error: object }).error, {
+          code: "database_unavailable",
+          type: "service_unavailable",
+          retryable: true
+        })
+        assert.strictEqual(refused.retryAfter, "2")
         assert.strictEqual(anthropic.status, 503)
-        assert.strictEqual((JSON.parse(anthropic.text) as { type: string }).type, "error")
+        const anthropicBody = JSON.parse(anthropic.text) as { type: string; error: object }
+        assert.strictEqual(anthropicBody.type, "error")
+        assert.deepInclude(anthropicBody.error, { type: "overloaded_error", retryable: true })
+        assert.strictEqual(anthropic.retryAfter, "2")
         const state = yield* keyState(key.keyId)
         assert.deepStrictEqual([state.reserved, state.spent, state.available], [0, 0, 10_000_000])
         // Once the database answers again, the same call is served.
