@@ -34,5 +34,25 @@ describe("migrations", () => {
         assert.deepStrictEqual(yield* schemaFingerprint, before)
       })
     )
+
+    it.effect("a task's lineage is read by index: its forks, and whether a fork still names a snapshot", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        // With sequential scans priced out, a plan names an index only where one can serve the read.
+        const plan = (statement: Effect.Effect<ReadonlyArray<Record<string, unknown>>, unknown>) =>
+          sql
+            .withTransaction(Effect.andThen(sql`SET LOCAL enable_seqscan = off`, statement))
+            .pipe(Effect.map((rows) => rows.map((row) => String(Object.values(row)[0])).join("\n")))
+        const forks = yield* plan(sql`
+          EXPLAIN SELECT task_id, parent_snapshot_id FROM tasks WHERE parent_task_id = ${"task_x"} ORDER BY created_at
+        `)
+        assert.include(forks, "tasks_parent_task")
+        const named = yield* plan(sql`
+          EXPLAIN SELECT snapshot_id FROM workspace_snapshots s WHERE s.task_id IS NULL
+            AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.parent_snapshot_id = s.snapshot_id)
+        `)
+        assert.include(named, "tasks_parent_snapshot")
+      })
+    )
   })
 })

@@ -357,5 +357,17 @@ export const programs: Migrations = {
         PRIMARY KEY (run_id, case_id)
       )
     `
+  }),
+  "0026_task_lineage_indexes": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // A task's view lists its forks (by parent task, in creation order), and erasing a task keeps the
+    // snapshots a fork still names (by parent snapshot): without these both read every task. Only forks
+    // carry a lineage, so the indexes hold only them.
+    yield* sql`
+      CREATE INDEX tasks_parent_task ON tasks (parent_task_id, created_at) WHERE parent_task_id IS NOT NULL
+    `
+    yield* sql`
+      CREATE INDEX tasks_parent_snapshot ON tasks (parent_snapshot_id) WHERE parent_snapshot_id IS NOT NULL
+    `
   })
 }
