@@ -113,28 +113,29 @@ export const makeAdmission = Effect.gen(function* () {
       // Spec 5.2: a per-turn completion takes `upto` too; a session's budget is `exact` only.
       upto: !opening,
       // An opening call records its session before anything is reserved.
-      beforeReserve: (payer, budget, source) =>
+      beforeReserve:
         sessionId === undefined
-          ? Effect.void
-          : Effect.map(
-              sessions.open({
-                sessionId,
-                payer: payer.toLowerCase(),
-                fundingKind: source._tag === "Credit" ? "credit" : "x402",
-                fundingRequestId: requestId,
-                keyId: source._tag === "Credit" ? source.keyId : null,
-                budget,
-                providerId: auction.winner.provider_id,
-                modelClass: auction.winner.model_class,
-                priceIn: auction.clear.price_in,
-                priceOut: auction.clear.price_out,
-                priceInCached: auction.clear.price_in_cached ?? null,
-                ttlSeconds: auction.winningQuote.session_ttl_s ?? sessions.settings.defaultTtlSeconds
-              }),
-              (token) => {
-                sessionToken = token
-              }
-            ),
+          ? undefined
+          : (payer, budget, source) =>
+              Effect.map(
+                sessions.open({
+                  sessionId,
+                  payer: payer.toLowerCase(),
+                  fundingKind: source._tag === "Credit" ? "credit" : "x402",
+                  fundingRequestId: requestId,
+                  keyId: source._tag === "Credit" ? source.keyId : null,
+                  budget,
+                  providerId: auction.winner.provider_id,
+                  modelClass: auction.winner.model_class,
+                  priceIn: auction.clear.price_in,
+                  priceOut: auction.clear.price_out,
+                  priceInCached: auction.clear.price_in_cached ?? null,
+                  ttlSeconds: auction.winningQuote.session_ttl_s ?? sessions.settings.defaultTtlSeconds
+                }),
+                (token) => {
+                  sessionToken = token
+                }
+              ),
       undo: sessionId === undefined ? undefined : sessions.discard(sessionId)
     })
     const paid: Extract<PaymentSource, { _tag: "SessionOpening" }>["funding"] =

@@ -7,7 +7,7 @@ import { Settle } from "../ledger/Settle.ts"
 import type { RankedBid } from "../market/Auction.ts"
 import { Latency } from "../market/Latency.ts"
 import { Providers } from "../market/Providers.ts"
-import { QuoteBook } from "../market/QuoteBook.ts"
+import { QuoteBook, type Slot } from "../market/QuoteBook.ts"
 import { LiveStreams } from "./LiveStreams.ts"
 import { billableTokens, type Meter, meteredUsage, newMeter, recordContent } from "./Meter.ts"
 import type { Admitted, Funding, Launch, ServeEvent, ServeSummary } from "./Paid.ts"
@@ -26,6 +26,24 @@ interface Serving extends Launch {
   readonly started: Started
 }
 
+/**
+ * The capacity slot of the attempt that serves (or last tried to), held until the request is settled:
+ * the settling statement deletes its lease row, so letting it go costs no round trip of its own.
+ */
+interface Holding {
+  scope: Scope.Closeable | undefined
+  slot: Slot | undefined
+}
+
+/** Lets the held slot go: in memory only once the settlement deleted its row, else with its own delete. */
+const letGo = (holding: Holding) =>
+  Effect.suspend(() => {
+    const scope = holding.scope
+    holding.scope = undefined
+    holding.slot = undefined
+    return scope === undefined ? Effect.void : Scope.close(scope, Exit.void)
+  })
+
 const paidByOf = (funding: Funding): PaidBy =>
   funding._tag === "Credit"
     ? { _tag: "Credit", keyId: funding.keyId }
@@ -40,8 +58,11 @@ interface Deps {
   readonly upstream: Upstream["Service"]
 }
 
-/** One provider's attempt, holding one capacity slot of its quote for the call. */
-const attempt = (deps: Deps) => (input: Serving, meter: Meter, bid: RankedBid) =>
+/**
+ * One provider's attempt, holding one capacity slot of its quote for the call and its settlement (the
+ * previous attempt's slot, if any, is let go first).
+ */
+const attempt = (deps: Deps) => (input: Serving, meter: Meter, holding: Holding, bid: RankedBid) =>
   Effect.scoped(
     Effect.gen(function* () {
       const { book, providers, latency, upstream } = deps
@@ -54,9 +75,13 @@ const attempt = (deps: Deps) => (input: Serving, meter: Meter, bid: RankedBid) =
           new UpstreamFailed({ code: "provider_unavailable", message: "provider left the market" })
         )
       }
-      yield* book
-        .acquireSlot(quote.quote)
-        .pipe(Effect.mapError((e) => new UpstreamFailed({ code: e.code, message: e.message })))
+      yield* letGo(holding)
+      const scope = yield* Scope.make()
+      holding.scope = scope
+      holding.slot = yield* book.acquireSlot(quote.quote).pipe(
+        Scope.provide(scope),
+        Effect.mapError((e) => new UpstreamFailed({ code: e.code, message: e.message }))
+      )
       meter.servedBy = bid
       meter.heldSources = undefined
       const sentAt = yield* Clock.currentTimeMillis
@@ -110,7 +135,8 @@ const attempt = (deps: Deps) => (input: Serving, meter: Meter, bid: RankedBid) =
 
 /** Settles what was metered, then tells the readers (`End`) and the waiting admission. */
 const finish =
-  (settle: Settle["Service"]) => (input: Serving, meter: Meter, exit: Exit.Exit<void, UpstreamFailed>) =>
+  (settle: Settle["Service"]) =>
+  (input: Serving, meter: Meter, holding: Holding, exit: Exit.Exit<void, UpstreamFailed>) =>
     Effect.gen(function* () {
       const { auction } = input
       const usage = meteredUsage(meter, {
@@ -133,7 +159,8 @@ const finish =
       const ttftMs = meter.delivered ? meter.firstTokenAt - input.createdAt : 0
       // A session remembers the whole conversation so far: the next turn's cached prefix.
       const prefixTokens = usage.promptTokens + usage.completionTokens
-      yield* settle.request({
+      const slot = holding.slot
+      const settled = yield* settle.request({
         requestId: input.requestId,
         createdAt: input.createdAt,
         payer: input.payer,
@@ -153,8 +180,11 @@ const finish =
           _tag: "Tokens",
           sessionId: input.request.routing?.session_id ?? null,
           agent: input.agent
-        }
+        },
+        lease: slot?.leaseId
       })
+      if (settled) slot?.handOff()
+      yield* letGo(holding)
       // What the request held until its settlement (a task's budget hold) closes once it is settled.
       if (input.scope !== undefined) yield* Scope.close(input.scope, Exit.void)
       yield* input.emit({
@@ -182,7 +212,7 @@ const finish =
         )
       }
       yield* Deferred.succeed(input.started, undefined)
-    }).pipe(Effect.orDie)
+    }).pipe(Effect.ensuring(letGo(holding)), Effect.orDie)
 
 /**
  * The serve step: an admitted, paid-for request is served in its own supervised fiber. The winner
@@ -215,6 +245,7 @@ export class Serve extends Context.Service<
       const serve = (input: Serving) => {
         const { auction, request } = input
         const meter = newMeter(auction.winner)
+        const holding: Holding = { scope: undefined, slot: undefined }
         const worstAt = { input: input.promptEstimate, cachedInput: 0, output: maxTokensOf(request) }
         const fallbacks = auction.bids.filter(
           (b) => b.outcome === "lost" && charge(worstAt, b) <= auction.clearedCost
@@ -223,7 +254,7 @@ export class Serve extends Context.Service<
 
         const run = Effect.gen(function* () {
           for (let i = 0; i < candidates.length; i++) {
-            const exit = yield* Effect.exit(attemptOn(input, meter, candidates[i]!))
+            const exit = yield* Effect.exit(attemptOn(input, meter, holding, candidates[i]!))
             if (Exit.isSuccess(exit)) return
             const failure = Cause.findErrorOption(exit.cause)
             const error = Option.isSome(failure)
@@ -252,7 +283,7 @@ export class Serve extends Context.Service<
           })
         )
         return Effect.interruptible(bounded).pipe(
-          Effect.onExit((exit) => settleServed(input, meter, exit)),
+          Effect.onExit((exit) => settleServed(input, meter, holding, exit)),
           Effect.catchCause(() => Effect.void),
           Effect.withSpan("Serve.run", { attributes: { request_id: input.requestId } })
         )

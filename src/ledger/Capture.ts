@@ -27,6 +27,8 @@ export interface CaptureRecord {
   readonly economics: EconomicsRecord
   /** Defaults to an x402 authorization. */
   readonly source?: PaymentSource | undefined
+  /** The capacity lease the request held while served: the statement deletes it (whether or not it claims). */
+  readonly lease?: string | undefined
 }
 
 const X402Source: PaymentSource = { _tag: "X402" }
@@ -95,7 +97,10 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
                    AS e(account text, kind text, amount bigint)
             )`
           ]),
-      ...effects.map(([name, effect]) => sql`${sql.literal(name)} AS (${effect})`)
+      ...effects.map(([name, effect]) => sql`${sql.literal(name)} AS (${effect})`),
+      ...(record.lease === undefined
+        ? []
+        : [sql`lease_released AS (DELETE FROM capacity_leases WHERE lease_id = ${record.lease})`])
     ]
     return sql<{ claimed: number }>`
       WITH ${sql.join(", ", false)(ctes)}
@@ -167,7 +172,12 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
     ] satisfies Array<Effect_>
   })
 
-  const capture = Effect.fnUntraced(function* ({ receipt, economics, source = X402Source }: CaptureRecord) {
+  const capture = Effect.fnUntraced(function* ({
+    receipt,
+    economics,
+    source = X402Source,
+    lease
+  }: CaptureRecord) {
     const { routerFee, providerShare } = feeSplit(receipt.charged)
     const refund = receipt.authorized - receipt.charged
     const entries: Array<Entry> = [
@@ -211,14 +221,19 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
           ])
         }
     }
-    const claimed = yield* settleStatement({ receipt, economics }, "captured", entries, effects).pipe(
+    const claimed = yield* settleStatement({ receipt, economics, lease }, "captured", entries, effects).pipe(
       Effect.orDie
     )
     // A charge settled on a balance or a budget is final now: its receipt is signed shortly after.
     if (claimed && settledOnCapture(source, receipt)) yield* receipts.enqueue(receipt)
   })
 
-  const release = Effect.fnUntraced(function* ({ receipt, economics, source = X402Source }: CaptureRecord) {
+  const release = Effect.fnUntraced(function* ({
+    receipt,
+    economics,
+    source = X402Source,
+    lease
+  }: CaptureRecord) {
     const entries: Array<Entry> = []
     const effects: Array<Effect_> = []
     const releaseAuthorization = () => {
@@ -261,7 +276,7 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
         ])
         entries.push({ account: receipt.wallet, kind: "session_released", amount: receipt.authorized })
     }
-    const claimed = yield* settleStatement({ receipt, economics }, "released", entries, effects).pipe(
+    const claimed = yield* settleStatement({ receipt, economics, lease }, "released", entries, effects).pipe(
       Effect.orDie
     )
     if (claimed) yield* receipts.enqueue(receipt)

@@ -8,6 +8,8 @@ import { type CaptureRecord, makeCapture } from "./Capture.ts"
 import { makeReceiptStore } from "./ReceiptStore.ts"
 import {
   type CreditRefused,
+  type CreditReserved,
+  type KeyRefused,
   makeReservations,
   type NonceReplay,
   type ReservationRecord,
@@ -19,6 +21,8 @@ import { makeSessionClose } from "./SessionClose.ts"
 export type { CaptureRecord, PaymentSource } from "./Capture.ts"
 export {
   CreditRefused,
+  type CreditReserved,
+  KeyRefused,
   NonceReplay,
   permit2NonceOf,
   type ReservationRecord,
@@ -67,7 +71,16 @@ export class Ledger extends Context.Service<
     readonly reserveCredit: (
       record: ReservationRecord,
       keyId: string
-    ) => Effect.Effect<{ readonly keyRemaining: number }, CreditRefused | ServiceUnavailable>
+    ) => Effect.Effect<CreditReserved, KeyRefused | CreditRefused | ServiceUnavailable>
+    /**
+     * The same for a key as sent: found by its secret's hash, checked (live, unexpired at `nowMs`, able to
+     * spend, owner invited) and reserved on in one statement; a key failing a check fails `KeyRefused`.
+     */
+    readonly reserveCreditKey: (
+      record: Omit<ReservationRecord, "payer">,
+      keyHash: string,
+      nowMs: number
+    ) => Effect.Effect<CreditReserved, KeyRefused | CreditRefused | ServiceUnavailable>
     /** Captures the metered charge: receipt (pending settlement), economics, fee split, refund due. */
     readonly capture: (record: CaptureRecord) => Effect.Effect<void>
     /** Nothing was served: the whole reservation is released and no money moves. */

@@ -21,6 +21,26 @@ export class CreditRefused extends Schema.TaggedError<CreditRefused>()("CreditRe
   code: Schema.Literals(["key_budget_exhausted", "key_unfunded"])
 }) {}
 
+/**
+ * A credit key that fails a gate of the reservation: unknown or revoked, expired, read-only, or its
+ * owner not invited. Nothing was written.
+ */
+export class KeyRefused extends Schema.TaggedError<KeyRefused>()("KeyRefused", {
+  reason: Schema.Literals(["unknown", "expired", "cannot_spend", "not_invited"])
+}) {}
+
+/** Which key a reservation draws on: one resolved before, or a secret's hash read with the router's clock. */
+type KeyRef =
+  | { readonly _tag: "Id"; readonly keyId: string }
+  | { readonly _tag: "Secret"; readonly keyHash: string; readonly nowMs: number }
+
+/** A reservation on a funded key: whose key, and what it may still spend after it. */
+export interface CreditReserved {
+  readonly keyId: string
+  readonly wallet: string
+  readonly keyRemaining: number
+}
+
 export interface ReservationRecord {
   readonly requestId: string
   readonly dialect: string
@@ -149,16 +169,35 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
   })
 
   /**
-   * One statement: the key's cap, the owner's balance, the request row and the ledger row.
-   * Over the cap or the balance, a CHECK constraint fails and nothing is written; an owner
-   * with no balance row trips the division guard. Any number of router instances share it.
+   * One statement: the key (found, live, able to spend, its owner invited), the key's cap, the owner's
+   * balance, the request row and the ledger row. A key that fails a gate writes nothing and says which
+   * gate (`KeyRefused`); over the cap or the balance, a CHECK constraint fails and nothing is written;
+   * an owner with no balance row trips the division guard. Any number of router instances share it.
    */
-  const reserveCredit = Effect.fnUntraced(function* (record: ReservationRecord, keyId: string) {
-    const rows = yield* sql<{ remaining: string; guard: number }>`
-      WITH k AS (
+  const reserveWithKey = (record: Omit<ReservationRecord, "payer">, key: KeyRef) => {
+    const found =
+      key._tag === "Id"
+        ? sql`SELECT key_id, 'credit' AS kind, true AS invited, false AS expired
+              FROM api_keys WHERE key_id = ${key.keyId} AND revoked_at IS NULL`
+        : // Expiry against the router's clock (tests move it), to the second as the key registry reads it.
+          sql`SELECT k.key_id, k.kind, coalesce(o.invited, false) AS invited,
+                     coalesce(extract(epoch FROM k.expires_at)::bigint * 1000 <= ${key.nowMs}, false) AS expired
+              FROM api_keys k LEFT JOIN wallets o ON o.wallet = k.wallet
+              WHERE k.key_hash = ${key.keyHash} AND k.revoked_at IS NULL`
+    return sql<{
+      key_id: string
+      kind: string
+      invited: boolean
+      expired: boolean
+      wallet: string | null
+      remaining: string | null
+      guard: number | null
+    }>`
+      WITH found AS (${found}), k AS (
         UPDATE api_keys SET reserved = reserved + ${record.authorized}, requests = requests + 1
-        WHERE key_id = ${keyId} AND revoked_at IS NULL
-        RETURNING wallet, budget - spent - reserved AS remaining
+        WHERE key_id = (SELECT key_id FROM found WHERE kind = 'credit' AND invited AND NOT expired)
+          AND revoked_at IS NULL
+        RETURNING key_id, wallet, budget - spent - reserved AS remaining
       ), w AS (
         UPDATE wallet_balances
         SET available = available - ${record.authorized}, reserved = reserved + ${record.authorized},
@@ -170,14 +209,17 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
                               provider_id, authorized, status, agent, key_id, session_id)
         SELECT ${record.requestId}, ${record.dialect}, 'credit', w.wallet, ${record.requestedModel},
                ${record.modelClass}, ${record.providerId}, ${record.authorized}, 'reserved',
-               ${JSON.stringify(record.agent)}::jsonb, ${keyId}, ${record.sessionId ?? null}
-        FROM w
+               ${JSON.stringify(record.agent)}::jsonb, k.key_id, ${record.sessionId ?? null}
+        FROM w, k
         RETURNING request_id, payer
       ), entry AS (
         INSERT INTO ledger_entries (request_id, account, kind, amount)
         SELECT request_id, payer, 'credit_reserved', ${record.authorized} FROM request
       )
-      SELECT (SELECT remaining FROM k)::text AS remaining, 1 / (SELECT count(*)::int FROM w) AS guard
+      SELECT found.key_id, found.kind, found.invited, found.expired, (SELECT wallet FROM k) AS wallet,
+             (SELECT remaining FROM k)::text AS remaining,
+             CASE WHEN EXISTS (SELECT 1 FROM k) THEN 1 / (SELECT count(*)::int FROM w) END AS guard
+      FROM found
     `.pipe(
       // Two statements that lock the same key and balance rows can meet in a deadlock (Postgres aborts
       // one); the statement is atomic, so it is run again.
@@ -197,10 +239,32 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
           return Effect.fail(new CreditRefused({ code: "key_unfunded" }))
         }
         return Effect.fail(databaseUnavailable(error))
+      }),
+      Effect.flatMap((rows) => {
+        const row = rows[0]
+        if (row === undefined) return Effect.fail(new KeyRefused({ reason: "unknown" }))
+        if (row.expired) return Effect.fail(new KeyRefused({ reason: "expired" }))
+        if (row.kind !== "credit") return Effect.fail(new KeyRefused({ reason: "cannot_spend" }))
+        if (!row.invited) return Effect.fail(new KeyRefused({ reason: "not_invited" }))
+        return Effect.succeed({
+          keyId: row.key_id,
+          wallet: row.wallet ?? "",
+          keyRemaining: Number(row.remaining ?? 0)
+        } satisfies CreditReserved)
       })
     )
-    return { keyRemaining: Number(rows[0]?.remaining ?? 0) }
-  })
+  }
 
-  return { reserveX402, reserveCredit, reserveSessionTurn, nonceUnused }
+  /** A key resolved before (its id): the reservation alone. */
+  const reserveCredit = (record: ReservationRecord, keyId: string) =>
+    reserveWithKey(record, { _tag: "Id", keyId })
+
+  /**
+   * The paid path's one statement for a key as sent (`x-credit-key`, by the SHA-256 of its secret):
+   * resolving the key and reserving on it are one round trip.
+   */
+  const reserveCreditKey = (record: Omit<ReservationRecord, "payer">, keyHash: string, nowMs: number) =>
+    reserveWithKey(record, { _tag: "Secret", keyHash, nowMs })
+
+  return { reserveX402, reserveCredit, reserveCreditKey, reserveSessionTurn, nonceUnused }
 }

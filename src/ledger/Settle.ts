@@ -41,6 +41,8 @@ export interface Served {
   readonly paidBy: PaidBy
   readonly source: PaymentSource
   readonly detail: EconomicsDetail
+  /** The capacity lease the request held: the settling statement deletes it. */
+  readonly lease?: string | undefined
 }
 
 /**
@@ -51,7 +53,10 @@ export interface Served {
  */
 export class Settle extends Context.Service<
   Settle,
-  { readonly request: (served: Served) => Effect.Effect<void> }
+  {
+    /** True once the settling statement ran (now or before); false when it was given up to the reaper. */
+    readonly request: (served: Served) => Effect.Effect<boolean>
+  }
 >()("router/ledger/Settle") {
   static readonly layer = Layer.effect(
     Settle,
@@ -93,8 +98,9 @@ export class Settle extends Context.Service<
           ttftMs: served.ttftMs,
           detail: served.detail
         })
-        const record = { receipt, economics, source: served.source }
+        const record = { receipt, economics, source: served.source, lease: served.lease }
         return (served.status === "released" ? ledger.release(record) : ledger.capture(record)).pipe(
+          Effect.as(true),
           Effect.catchDefect((defect) => Effect.fail(defect)),
           Effect.tapError(() => Metric.update(settleRetries, 1)),
           Effect.retry({ schedule: Schedule.exponential("100 millis"), times: 8 }),
@@ -108,7 +114,7 @@ export class Settle extends Context.Service<
                 status: served.status,
                 cause: String(cause)
               })
-            )
+            ).pipe(Effect.as(false))
           ),
           Effect.withSpan("Settle.request", {
             attributes: { request_id: served.requestId, status: served.status }
@@ -122,5 +128,5 @@ export class Settle extends Context.Service<
 
   /** Hands every settlement to `record` instead of the ledger, for tests of what settles. */
   static readonly layerTest = (record: (served: Served) => Effect.Effect<void>) =>
-    Layer.succeed(Settle, Settle.of({ request: record }))
+    Layer.succeed(Settle, Settle.of({ request: (served) => Effect.as(record(served), true) }))
 }

@@ -19,6 +19,16 @@ const LEASE_TTL = "20 minutes"
 
 export type QuoteRejection = InvalidRequest | Unauthorized | Forbidden | Conflict
 
+/**
+ * A capacity slot held for the life of a scope: its lease row's id. A caller whose own statement
+ * deletes the row (the capture or release of the request it served) says so with `handOff` once that
+ * statement ran; closing the scope then frees the slot in memory only, with no round trip of its own.
+ */
+export interface Slot {
+  readonly leaseId: string
+  readonly handOff: () => void
+}
+
 const slotKey = (providerId: string, modelClass: string) => `${providerId}\u0000${modelClass}`
 
 /** Canonical JSON of a quote, so a re-post of the identical quote is recognised. */
@@ -45,7 +55,7 @@ export class QuoteBook extends Context.Service<
      * Takes one concurrency slot on the quote's (provider, class) for the life of the
      * scope; fails when the signed ceiling is reached across all instances.
      */
-    readonly acquireSlot: (quote: SignedQuote) => Effect.Effect<void, ServiceUnavailable, Scope.Scope>
+    readonly acquireSlot: (quote: SignedQuote) => Effect.Effect<Slot, ServiceUnavailable, Scope.Scope>
     readonly sync: Effect.Effect<void>
   }
 >()("router/market/QuoteBook") {
@@ -176,6 +186,13 @@ export class QuoteBook extends Context.Service<
       const acquireSlot = (quote: SignedQuote) => {
         const key = slotKey(quote.provider_id, quote.model_class)
         const leaseId = crypto.randomUUID()
+        let handedOff = false
+        const slot: Slot = {
+          leaseId,
+          handOff: () => {
+            handedOff = true
+          }
+        }
         return Effect.acquireRelease(
           sql<{ granted: boolean }>`
             SELECT acquire_capacity(${quote.provider_id}, ${quote.model_class}, ${quote.capacity_rps}, ${leaseId},
@@ -193,13 +210,15 @@ export class QuoteBook extends Context.Service<
             granted
               ? Effect.gen(function* () {
                   inFlight.set(key, Math.max(0, (inFlight.get(key) ?? 1) - 1))
-                  yield* sql`DELETE FROM capacity_leases WHERE lease_id = ${leaseId}`.pipe(Effect.ignore)
+                  if (!handedOff) {
+                    yield* sql`DELETE FROM capacity_leases WHERE lease_id = ${leaseId}`.pipe(Effect.ignore)
+                  }
                 })
               : Effect.void
         ).pipe(
           Effect.flatMap((granted) =>
             granted
-              ? Effect.void
+              ? Effect.succeed(slot)
               : Effect.fail(
                   new ServiceUnavailable({
                     code: "capacity_exhausted",
@@ -251,6 +270,7 @@ export class QuoteBook extends Context.Service<
             yield* Effect.addFinalizer(() =>
               Effect.sync(() => inFlight.set(key, (inFlight.get(key) ?? 1) - 1))
             )
+            return { leaseId: `test-${crypto.randomUUID()}`, handOff: () => {} } satisfies Slot
           }),
         sync: Effect.void
       })

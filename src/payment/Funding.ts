@@ -1,4 +1,4 @@
-import { Context, Effect, Layer } from "effect"
+import { Clock, Context, Effect, Layer } from "effect"
 import {
   Conflict,
   type Forbidden,
@@ -7,8 +7,15 @@ import {
   Unauthorized
 } from "../domain/Errors.ts"
 import { PaymentRequired, type PaymentRequiredCode } from "../domain/X402.ts"
-import { Ledger, type ReservationRecord } from "../ledger/Ledger.ts"
+import {
+  type CreditRefused,
+  type CreditReserved,
+  type KeyRefused,
+  Ledger,
+  type ReservationRecord
+} from "../ledger/Ledger.ts"
 import { CreditKeys } from "./CreditKeys.ts"
+import { creditKeyRefusal, hashSecret } from "./Keys.ts"
 import { PaymentVerifier, type QuoteInput, type VerifiedPayment } from "./PaymentVerifier.ts"
 import { type SessionRow, Sessions, type TurnRefusal } from "./Sessions.ts"
 
@@ -112,25 +119,49 @@ export class FundingService extends Context.Service<
           const refuse = (code: PaymentRequiredCode, error: string) =>
             Effect.andThen(input.undo ?? Effect.void, Effect.fail(quote(input, code, error)))
           if (input.creditKey !== undefined) {
-            const key = yield* creditKeys.resolve(input.creditKey)
             const authorized = input.worstCase
-            yield* input.beforeReserve?.(key.wallet, authorized, { _tag: "Credit", keyId: key.keyId }) ??
-              Effect.void
-            const { keyRemaining } = yield* ledger
-              .reserveCredit({ ...input.reservation, payer: key.wallet, authorized }, key.keyId)
-              .pipe(
-                Effect.catchTag("CreditRefused", (refused) =>
-                  refuse(
-                    refused.code,
-                    refused.code === "key_budget_exhausted"
-                      ? `this key's budget cannot cover ${input.subject}`
-                      : `the key owner's credit balance cannot cover ${input.subject}`
-                  )
-                )
+            const beforeReserve = input.beforeReserve
+            const refused = (
+              reservation: Effect.Effect<CreditReserved, KeyRefused | CreditRefused | ServiceUnavailable>
+            ) =>
+              reservation.pipe(
+                Effect.catchTags({
+                  KeyRefused: (refused) =>
+                    Effect.andThen(input.undo ?? Effect.void, Effect.fail(creditKeyRefusal(refused.reason))),
+                  CreditRefused: (refused) =>
+                    refuse(
+                      refused.code,
+                      refused.code === "key_budget_exhausted"
+                        ? `this key's budget cannot cover ${input.subject}`
+                        : `the key owner's credit balance cannot cover ${input.subject}`
+                    )
+                })
               )
+            // The paid path's case: the key is resolved by the reservation's own statement. A session
+            // opening records its session (which names the key and its owner) before reserving.
+            const { keyId, wallet, keyRemaining } =
+              beforeReserve === undefined
+                ? yield* refused(
+                    ledger.reserveCreditKey(
+                      { ...input.reservation, authorized },
+                      hashSecret(input.creditKey),
+                      yield* Clock.currentTimeMillis
+                    )
+                  )
+                : yield* Effect.flatMap(creditKeys.resolve(input.creditKey), (key) =>
+                    Effect.andThen(
+                      beforeReserve(key.wallet, authorized, { _tag: "Credit", keyId: key.keyId }),
+                      refused(
+                        ledger.reserveCredit(
+                          { ...input.reservation, payer: key.wallet, authorized },
+                          key.keyId
+                        )
+                      )
+                    )
+                  )
             return {
-              funding: { _tag: "Credit", keyId: key.keyId, wallet: key.wallet, keyRemaining },
-              payer: key.wallet,
+              funding: { _tag: "Credit", keyId, wallet, keyRemaining },
+              payer: wallet,
               authorized
             } satisfies Funded
           }

@@ -99,6 +99,28 @@ const notInvited = () =>
     message: "This wallet is not invited to spend from prepaid credits; ask the operator for an invite"
   })
 
+/** Why a credit key cannot spend, as a caller reads it: the one wording for every spending surface. */
+export const creditKeyRefusal = (
+  reason: "unknown" | "expired" | "cannot_spend" | "not_invited"
+): Unauthorized | Forbidden => {
+  switch (reason) {
+    case "unknown":
+      return new Unauthorized({ code: "invalid_credit_key", message: "Unknown or revoked x-credit-key" })
+    case "expired":
+      return keyExpired("credit_key_expired")
+    case "cannot_spend":
+      return new Forbidden({
+        code: "key_cannot_spend",
+        message: "This is a read-only API key; spending needs a credit key created with spend: true"
+      })
+    case "not_invited":
+      return notInvited()
+  }
+}
+
+const keyExpired = (code: string) =>
+  new Unauthorized({ code, message: "This key has expired; ask its wallet for a new one" })
+
 /**
  * Wallet invites and API keys as records. A key's secret is returned once at creation and only its
  * SHA-256 is stored; every lookup is by that hash, so revocation is effective on the next request.
@@ -209,25 +231,12 @@ export class Keys extends Context.Service<
           Clock.currentTimeMillis,
           (nowMs) => row.expires_at !== null && row.expires_at * 1000 <= nowMs
         )
-      const keyExpired = (code: string) =>
-        new Unauthorized({ code, message: "This key has expired; ask its wallet for a new one" })
-
       const resolveCreditKey = Effect.fnUntraced(function* (secret: string) {
         const row = yield* live(secret)
-        if (row === undefined) {
-          return yield* new Unauthorized({
-            code: "invalid_credit_key",
-            message: "Unknown or revoked x-credit-key"
-          })
-        }
-        if (yield* expired(row)) return yield* keyExpired("credit_key_expired")
-        if (row.kind !== "credit") {
-          return yield* new Forbidden({
-            code: "key_cannot_spend",
-            message: "This is a read-only API key; spending needs a credit key created with spend: true"
-          })
-        }
-        if (!row.invited) return yield* notInvited()
+        if (row === undefined) return yield* creditKeyRefusal("unknown")
+        if (yield* expired(row)) return yield* creditKeyRefusal("expired")
+        if (row.kind !== "credit") return yield* creditKeyRefusal("cannot_spend")
+        if (!row.invited) return yield* creditKeyRefusal("not_invited")
         return {
           keyId: row.key_id,
           wallet: row.wallet,

@@ -70,7 +70,7 @@ const paidCall = (key: string) =>
 
 describe("the paid credit-key path's database cost", () => {
   layer(router, { excludeTestServices: true, timeout: 120_000 })((it) => {
-    it.effect("at most five round trips, none of them a transaction, and twelve spans", () =>
+    it.effect("at most three round trips, none of them a transaction, and twelve spans", () =>
       Effect.gen(function* () {
         yield* waitFor(
           "the provider's quote",
@@ -100,8 +100,13 @@ describe("the paid credit-key path's database cost", () => {
         const trace = spans.filter((s) => s.spanContext().traceId === paid!.spanContext().traceId)
         const cost = costOf(trace)
         const listing = cost.statements.map((s) => s.replace(/\s+/g, " ").slice(0, 90)).join("\n  ")
-        // Key resolution, the reservation, the capacity lease and its release, the capture.
-        assert.isAtMost(cost.roundTrips, 5, `round trips:\n  ${listing}`)
+        // The reservation (which resolves the key), the capacity lease, the capture (which deletes the
+        // lease): three, from five (key resolution and the lease's release were round trips of their own).
+        assert.isAtMost(cost.roundTrips, 3, `round trips:\n  ${listing}`)
+        assert.isFalse(
+          cost.statements.some((text) => /^\s*(SELECT k\.key_id|DELETE FROM capacity_leases)/i.test(text)),
+          `no key lookup or lease delete of its own:\n  ${listing}`
+        )
         assert.strictEqual(trace.filter((s) => s.name === "sql.transaction").length, 0)
         // The router's own spans (the simulated provider's, in the same trace, are not the router's):
         // the request, admission, the auction, the capacity slot, the upstream call, serving, settling,
