@@ -15,20 +15,18 @@
  * (default 8), BENCH_STREAMS (held-open streams, default 5000), BENCH_TARGETS (comma list of
  * direct,portkey,router; default all), WORKERS (passed to the router unchanged).
  */
-import { type ChildProcess, spawn } from "node:child_process"
-import { chmodSync, mkdtempSync, openSync, readFileSync, rmSync } from "node:fs"
+import { chmodSync, mkdtempSync, readFileSync, rmSync } from "node:fs"
 import { Agent } from "node:http"
 import { availableParallelism, loadavg, tmpdir } from "node:os"
-import { join, resolve } from "node:path"
-import { PgClient } from "@effect/sql-pg"
+import { join } from "node:path"
 import { ExactEvmScheme } from "@x402/evm/exact/client"
 import { x402Client, x402HTTPClient } from "@x402/fetch"
-import { Effect, Redacted } from "effect"
-import { SqlClient } from "effect/sql"
+import { Effect } from "effect"
 import { demoWalletAccounts } from "../../src/chain/DevAccounts.ts"
 import { type ProviderConfig, simulationAccount } from "../../src/devnet/fleet/FleetConfig.ts"
 import { signQuote, unsignedQuote } from "../../src/devnet/fleet/Quotes.ts"
-import { hashSecret } from "../../src/payment/Keys.ts"
+import { Children, freePort, post, routerArgs, sleep } from "../support/Children.ts"
+import { fundCreditKey } from "../support/CreditKeys.ts"
 import { closedLoop, type LoadResult, openLoop, send, type Target } from "./Load.ts"
 import { rssBytes, usage } from "./Proc.ts"
 
@@ -38,85 +36,15 @@ const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2)
 const STREAMS = Number(process.env.BENCH_STREAMS ?? 5000)
 const OPEN_RATE = 100
 const TOKEN = "bench-load-operator"
-const root = resolve(import.meta.dirname, "../..")
 const log = (line: string) => process.stderr.write(`[bench:load] ${line}\n`)
-const sleep = (ms: number) => new Promise((done) => setTimeout(done, ms))
 const MB = 1024 * 1024
 
 // Processes
 
-const children: Array<ChildProcess> = []
-const stopAll = () => {
-  for (const child of children) if (child.exitCode === null) child.kill("SIGTERM")
-}
-process.on("exit", stopAll)
-for (const signal of ["SIGINT", "SIGTERM"] as const) {
-  process.on(signal, () => {
-    stopping = true
-    stopAll()
-    setTimeout(() => process.exit(130), 5_000)
-  })
-}
-
-const start = (name: string, args: ReadonlyArray<string>, env: Record<string, string>, logFile: string) => {
-  const out = openSync(logFile, "a")
-  const child = spawn(process.execPath, [...args], {
-    cwd: root,
-    env: { ...process.env, ...env },
-    stdio: ["ignore", out, out]
-  })
-  child.on("exit", (code, signal) => {
-    if (!stopping) log(`${name} exited early (${code ?? signal}); its log: ${logFile}`)
-  })
-  children.push(child)
-  return child
-}
-let stopping = false
-
-const waitFor = async (what: string, probe: () => Promise<boolean>, seconds: number) => {
-  const deadline = Date.now() + seconds * 1000
-  while (Date.now() < deadline) {
-    if (await probe().catch(() => false)) return
-    if (children.some((child) => child.exitCode !== null))
-      throw new Error(`a process exited while waiting for ${what}`)
-    await sleep(250)
-  }
-  throw new Error(`${what} did not come up within ${seconds} s`)
-}
-
-/** The router's command, taken from `npm start` so the benchmark runs what users run. */
-const routerArgs = (): ReadonlyArray<string> => {
-  const scripts = JSON.parse(readFileSync(join(root, "package.json"), "utf8")).scripts as Record<
-    string,
-    string
-  >
-  const words = scripts.start!.split(/\s+/)
-  if (words[0] !== "node") throw new Error(`npm start is not a node command: ${scripts.start}`)
-  return words.slice(1)
-}
-
-const freePort = () =>
-  new Promise<number>((done) => {
-    import("node:net").then(({ createServer }) => {
-      const server = createServer()
-      server.listen(0, "127.0.0.1", () => {
-        const address = server.address()
-        const port = typeof address === "object" && address ? address.port : 0
-        server.close(() => done(port))
-      })
-    })
-  })
-
-const post = async (url: string, body: unknown, headers: Record<string, string> = {}) => {
-  const response = await fetch(url, {
-    method: "POST",
-    headers: { "content-type": "application/json", ...headers },
-    body: JSON.stringify(body)
-  })
-  const text = await response.text()
-  if (!response.ok) throw new Error(`${url}: ${response.status} ${text.slice(0, 300)}`)
-  return text
-}
+const children = new Children(log)
+children.stopOnSignals()
+const start = children.start.bind(children)
+const waitFor = children.waitFor.bind(children)
 
 // Router setup: two providers quoting the mock, a funded key
 
@@ -155,22 +83,6 @@ const postQuotes = (router: string) =>
 const embeddedDatabaseUrl = (dataDir: string) => {
   const lines = readFileSync(join(dataDir, "postgres", "postmaster.pid"), "utf8").split("\n")
   return `postgres://postgres:postgres@127.0.0.1:${lines[3]!.trim()}/router`
-}
-
-const fundKey = async (databaseUrl: string) => {
-  const secret = `svc_ck_bench_${Date.now()}`
-  const wallet = "0x00000000000000000000000000000000000be4c4"
-  await Effect.runPromise(
-    Effect.gen(function* () {
-      const sql = yield* SqlClient.SqlClient
-      yield* sql`INSERT INTO wallets (wallet, invited) VALUES (${wallet}, true) ON CONFLICT DO NOTHING`
-      yield* sql`INSERT INTO wallet_balances (wallet, available) VALUES (${wallet}, 1000000000000000)
-                 ON CONFLICT (wallet) DO UPDATE SET available = 1000000000000000`
-      yield* sql`INSERT INTO api_keys (key_id, wallet, label, kind, key_hash, budget)
-                 VALUES ('key_bench_load', ${wallet}, 'bench', 'credit', ${hashSecret(secret)}, 1000000000000000)`
-    }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(databaseUrl) })), Effect.scoped)
-  )
-  return secret
 }
 
 const chatBody = (content: string, stream: boolean) =>
@@ -309,7 +221,11 @@ const main = async () => {
     }
     await postQuotes(router)
     const refresher = setInterval(() => postQuotes(router).catch((e) => log(`quote refresh: ${e}`)), 5_000)
-    const creditKey = await fundKey(embeddedDatabaseUrl(join(dataDir, "router")))
+    const { secret: creditKey } = await fundCreditKey(embeddedDatabaseUrl(join(dataDir, "router")), {
+      keyId: "key_bench_load",
+      wallet: "0x00000000000000000000000000000000000be4c4",
+      amount: 1_000_000_000_000_000
+    })
 
     // Non-streaming calls under load: the Portkey gateway (1.15) fails streamed replies on Node 22 (it
     // appends headers to fetch's immutable response headers), and a whole reply is what a load
@@ -541,15 +457,7 @@ const main = async () => {
       ].join("\n")
     )
   } finally {
-    stopping = true
-    stopAll()
-    const deadline = Date.now() + 20_000
-    while (
-      children.some((child) => child.exitCode === null && child.signalCode === null) &&
-      Date.now() < deadline
-    )
-      await sleep(200)
-    for (const child of children) if (child.exitCode === null) child.kill("SIGKILL")
+    await children.stopAll()
     if (process.env.BENCH_KEEP === undefined) rmSync(dataDir, { recursive: true, force: true })
   }
 }

@@ -72,6 +72,23 @@ export const isAlive = (pid: number): boolean => {
   }
 }
 
+/**
+ * Whether `pid` still runs. A zombie does not: it has exited and only waits for whoever inherited it to
+ * reap it. A child that outlives its parent is re-parented to pid 1, which on some machines (a container
+ * without an init) reaps late or never, and `kill(pid, 0)` still succeeds on a zombie.
+ */
+export const isRunning = (pid: number): boolean => {
+  if (!isAlive(pid)) return false
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
+    const state = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0]
+    return state !== "Z" && state !== "X"
+  } catch {
+    // Elsewhere than Linux there is no /proc to tell a zombie; on Linux it is gone by now.
+    return !existsSync("/proc")
+  }
+}
+
 /** The command line of a running process, or undefined when it is gone or cannot be read. */
 export const commandLineOf = (pid: number): string | undefined => {
   if (!isAlive(pid)) return undefined

@@ -4,7 +4,7 @@ import { PgClient } from "@effect/sql-pg"
 import { Effect, Redacted } from "effect"
 import { inject } from "vitest"
 import { freePort } from "../../src/devnet/EmbeddedPostgres.ts"
-import { isAlive } from "../../src/process/ChildProcess.ts"
+import { isAlive, isRunning } from "../../src/process/ChildProcess.ts"
 import { startStopwatch } from "./Stopwatch.ts"
 
 /**
@@ -83,23 +83,6 @@ export const childrenOf = (pid: number): Array<number> => {
         return false
       }
     })
-}
-
-/**
- * Whether `pid` still runs. A zombie does not: it has exited and only waits for whoever inherited it to
- * reap it. A child that outlives the router is re-parented to pid 1, which on some machines (a container
- * without an init, these VMs) reaps late or never, and `kill(pid, 0)` still succeeds on a zombie.
- */
-export const isRunning = (pid: number): boolean => {
-  if (!isAlive(pid)) return false
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
-    const state = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0]
-    return state !== "Z" && state !== "X"
-  } catch {
-    // Elsewhere than Linux there is no /proc to tell a zombie; on Linux it is gone by now.
-    return !existsSync("/proc")
-  }
 }
 
 /**

@@ -1,0 +1,375 @@
+/**
+ * The soak's books, kept apart from the router's own reconciliation: what the clients signed and were
+ * served, what the ledger recorded, and what the chain moved, held to each other.
+ *
+ * - Every `exact` authorization a client signed: if its nonce is used on chain, its value is charged,
+ *   refunded (paid or credited) or still owed, to the base unit; if it is not, nothing was refunded on it
+ *   and nothing was charged that was never paid.
+ * - Every payer's token transfers (chain logs) equal what the ledger says landed and was refunded; the
+ *   treasury's balance moved by settled − refunded − paid out; the router signer's did not move.
+ * - Every credit key's wallet holds its funding less what was charged (available + reserved + charged),
+ *   and the key's spent is the sum of its charges.
+ */
+import { Effect } from "effect"
+import type { SqlClient } from "effect/sql"
+import { SqlClient as Sql } from "effect/sql"
+import { type Address, getAddress, type Hex, type PublicClient, parseAbiItem } from "viem"
+import { testUsdcAbi } from "../../src/chain/artifacts.ts"
+import type { FundedKey } from "../support/CreditKeys.ts"
+import type { SignedAuthorization } from "./Traffic.ts"
+
+type Query = <A>(effect: Effect.Effect<A, unknown, SqlClient.SqlClient>) => Promise<A>
+
+const rows = <A extends object>(statement: string, params: ReadonlyArray<unknown> = []) =>
+  Effect.gen(function* () {
+    const sql = yield* Sql.SqlClient
+    return yield* sql.unsafe<A>(statement, params as Array<unknown>)
+  })
+
+export interface OpenWork {
+  readonly reserved: number
+  readonly leases: number
+  readonly authorizations: number
+  readonly refunds: number
+  readonly payouts: number
+  readonly outgoing: number
+  readonly idempotency: number
+  readonly epochsOpen: number
+  readonly receiptsNotFinal: number
+}
+
+export const openWork = async (query: Query): Promise<OpenWork> => {
+  const [row] = await query(
+    rows<OpenWork>(`
+      SELECT
+        (SELECT count(*) FROM requests WHERE status = 'reserved')::int AS reserved,
+        (SELECT count(*) FROM capacity_leases)::int AS leases,
+        (SELECT count(*) FROM x402_authorizations WHERE status IN ('reserved', 'pending', 'submitted'))::int
+          AS authorizations,
+        (SELECT count(*) FROM refunds WHERE status IN ('due', 'paying'))::int AS refunds,
+        (SELECT count(*) FROM provider_payouts WHERE status = 'paying')::int AS payouts,
+        (SELECT count(*) FROM outgoing_transactions WHERE status IN ('signed', 'broadcast'))::int AS outgoing,
+        (SELECT count(*) FROM idempotency_keys WHERE state = 'in_progress')::int AS idempotency,
+        (SELECT count(DISTINCT r.epoch_id) FROM receipts r LEFT JOIN epochs e ON e.epoch_id = r.epoch_id
+          WHERE e.status IS DISTINCT FROM 'closed')::int AS "epochsOpen",
+        (SELECT count(*) FROM receipts WHERE NOT final)::int AS "receiptsNotFinal"
+    `)
+  )
+  return row!
+}
+
+export const isSettled = (open: OpenWork) => Object.values(open).every((n) => n === 0)
+
+export interface Balances {
+  readonly of: ReadonlyMap<string, bigint>
+}
+
+export const balances = async (client: PublicClient, token: Address, accounts: ReadonlyArray<string>) => {
+  const of = new Map<string, bigint>()
+  for (const account of accounts) {
+    const value = (await client.readContract({
+      address: token,
+      abi: testUsdcAbi,
+      functionName: "balanceOf",
+      args: [getAddress(account)]
+    })) as bigint
+    of.set(account.toLowerCase(), value)
+  }
+  return { of } satisfies Balances
+}
+
+export interface Money {
+  /** Base units a payer gave that are neither charged, refunded nor still owed. */
+  readonly lost: bigint
+  /** Base units given back or credited beyond what was received, or charged twice. */
+  readonly doubleSpent: bigint
+  /** Charged for a call whose payment never moved on chain. */
+  readonly unpaidCharges: bigint
+  /** Where the ledger's record of a transfer and the chain's disagree. */
+  readonly ledgerVsChain: bigint
+  /** Outgoing transactions of one sender that share a nonce, settlement nonces used twice. */
+  readonly nonceReuse: number
+  /** Authorizations the ledger holds that no client signed. */
+  readonly unknownAuthorizations: number
+  /** Calls a client saw served (a request id) that the ledger does not know. */
+  readonly unknownRequests: number
+  readonly notes: ReadonlyArray<string>
+}
+
+interface AuthorizationRow {
+  readonly payer: string
+  readonly nonce: string
+  readonly value: string
+  readonly status: string
+  readonly request_status: string
+  readonly charged: string
+  readonly refund: string
+  readonly refund_status: string | null
+}
+
+const transferEvent = parseAbiItem("event Transfer(address indexed from, address indexed to, uint256 value)")
+const ZERO = "0x0000000000000000000000000000000000000000"
+
+export const audit = async (options: {
+  readonly query: Query
+  readonly client: PublicClient
+  readonly token: Address
+  readonly treasury: Address
+  readonly routerSigner: Address
+  readonly signed: ReadonlyArray<SignedAuthorization>
+  readonly keys: ReadonlyArray<FundedKey>
+  readonly requestIdsSeen: ReadonlyArray<string>
+  readonly before: Balances
+}): Promise<Money> => {
+  const { query, client, token } = options
+  const notes: Array<string> = []
+  let lost = 0n
+  let doubleSpent = 0n
+  let unpaidCharges = 0n
+  let ledgerVsChain = 0n
+  const note = (line: string) => {
+    if (notes.length < 12) notes.push(line)
+  }
+
+  // 1. Every signed authorization against the ledger and the chain.
+  const ledger = new Map<string, AuthorizationRow>()
+  for (const row of await query(
+    rows<AuthorizationRow>(`
+      SELECT lower(a.payer) AS payer, lower(a.nonce) AS nonce, a.value::text AS value, a.status,
+             q.status AS request_status, coalesce(q.charged, 0)::text AS charged,
+             coalesce(f.amount, 0)::text AS refund, f.status AS refund_status
+      FROM x402_authorizations a
+      JOIN requests q ON q.request_id = a.request_id
+      LEFT JOIN refunds f ON f.request_id = a.request_id
+    `)
+  )) {
+    ledger.set(`${row.payer}:${row.nonce}`, row)
+  }
+  const signedKeys = new Set(options.signed.map((s) => `${s.payer}:${s.nonce}`))
+  const unknownAuthorizations = [...ledger.keys()].filter((k) => !signedKeys.has(k)).length
+  const used = await usedNonces(client, token, options.signed)
+  for (const s of options.signed) {
+    const row = ledger.get(`${s.payer}:${s.nonce}`)
+    const onChain = used.get(`${s.payer}:${s.nonce}`) === true
+    if (row === undefined) {
+      if (onChain) {
+        lost += s.value
+        note(`settled on chain, unknown to the ledger: ${s.payer} nonce ${s.nonce.slice(0, 12)}… ${s.value}`)
+      }
+      continue
+    }
+    const charged = row.request_status === "captured" ? BigInt(row.charged) : 0n
+    const refund = BigInt(row.refund)
+    const refunded = row.refund_status === "paid" || row.refund_status === "credited" ? refund : 0n
+    const owed =
+      (row.refund_status === "due" || row.refund_status === "paying" ? refund : 0n) +
+      (row.request_status === "reserved" ? s.value : 0n)
+    if (onChain !== (row.status === "landed")) {
+      ledgerVsChain += s.value
+      note(`nonce ${s.nonce.slice(0, 12)}…: ledger ${row.status}, chain ${onChain ? "used" : "unused"}`)
+    }
+    if (onChain) {
+      const rest = s.value - charged - refunded - owed
+      if (rest > 0n) {
+        lost += rest
+        note(`${s.payer} nonce ${s.nonce.slice(0, 12)}…: ${rest} of ${s.value} not charged, refunded or owed`)
+      } else if (rest < 0n) {
+        doubleSpent -= rest
+        note(`${s.payer} nonce ${s.nonce.slice(0, 12)}…: ${-rest} beyond ${s.value} charged+refunded`)
+      }
+    } else {
+      if (refunded > 0n) {
+        doubleSpent += refunded
+        note(`${s.payer} nonce ${s.nonce.slice(0, 12)}…: refunded ${refunded} of a payment never received`)
+      }
+      if (charged > 0n) {
+        unpaidCharges += charged
+        note(`${s.payer} nonce ${s.nonce.slice(0, 12)}…: charged ${charged}, the payment never moved`)
+      }
+    }
+  }
+
+  // 2. Each payer's transfers on chain against the ledger; the treasury's and router signer's balances.
+  const payers = [...new Set(options.signed.map((s) => s.payer))]
+  const [perPayer] = await Promise.all([
+    query(
+      rows<{ payer: string; landed: string; refunded: string; credited: string }>(
+        `
+        SELECT p.payer,
+          coalesce((SELECT sum(value) FROM x402_authorizations a
+                    WHERE lower(a.payer) = p.payer AND a.status = 'landed'), 0)::text AS landed,
+          coalesce((SELECT sum(amount) FROM refunds f WHERE lower(f.payer) = p.payer AND f.status = 'paid'), 0)::text
+            AS refunded,
+          coalesce((SELECT sum(amount) FROM refunds f WHERE lower(f.payer) = p.payer AND f.status = 'credited'), 0)::text
+            AS credited
+        FROM unnest($1::text[]) AS p(payer)
+      `,
+        [payers]
+      )
+    )
+  ])
+  const logs = await client.getLogs({
+    address: token,
+    event: transferEvent,
+    fromBlock: 0n,
+    toBlock: "latest"
+  })
+  const out = new Map<string, bigint>()
+  const into = new Map<string, bigint>()
+  for (const log of logs) {
+    const from = (log.args.from as string).toLowerCase()
+    const to = (log.args.to as string).toLowerCase()
+    const value = log.args.value as bigint
+    if (from === ZERO) continue // the mints that funded the demo wallets
+    out.set(from, (out.get(from) ?? 0n) + value)
+    into.set(to, (into.get(to) ?? 0n) + value)
+  }
+  const walletRows = await query(
+    rows<{ wallet: string; available: string; reserved: string }>(
+      `SELECT lower(wallet) AS wallet, available::text AS available, reserved::text AS reserved FROM wallet_balances`
+    )
+  )
+  const wallet = new Map(walletRows.map((w) => [w.wallet, w]))
+  const after = await balances(client, token, [...payers, options.treasury, options.routerSigner])
+  for (const row of perPayer) {
+    const paidOnChain = out.get(row.payer) ?? 0n
+    const refundedOnChain = into.get(row.payer) ?? 0n
+    const gap = (what: string, ledgerSays: bigint, chainSays: bigint) => {
+      if (ledgerSays === chainSays) return
+      ledgerVsChain += ledgerSays > chainSays ? ledgerSays - chainSays : chainSays - ledgerSays
+      note(`${row.payer}: ${what} ledger ${ledgerSays}, chain ${chainSays}`)
+    }
+    gap("paid", BigInt(row.landed), paidOnChain)
+    if (refundedOnChain > BigInt(row.refunded)) {
+      doubleSpent += refundedOnChain - BigInt(row.refunded)
+      note(`${row.payer}: refunded on chain ${refundedOnChain}, ledger ${row.refunded}`)
+    } else gap("refunded", BigInt(row.refunded), refundedOnChain)
+    const start = options.before.of.get(row.payer) ?? 0n
+    gap("balance", start - BigInt(row.landed) + BigInt(row.refunded), after.of.get(row.payer) ?? 0n)
+    // Refunds below the payout floor are credited: the payer's balance holds exactly those.
+    const credited =
+      BigInt(wallet.get(row.payer)?.available ?? "0") + BigInt(wallet.get(row.payer)?.reserved ?? "0")
+    if (credited > BigInt(row.credited)) {
+      doubleSpent += credited - BigInt(row.credited)
+      note(`${row.payer}: balance ${credited} beyond the ${row.credited} credited`)
+    } else if (credited < BigInt(row.credited)) {
+      lost += BigInt(row.credited) - credited
+      note(`${row.payer}: balance ${credited} below the ${row.credited} credited`)
+    }
+  }
+  const [treasury] = await query(
+    rows<{ settled: string; refunded: string; paid_out: string }>(`
+      SELECT coalesce((SELECT sum(value) FROM x402_authorizations WHERE status = 'landed'), 0)::text AS settled,
+             coalesce((SELECT sum(amount) FROM refunds WHERE status = 'paid'), 0)::text AS refunded,
+             coalesce((SELECT sum(amount) FROM provider_payouts WHERE status = 'paid'), 0)::text AS paid_out
+    `)
+  )
+  const treasuryKey = options.treasury.toLowerCase()
+  const expectedTreasury =
+    (options.before.of.get(treasuryKey) ?? 0n) +
+    BigInt(treasury!.settled) -
+    BigInt(treasury!.refunded) -
+    BigInt(treasury!.paid_out)
+  const actualTreasury = after.of.get(treasuryKey) ?? 0n
+  if (expectedTreasury !== actualTreasury) {
+    const d = expectedTreasury - actualTreasury
+    ledgerVsChain += d < 0n ? -d : d
+    note(`treasury: ledger says ${expectedTreasury}, chain holds ${actualTreasury}`)
+  }
+  const signerKey = options.routerSigner.toLowerCase()
+  if (signerKey !== treasuryKey && options.before.of.get(signerKey) !== after.of.get(signerKey)) {
+    const d = (options.before.of.get(signerKey) ?? 0n) - (after.of.get(signerKey) ?? 0n)
+    ledgerVsChain += d < 0n ? -d : d
+    note(`router signer's token balance moved by ${-d}`)
+  }
+
+  // 3. Credit keys: funding = available + reserved + charged, per key (each key has its own wallet).
+  const keyRows = await query(
+    rows<{ key_id: string; spent: string; reserved: string; charged: string; held: string }>(`
+      SELECT k.key_id, k.spent::text AS spent, k.reserved::text AS reserved,
+        coalesce((SELECT sum(charged) FROM requests q WHERE q.key_id = k.key_id AND q.status = 'captured'), 0)::text
+          AS charged,
+        coalesce((SELECT sum(authorized) FROM requests q WHERE q.key_id = k.key_id AND q.status = 'reserved'), 0)::text
+          AS held
+      FROM api_keys k
+    `)
+  )
+  for (const key of options.keys) {
+    const row = keyRows.find((k) => k.key_id === key.keyId)
+    const balance = wallet.get(key.wallet.toLowerCase())
+    if (row === undefined || balance === undefined) {
+      note(`key ${key.keyId} or its wallet is missing`)
+      continue
+    }
+    const charged = BigInt(row.charged)
+    const rest = BigInt(key.amount) - BigInt(balance.available) - BigInt(balance.reserved) - charged
+    if (rest > 0n) {
+      lost += rest
+      note(`key ${key.keyId}: ${rest} neither available, reserved nor charged`)
+    } else if (rest < 0n) {
+      doubleSpent -= rest
+      note(`key ${key.keyId}: wallet holds ${-rest} more than funding less charges`)
+    }
+    if (BigInt(row.spent) !== charged || BigInt(row.reserved) !== BigInt(row.held)) {
+      doubleSpent += BigInt(row.spent) > charged ? BigInt(row.spent) - charged : 0n
+      lost += BigInt(row.spent) < charged ? charged - BigInt(row.spent) : 0n
+      note(
+        `key ${key.keyId}: spent ${row.spent} vs charged ${charged}; reserved ${row.reserved} vs held ${row.held}`
+      )
+    }
+  }
+
+  // 4. Nonces used twice (one sender's outgoing transactions) and calls the ledger does not know.
+  const [reuse] = await query(
+    rows<{ n: number }>(`
+      SELECT count(*)::int AS n FROM (
+        SELECT sender, nonce FROM outgoing_transactions WHERE status = 'mined'
+        GROUP BY sender, nonce HAVING count(*) > 1
+      ) twice
+    `)
+  )
+  const seen = [...new Set(options.requestIdsSeen)]
+  const known = new Set(
+    (
+      await query(
+        rows<{ request_id: string }>("SELECT request_id FROM requests WHERE request_id = ANY($1::text[])", [
+          seen
+        ])
+      )
+    ).map((r) => r.request_id)
+  )
+  const unknownRequests = seen.filter((id) => !known.has(id)).length
+  return {
+    lost,
+    doubleSpent,
+    unpaidCharges,
+    ledgerVsChain,
+    nonceReuse: reuse?.n ?? 0,
+    unknownAuthorizations,
+    unknownRequests,
+    notes
+  }
+}
+
+/** EIP-3009 `authorizationState` of each signed nonce, read a few at a time. */
+const usedNonces = async (
+  client: PublicClient,
+  token: Address,
+  signed: ReadonlyArray<SignedAuthorization>
+) => {
+  const used = new Map<string, boolean>()
+  const queue = [...signed]
+  const worker = async () => {
+    for (let s = queue.pop(); s !== undefined; s = queue.pop()) {
+      const state = (await client.readContract({
+        address: token,
+        abi: testUsdcAbi,
+        functionName: "authorizationState",
+        args: [getAddress(s.payer), s.nonce as Hex]
+      })) as boolean
+      used.set(`${s.payer}:${s.nonce}`, state)
+    }
+  }
+  await Promise.all(Array.from({ length: 8 }, worker))
+  return used
+}

@@ -1,0 +1,397 @@
+/**
+ * `npm run soak`: a few thousand mixed paid calls across two router instances on one database and one
+ * chain, with the faults a deployment meets, then the books: no base unit lost or double-spent.
+ *
+ * Starts, each as a process of its own (loopback only): Postgres (embedded, in a temporary folder; or a
+ * fresh database on the server of `DATABASE_URL`), one Anvil with the contracts deployed, two routers as
+ * `npm start` runs them (instances of that external deployment, `EPOCH_SECONDS` short), and the simulated
+ * provider fleet (`npm run providers`). Drives `SOAK_REQUESTS` calls (x402 and credit keys, chat and
+ * messages, streamed and not, provider faults, client hang-ups) from `SOAK_CONCURRENCY` clients, and
+ * meanwhile: a database stall, a SIGKILL of instance B and its restart, a chain stall. Then waits until
+ * every epoch with receipts has closed and every refund is settled, lets reconciliation run once more,
+ * audits ledger, chain and clients (`Audit.ts`), stops everything and prints one table. Exits 1 when a
+ * money figure is not zero, work is left open, a child process outlived the run, or reconciliation is not
+ * `ok`.
+ *
+ * Knobs (env or `--name=value`): SOAK_REQUESTS (2000), SOAK_CONCURRENCY (12), SOAK_SECONDS (traffic
+ * bound, 300), SOAK_EPOCH_SECONDS (20), SOAK_SETTLE_SECONDS (bound on the wait for settlement, 240),
+ * SOAK_STALL_MS (each stall, 4000), SOAK_SEED (the plan's random seed), SOAK_KEEP (keep the folder).
+ */
+import { chmodSync, mkdtempSync, rmSync } from "node:fs"
+import { availableParallelism, loadavg, tmpdir } from "node:os"
+import { join } from "node:path"
+import { Effect } from "effect"
+import { SqlClient } from "effect/sql"
+import type { Address } from "viem"
+import { privateKeyToAccount } from "viem/accounts"
+import { isRunning } from "../../src/process/ChildProcess.ts"
+import { tree } from "../load/Proc.ts"
+import { Children, freePort, routerArgs, sleep } from "../support/Children.ts"
+import { type FundedKey, fundCreditKey } from "../support/CreditKeys.ts"
+import { audit, balances, isSettled, type OpenWork, openWork } from "./Audit.ts"
+import { type Infra, startInfra } from "./Infra.ts"
+import { type Outcome, planRequest, send, x402Payers } from "./Traffic.ts"
+
+const knob = (name: string, fallback: number) => {
+  const flag = process.argv.find((arg) => arg.startsWith(`--${name.toLowerCase().replace(/^soak_/, "")}=`))
+  const raw = flag?.split("=")[1] ?? process.env[name]
+  const value = raw === undefined ? fallback : Number(raw)
+  if (!Number.isFinite(value) || value < 0) throw new Error(`${name} must be a number (got ${raw})`)
+  return value
+}
+const REQUESTS = knob("SOAK_REQUESTS", 2000)
+const CONCURRENCY = Math.max(1, knob("SOAK_CONCURRENCY", 12))
+const TRAFFIC_SECONDS = knob("SOAK_SECONDS", 300)
+const EPOCH_SECONDS = Math.max(4, knob("SOAK_EPOCH_SECONDS", 20))
+const SETTLE_SECONDS = knob("SOAK_SETTLE_SECONDS", 240)
+const STALL_MS = knob("SOAK_STALL_MS", 4000)
+const SEED = knob("SOAK_SEED", Date.now() % 1_000_000)
+const TOKEN = "soak-operator"
+const log = (line: string) =>
+  process.stderr.write(`[soak ${new Date().toISOString().slice(11, 19)}] ${line}\n`)
+
+/** A small seeded generator (mulberry32): the same seed plans the same calls. */
+const seeded = (seed: number) => {
+  let a = seed >>> 0
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0
+    let t = a
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+const children = new Children(log)
+children.stopOnSignals()
+
+interface Instance {
+  readonly name: string
+  readonly base: string
+  readonly env: Record<string, string>
+  readonly logFile: string
+  child: ReturnType<Children["start"]>
+  up: boolean
+}
+
+const ready = async (base: string) => (await fetch(`${base}/ready`)).ok
+
+const bookReady = async (base: string) => {
+  const book = (await (await fetch(`${base}/v1/market/book`)).json()) as {
+    classes: Array<{ model_class: string; depth: number }>
+  }
+  return (book.classes.find((c) => c.model_class === "chat-small")?.depth ?? 0) > 0
+}
+
+/** The chaos, at fractions of the calls done: each once, in this order. */
+interface Chaos {
+  readonly at: number
+  readonly name: string
+  readonly run: () => Promise<string>
+}
+
+const main = async () => {
+  const started = Date.now()
+  // The soak's own helpers (tsx's esbuild service), there before anything was started: not children left.
+  const own = new Set(tree(process.pid).map((stat) => stat.pid))
+  const dataDir = mkdtempSync(join(tmpdir(), "svc-soak-"))
+  chmodSync(dataDir, 0o755)
+  log(`seed ${SEED}; ${REQUESTS} calls from ${CONCURRENCY} clients; logs and data in ${dataDir}`)
+  let infra: Infra | undefined
+  let left: Array<string> = []
+  try {
+    infra = await startInfra(join(dataDir, "db"), process.env.DATABASE_URL || undefined)
+    const shared = infra
+    log(`database and chain up (${shared.chainEnv.RPC_URL})`)
+
+    const instance = async (name: string): Promise<Instance> => {
+      const port = await freePort()
+      const env = {
+        PORT: String(port),
+        HOST: "127.0.0.1",
+        DATA_DIR: join(dataDir, name),
+        DATABASE_URL: shared.databaseUrl,
+        ...shared.chainEnv,
+        OPERATOR_TOKEN: TOKEN,
+        SIMULATED_FLEET: "false",
+        EPOCH_SECONDS: String(EPOCH_SECONDS),
+        RECONCILIATION_INTERVAL_SECONDS: "10",
+        INSTANCE_DEAD_AFTER_SECONDS: "10",
+        DRAIN_TIMEOUT_SECONDS: "5"
+      }
+      const logFile = join(dataDir, `router-${name}.log`)
+      const child = children.start(`router ${name}`, routerArgs(), env, logFile)
+      return { name, base: `http://127.0.0.1:${port}`, env, logFile, child, up: false }
+    }
+    // One after the other: the first migrates the database, the second finds it migrated.
+    const a = await instance("a")
+    await children.waitFor("router a", () => ready(a.base), 300)
+    a.up = true
+    const b = await instance("b")
+    await children.waitFor("router b", () => ready(b.base), 300)
+    b.up = true
+    children.start(
+      "fleet",
+      ["--import", "tsx", "src/devnet/fleetMain.ts"],
+      { ROUTER_URL: a.base, OPERATOR_TOKEN: TOKEN },
+      join(dataDir, "fleet.log")
+    )
+    await children.waitFor(
+      "the fleet's quotes",
+      async () => (await bookReady(a.base)) && bookReady(b.base),
+      120
+    )
+    log(
+      `routers a ${a.base} and b ${b.base} serving, fleet quoting (${((Date.now() - started) / 1000).toFixed(0)} s)`
+    )
+
+    const keys: Array<FundedKey> = []
+    for (let i = 0; i < 6; i++) {
+      keys.push(
+        await fundCreditKey(shared.databaseUrl, {
+          keyId: `key_soak_${i}`,
+          wallet: `0x${(0x50a4000 + i).toString(16).padStart(40, "0")}`,
+          amount: 1_000_000_000_000
+        })
+      )
+    }
+    const accounts = shared.demoWallets.map((w) => privateKeyToAccount(w.privateKey!))
+    const clients = { payers: x402Payers(accounts, `eip155:${shared.chainEnv.CHAIN_ID}`), keys }
+    const watched: Array<string> = [
+      ...accounts.map((acc) => acc.address.toLowerCase()),
+      shared.treasury.toLowerCase(),
+      shared.routerSigner.toLowerCase()
+    ]
+    const before = await balances(shared.publicClient, shared.token, watched)
+
+    // The calls, and the chaos meanwhile
+    const random = seeded(SEED)
+    const plans = Array.from({ length: REQUESTS }, (_, id) => planRequest(id, random))
+    const instances = [a, b]
+    const outcomes: Array<Outcome> = []
+    const events: Array<string> = []
+    let restart: Promise<void> = Promise.resolve()
+    const chaos: Array<Chaos> = [
+      { at: 0.2, name: "database stall", run: () => shared.stallDatabase(STALL_MS) },
+      {
+        at: 0.4,
+        name: "SIGKILL of router b",
+        run: async () => {
+          b.up = false
+          children.expectExit(b.child)
+          b.child.kill("SIGKILL")
+          await new Promise((done) => b.child.once("exit", done))
+          const killedAt = Date.now()
+          b.child = children.start("router b", routerArgs(), b.env, b.logFile)
+          restart = children
+            .waitFor("router b after its restart", () => ready(b.base), 300)
+            .then(() => {
+              b.up = true
+              events.push(
+                `router b ready again ${((Date.now() - killedAt) / 1000).toFixed(0)} s after SIGKILL`
+              )
+            })
+          return "SIGKILL, restarted on the same port and DATA_DIR"
+        }
+      },
+      { at: 0.65, name: "chain stall", run: () => shared.stallChain(STALL_MS) }
+    ]
+    let next = 0
+    let done = 0
+    const trafficDeadline = Date.now() + TRAFFIC_SECONDS * 1000
+    const chaosLoop = (async () => {
+      for (const step of chaos) {
+        while (done < step.at * REQUESTS && Date.now() < trafficDeadline) await sleep(100)
+        if (Date.now() >= trafficDeadline) return
+        log(`${step.name} at ${done} calls done`)
+        events.push(`${step.name} at call ${done}: ${await step.run()}`)
+      }
+    })()
+    const client = async () => {
+      while (next < plans.length && Date.now() < trafficDeadline) {
+        const plan = plans[next++]!
+        const up = instances.filter((i) => i.up)
+        const target = up[plan.id % up.length] ?? a
+        outcomes.push(await send(plan, target.base, clients))
+        done++
+        if (done % 250 === 0) log(`${done} calls done`)
+      }
+    }
+    const trafficStarted = Date.now()
+    await Promise.all(Array.from({ length: CONCURRENCY }, client))
+    const trafficSeconds = (Date.now() - trafficStarted) / 1000
+    await chaosLoop
+    log(`traffic done: ${outcomes.length} calls in ${trafficSeconds.toFixed(0)} s; waiting for router b`)
+    await restart
+
+    // Settlement: every epoch with receipts closed, nothing reserved or owed.
+    const settleDeadline = Date.now() + SETTLE_SECONDS * 1000
+    let open: OpenWork = await openWork(shared.sql)
+    while (!isSettled(open) && Date.now() < settleDeadline) {
+      await sleep(2_000)
+      open = await openWork(shared.sql)
+    }
+    const settledIn = (Date.now() - trafficStarted) / 1000 - trafficSeconds
+    log(`settlement ${isSettled(open) ? "complete" : "NOT complete"}: ${JSON.stringify(open)}`)
+    // Reconciliation: a run that started after the settlement.
+    const since = new Date()
+    let reconciliation = { status: "none", kinds: "" }
+    const reconcileDeadline = Date.now() + 60_000
+    while (Date.now() < reconcileDeadline) {
+      const [run] = await shared.sql(
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          return yield* sql<{ status: string; kinds: string | null }>`
+            SELECT status, (SELECT string_agg(DISTINCT d->>'kind', ',') FROM jsonb_array_elements(discrepancies) d) AS kinds
+            FROM reconciliation_runs WHERE started_at > ${since} AND status <> 'running'
+            ORDER BY id DESC LIMIT 1`
+        })
+      )
+      if (run !== undefined) {
+        reconciliation = { status: run.status, kinds: run.kinds ?? "" }
+        break
+      }
+      await sleep(1_000)
+    }
+    const money = await audit({
+      query: shared.sql,
+      client: shared.publicClient,
+      token: shared.token,
+      treasury: shared.treasury as Address,
+      routerSigner: shared.routerSigner as Address,
+      signed: outcomes.flatMap((o) => o.signed),
+      keys,
+      requestIdsSeen: outcomes.filter((o) => o.status === 200 && o.requestId).map((o) => o.requestId!),
+      before
+    })
+
+    // Stop everything; then count what outlived it.
+    const ours = tree(process.pid).filter((stat) => !own.has(stat.pid))
+    await children.stopAll()
+    await infra.close()
+    infra = undefined
+    const stopDeadline = Date.now() + 15_000
+    while (ours.some((stat) => isRunning(stat.pid)) && Date.now() < stopDeadline) await sleep(250)
+    left = ours.filter((stat) => isRunning(stat.pid)).map((stat) => `${stat.comm} ${stat.pid}`)
+
+    printTable({
+      outcomes,
+      trafficSeconds,
+      settledIn,
+      open,
+      money,
+      reconciliation,
+      events,
+      left,
+      signed: outcomes.reduce((n, o) => n + o.signed.length, 0),
+      totalSeconds: (Date.now() - started) / 1000
+    })
+    const failed =
+      money.lost !== 0n ||
+      money.doubleSpent !== 0n ||
+      money.unpaidCharges !== 0n ||
+      money.ledgerVsChain !== 0n ||
+      money.nonceReuse !== 0 ||
+      money.unknownAuthorizations !== 0 ||
+      money.unknownRequests !== 0 ||
+      !isSettled(open) ||
+      left.length > 0 ||
+      reconciliation.status !== "ok"
+    return failed ? 1 : 0
+  } finally {
+    await children.stopAll()
+    if (infra !== undefined) await infra.close().catch(() => undefined)
+    if (process.env.SOAK_KEEP === undefined) rmSync(dataDir, { recursive: true, force: true })
+    else log(`kept ${dataDir}`)
+  }
+}
+
+const printTable = (r: {
+  outcomes: ReadonlyArray<Outcome>
+  trafficSeconds: number
+  settledIn: number
+  open: OpenWork
+  money: Awaited<ReturnType<typeof audit>>
+  reconciliation: { status: string; kinds: string }
+  events: ReadonlyArray<string>
+  left: ReadonlyArray<string>
+  signed: number
+  totalSeconds: number
+}) => {
+  const count = (f: (o: Outcome) => boolean) => r.outcomes.filter(f).length
+  const byStatus = new Map<string, number>()
+  for (const o of r.outcomes) {
+    if (o.complete || o.hungUp) continue
+    const label = o.status === 0 ? "no answer (connection cut)" : `${o.status}${o.code ? ` ${o.code}` : ""}`
+    byStatus.set(label, (byStatus.get(label) ?? 0) + 1)
+  }
+  const row = (name: string, value: string | number | bigint) => `  ${name.padEnd(44)} ${String(value)}`
+  const lines = [
+    "",
+    `Soak: 2 router instances, one database, one chain; ${availableParallelism()} cores, load average ${loadavg()[0]!.toFixed(1)} at the end.`,
+    ...r.events.map((e) => `  - ${e}`),
+    "",
+    row("requests", r.outcomes.length),
+    row(
+      "  x402 / credit key",
+      `${count((o) => o.plan.pay === "x402")} / ${count((o) => o.plan.pay === "key")}`
+    ),
+    row(
+      "  chat / messages",
+      `${count((o) => o.plan.api === "chat")} / ${count((o) => o.plan.api === "messages")}`
+    ),
+    row("  streamed / whole", `${count((o) => o.plan.stream)} / ${count((o) => !o.plan.stream)}`),
+    row("  x402 authorizations signed", r.signed),
+    row(
+      "ok (200, whole answer)",
+      count((o) => o.complete)
+    ),
+    row(
+      "hang-ups (client aborted)",
+      count((o) => o.hungUp)
+    ),
+    row(
+      "provider faults asked (error/drop/slow)",
+      `${count((o) => o.plan.fault === "error")}/${count((o) => o.plan.fault === "drop")}/${count((o) => o.plan.fault === "slow")}`
+    ),
+    "  errors by status:",
+    ...[...byStatus.entries()].sort((x, y) => y[1] - x[1]).map(([label, n]) => row(`    ${label}`, n)),
+    "",
+    row("base units lost", r.money.lost),
+    row("base units double-spent", r.money.doubleSpent),
+    row("base units charged, payment never moved", r.money.unpaidCharges),
+    row("base units ledger ≠ chain", r.money.ledgerVsChain),
+    row("nonces used twice", r.money.nonceReuse),
+    row("authorizations no client signed", r.money.unknownAuthorizations),
+    row("served calls unknown to the ledger", r.money.unknownRequests),
+    row("reservations left open", r.open.reserved),
+    row("capacity leases left", r.open.leases),
+    row(
+      "other open work (auth/refund/payout/tx/idem)",
+      `${r.open.authorizations}/${r.open.refunds}/${r.open.payouts}/${r.open.outgoing}/${r.open.idempotency}`
+    ),
+    row("epochs with receipts not closed", r.open.epochsOpen),
+    row("child processes left", `${r.left.length}${r.left.length > 0 ? ` (${r.left.join(", ")})` : ""}`),
+    row(
+      "reconciliation",
+      `${r.reconciliation.status}${r.reconciliation.kinds ? ` (${r.reconciliation.kinds})` : ""}`
+    ),
+    "",
+    row(
+      "traffic seconds / settlement seconds after",
+      `${r.trafficSeconds.toFixed(0)} / ${r.settledIn.toFixed(0)}`
+    ),
+    row("total seconds", r.totalSeconds.toFixed(0)),
+    ...(r.money.notes.length > 0 ? ["", "Notes:", ...r.money.notes.map((n) => `  ${n}`)] : []),
+    ""
+  ]
+  process.stdout.write(lines.join("\n"))
+}
+
+main().then(
+  (code) => process.exit(code),
+  (error) => {
+    process.stderr.write(`${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`)
+    process.exit(2)
+  }
+)
