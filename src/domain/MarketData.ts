@@ -83,15 +83,20 @@ export const MarketIndex = Schema.Struct({
 })
 export type MarketIndex = typeof MarketIndex.Type
 
-/** One class over the rolling 24 h window. */
-export const ClassStats = Schema.Struct({
+/** What cleared in one class over a window: requests, tokens, base units, and the blended price's VWAP and range. */
+const ClassVolume = {
   model_class: Schema.String,
   count: Schema.Number,
   volume_tokens: Schema.Number,
   volume: Schema.Number,
   vwap: Schema.NullOr(Schema.Number),
   high: Schema.NullOr(Schema.Number),
-  low: Schema.NullOr(Schema.Number),
+  low: Schema.NullOr(Schema.Number)
+}
+
+/** One class over the rolling 24 h window. */
+export const ClassStats = Schema.Struct({
+  ...ClassVolume,
   open: Schema.NullOr(Schema.Number),
   last: Schema.NullOr(Schema.Number),
   /** `last - open`, and the same in basis points of `open`. */
@@ -136,13 +141,7 @@ export type MarketSnapshot = typeof MarketSnapshot.Type
 
 /** Aggregates of one class over a window (hourly rollups). */
 const ClassFigures = {
-  model_class: Schema.String,
-  count: Schema.Number,
-  volume_tokens: Schema.Number,
-  volume: Schema.Number,
-  vwap: Schema.NullOr(Schema.Number),
-  high: Schema.NullOr(Schema.Number),
-  low: Schema.NullOr(Schema.Number),
+  ...ClassVolume,
   ttft_avg_ms: Schema.NullOr(Schema.Number)
 }
 
@@ -172,11 +171,7 @@ export type Rollups = typeof Rollups.Type
 /** `GET /v1/analytics/dashboard`: the whole market per bucket, ready for a chart. */
 export const Dashboard = Schema.Struct({
   object: Schema.Literal("analytics.dashboard"),
-  unit: Schema.String,
-  window_ms: Schema.Number,
-  bucket_ms: Schema.Number,
-  from: Schema.Number,
-  to: Schema.Number,
+  ...Series,
   buckets: Schema.Array(
     Schema.Struct({
       t: Schema.Number,
