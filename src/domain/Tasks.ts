@@ -140,6 +140,7 @@ export const ClaimRequest = Schema.Struct({
   lease_id: Schema.optionalKey(Schema.String),
   lease_seconds: Schema.optionalKey(Int(5, 3600))
 })
+export type ClaimRequest = typeof ClaimRequest.Type
 
 export const Claimed = Schema.Struct({
   lease: TaskLease,
@@ -149,27 +150,32 @@ export const Claimed = Schema.Struct({
   latest_checkpoint: Schema.NullOr(Checkpoint),
   unresolved_effects: Schema.Array(TaskEffect)
 })
+export type Claimed = typeof Claimed.Type
 
 export const CheckpointRequest = Schema.Struct({
   fence: Schema.Int,
   execution: Schema.Unknown,
   context: Schema.optionalKey(Schema.Unknown)
 })
+export type CheckpointRequest = typeof CheckpointRequest.Type
 
 export const EffectBegin = Schema.Struct({
   fence: Schema.Int,
   description: Schema.optionalKey(Schema.Unknown)
 })
+export type EffectBegin = typeof EffectBegin.Type
 export const EffectResolve = Schema.Struct({
   fence: Schema.Int,
   result: Schema.optionalKey(Schema.Unknown)
 })
+export type EffectResolve = typeof EffectResolve.Type
 
 export const EffectBegun = Schema.Struct({
   effect: TaskEffect,
   /** `true` only for the call that recorded it: the worker may perform the effect. */
   proceed: Schema.Boolean
 })
+export type EffectBegun = typeof EffectBegun.Type
 
 export const Erased = Schema.Struct({
   id: Schema.String,
@@ -250,6 +256,7 @@ export const ForkRequest = Schema.Struct({
   budget: Schema.optionalKey(Int(0, 10 ** 15)),
   retention_hours: Schema.optionalKey(Int(1, MAX_RETENTION_HOURS))
 })
+export type ForkRequest = typeof ForkRequest.Type
 
 /** OpenTelemetry's OTLP/JSON trace shape (`ExportTraceServiceRequest`), as much of it as a task's spans use. */
 const AnyValue = Schema.Struct({

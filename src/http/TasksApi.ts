@@ -35,7 +35,11 @@ const effect = {
   id: Schema.String,
   effectId: Schema.String.check(Schema.isMinLength(1), Schema.isMaxLength(128))
 }
+const snapshot = { id: Schema.String, snapshot: Schema.String }
+/** A write that can meet a conflict (a stale fence, a lost or held lease, a frozen contract): a 409. */
 const Fenced = [openAi(Unauthorized), openAi(Conflict), openAi(InvalidRequest)] as const
+/** Completing or abandoning an effect: fenced, and 404 for an effect that never began. */
+const Resolving = [...Fenced, openAi(NotFound)] as const
 
 /**
  * Durable tasks (spec 4.3; docs/decisions.md D135–D145). `x-task-token` (or the key that created the
@@ -96,13 +100,13 @@ export class TasksApi extends HttpApiGroup.make("tasks").add(
     params: effect,
     payload: EffectResolve,
     success: TaskEffect,
-    error: [...Fenced, openAi(NotFound)]
+    error: Resolving
   }),
   HttpApiEndpoint.post("abandonEffect", "/v1/tasks/:id/effects/:effectId/abandon", {
     params: effect,
     payload: EffectResolve,
     success: TaskEffect,
-    error: [...Fenced, openAi(NotFound)]
+    error: Resolving
   }),
   HttpApiEndpoint.put("freezeAcceptance", "/v1/tasks/:id/acceptance", {
     params: id,
@@ -123,12 +127,12 @@ export class TasksApi extends HttpApiGroup.make("tasks").add(
     error: [openAi(Unauthorized), openAi(InvalidRequest)]
   }),
   HttpApiEndpoint.get("readSnapshot", "/v1/tasks/:id/workspace-snapshots/:snapshot", {
-    params: { id: Schema.String, snapshot: Schema.String },
+    params: snapshot,
     success: SnapshotContents,
     error: [openAi(Unauthorized), openAi(NotFound)]
   }),
   HttpApiEndpoint.post("forkSnapshot", "/v1/tasks/:id/workspace-snapshots/:snapshot/fork", {
-    params: { id: Schema.String, snapshot: Schema.String },
+    params: snapshot,
     payload: ForkRequest,
     success: CreatedTask,
     error: [openAi(Unauthorized), openAi(NotFound), openAi(InvalidRequest)]

@@ -1,7 +1,14 @@
 import { Clock, Effect } from "effect"
 import type { SqlClient } from "effect/sql"
 import { Conflict, NotFound } from "../domain/Errors.ts"
-import type { Checkpoint, TaskEffect } from "../domain/Tasks.ts"
+import type {
+  Checkpoint,
+  CheckpointRequest,
+  EffectBegin,
+  EffectBegun,
+  EffectResolve,
+  TaskEffect
+} from "../domain/Tasks.ts"
 import type { Leases } from "./Leases.ts"
 import type { TaskLog } from "./TaskLog.ts"
 import { type CheckpointRow, checkpointOf, type EffectRow, effectOf } from "./TaskRows.ts"
@@ -14,20 +21,17 @@ export interface Checkpoints {
   readonly latest: (taskId: string) => Effect.Effect<Checkpoint | null>
   /** The effects begun and not yet completed or abandoned, oldest first. */
   readonly unresolved: (taskId: string) => Effect.Effect<ReadonlyArray<TaskEffect>>
-  readonly save: (
-    taskId: string,
-    input: { readonly fence: number; readonly execution: unknown; readonly context?: unknown }
-  ) => Effect.Effect<Checkpoint, Conflict>
+  readonly save: (taskId: string, input: CheckpointRequest) => Effect.Effect<Checkpoint, Conflict>
   readonly beginEffect: (
     taskId: string,
     effectId: string,
-    input: { readonly fence: number; readonly description?: unknown }
-  ) => Effect.Effect<{ readonly effect: TaskEffect; readonly proceed: boolean }, Conflict>
+    input: EffectBegin
+  ) => Effect.Effect<EffectBegun, Conflict>
   readonly resolveEffect: (
     taskId: string,
     effectId: string,
     outcome: "completed" | "abandoned",
-    input: { readonly fence: number; readonly result?: unknown }
+    input: EffectResolve
   ) => Effect.Effect<TaskEffect, Conflict | NotFound>
 }
 

@@ -1,7 +1,7 @@
 import { Clock, Effect } from "effect"
 import type { SqlClient } from "effect/sql"
 import { Conflict } from "../domain/Errors.ts"
-import type { TaskLease } from "../domain/Tasks.ts"
+import type { ClaimRequest, TaskLease } from "../domain/Tasks.ts"
 import type { TaskLog } from "./TaskLog.ts"
 import { newId, staleFence, type TaskRow } from "./TaskRows.ts"
 
@@ -13,7 +13,7 @@ export interface Leases {
   /** Claims the task (a new lease and fence) or, given `lease_id`, renews the live lease it names. */
   readonly claim: (
     taskId: string,
-    input: { readonly worker?: string; readonly lease_id?: string; readonly lease_seconds?: number }
+    input: ClaimRequest
   ) => Effect.Effect<
     { readonly lease: TaskLease; readonly recovered: boolean; readonly renewed: boolean },
     Conflict

@@ -9,7 +9,10 @@ import type { TaskCredentials, TaskRow } from "./TaskRows.ts"
 export interface TaskAccess {
   /** The key id of the credentials' governed key (it then owns what it creates); none for a bare token. */
   readonly ownerKeyOf: (credentials: TaskCredentials) => Effect.Effect<string | undefined, Unauthorized>
-  /** The task's row when the credentials open it; an unknown task, a wrong token and a key that does not own it all answer the same 401. */
+  /**
+   * The task's row when the credentials open it; an unknown task, a wrong token and a key that does not
+   * own it all answer the same 401.
+   */
   readonly authorize: (id: string, credentials: TaskCredentials) => Effect.Effect<TaskRow, Unauthorized>
   readonly load: (id: string) => Effect.Effect<TaskRow | undefined>
 }

@@ -5,6 +5,13 @@ import { TASK_EVENTS_CHANNEL, type TaskEvents } from "./TaskEvents.ts"
 import { type EventRow, eventOf, MAX_EVENT_WAIT_MS } from "./TaskRows.ts"
 
 /** A task's ordered event log (D138, D139): appends numbered under the task's row lock, and long polling. */
+/** A read of the log: the events after `cursor`, at most `limit`, waiting up to `waitMs` for a first one. */
+export interface EventQuery {
+  readonly cursor: number
+  readonly waitMs: number
+  readonly limit: number
+}
+
 export interface TaskLog {
   /** Appends an event inside the caller's transaction and announces it to every instance's readers. */
   readonly record: (
@@ -17,10 +24,7 @@ export interface TaskLog {
    * The events after `cursor` (at most `limit`); when there are none yet, waits up to `waitMs` (bounded by
    * `MAX_EVENT_WAIT_MS`) for one to be appended, on this instance or another.
    */
-  readonly poll: (
-    taskId: string,
-    query: { readonly cursor: number; readonly waitMs: number; readonly limit: number }
-  ) => Effect.Effect<ReadonlyArray<TaskEvent>>
+  readonly poll: (taskId: string, query: EventQuery) => Effect.Effect<ReadonlyArray<TaskEvent>>
 }
 
 export const makeTaskLog = (sql: SqlClient.SqlClient, bus: TaskEvents["Service"]): TaskLog => {

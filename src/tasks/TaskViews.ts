@@ -4,7 +4,10 @@ import type { TaskView } from "../domain/Tasks.ts"
 import type { Checkpoints } from "./Checkpoints.ts"
 import type { TaskRow } from "./TaskRows.ts"
 
-/** What `GET /v1/tasks/:id` shows (D135): the row with its live lease, approvals, latest checkpoint, open effects and lineage. */
+/**
+ * What `GET /v1/tasks/:id` shows (D135): the row with its live lease, approvals, latest checkpoint, open
+ * effects and lineage.
+ */
 export const makeTaskView =
   (sql: SqlClient.SqlClient, checkpoints: Checkpoints) =>
   (row: TaskRow): Effect.Effect<TaskView> =>

@@ -5,11 +5,16 @@ import { repeatInBackground } from "../Background.ts"
 import type { Conflict, NotFound, Unauthorized } from "../domain/Errors.ts"
 import {
   type Checkpoint,
+  type CheckpointRequest,
+  type Claimed,
+  type ClaimRequest,
   type CreateTaskRequest,
   DEFAULT_RETENTION_HOURS,
+  type EffectBegin,
+  type EffectBegun,
+  type EffectResolve,
   type TaskEffect,
   type TaskEvent,
-  type TaskLease,
   type TaskView
 } from "../domain/Tasks.ts"
 import { Keys } from "../payment/Keys.ts"
@@ -19,11 +24,17 @@ import { makeLeases } from "./Leases.ts"
 import { makeRetention } from "./Retention.ts"
 import { makeTaskAccess } from "./TaskAccess.ts"
 import { TaskEvents } from "./TaskEvents.ts"
-import { makeTaskLog } from "./TaskLog.ts"
+import { type EventQuery, makeTaskLog } from "./TaskLog.ts"
 import { newId, type ROUTER_EVENTS, STALE_HOLD_MS, type TaskCredentials, type TaskRow } from "./TaskRows.ts"
 import { makeTaskView } from "./TaskViews.ts"
 
 export { ROUTER_EVENTS, type TaskCredentials, type TaskRow } from "./TaskRows.ts"
+
+/** Where a fork starts: the task it was forked from, and that task's snapshot. */
+export interface TaskLineage {
+  readonly parentTaskId: string
+  readonly parentSnapshotId: string
+}
 
 /**
  * Durable tasks (spec 4.3; docs/decisions.md D135–D141): the retained record and its creation, composed
@@ -38,14 +49,14 @@ export class Tasks extends Context.Service<
     readonly create: (
       input: CreateTaskRequest,
       owner: TaskCredentials,
-      lineage?: { readonly parentTaskId: string; readonly parentSnapshotId: string }
+      lineage?: TaskLineage
     ) => Effect.Effect<{ readonly task: TaskView; readonly token: string }, Unauthorized>
     readonly authorize: (id: string, credentials: TaskCredentials) => Effect.Effect<TaskRow, Unauthorized>
     readonly view: (id: string, credentials: TaskCredentials) => Effect.Effect<TaskView, Unauthorized>
     readonly events: (
       id: string,
       credentials: TaskCredentials,
-      query: { readonly cursor: number; readonly waitMs: number; readonly limit: number }
+      query: EventQuery
     ) => Effect.Effect<ReadonlyArray<TaskEvent>, Unauthorized>
     readonly append: (
       id: string,
@@ -61,34 +72,25 @@ export class Tasks extends Context.Service<
     readonly claim: (
       id: string,
       credentials: TaskCredentials,
-      input: { readonly worker?: string; readonly lease_id?: string; readonly lease_seconds?: number }
-    ) => Effect.Effect<
-      {
-        readonly lease: TaskLease
-        readonly recovered: boolean
-        readonly renewed: boolean
-        readonly latest_checkpoint: Checkpoint | null
-        readonly unresolved_effects: ReadonlyArray<TaskEffect>
-      },
-      Unauthorized | Conflict
-    >
+      input: ClaimRequest
+    ) => Effect.Effect<Claimed, Unauthorized | Conflict>
     readonly checkpoint: (
       id: string,
       credentials: TaskCredentials,
-      input: { readonly fence: number; readonly execution: unknown; readonly context?: unknown }
+      input: CheckpointRequest
     ) => Effect.Effect<Checkpoint, Unauthorized | Conflict>
     readonly beginEffect: (
       id: string,
       effectId: string,
       credentials: TaskCredentials,
-      input: { readonly fence: number; readonly description?: unknown }
-    ) => Effect.Effect<{ readonly effect: TaskEffect; readonly proceed: boolean }, Unauthorized | Conflict>
+      input: EffectBegin
+    ) => Effect.Effect<EffectBegun, Unauthorized | Conflict>
     readonly resolveEffect: (
       id: string,
       effectId: string,
       credentials: TaskCredentials,
       outcome: "completed" | "abandoned",
-      input: { readonly fence: number; readonly result?: unknown }
+      input: EffectResolve
     ) => Effect.Effect<TaskEffect, Unauthorized | Conflict | NotFound>
     /** Checks `fence` is the live lease's, under the task's row lock (inside the caller's transaction). */
     readonly fenced: (taskId: string, fence: number) => Effect.Effect<void, Conflict>
@@ -113,7 +115,7 @@ export class Tasks extends Context.Service<
       const create = Effect.fn("Tasks.create")(function* (
         input: CreateTaskRequest,
         owner: TaskCredentials,
-        lineage?: { readonly parentTaskId: string; readonly parentSnapshotId: string }
+        lineage?: TaskLineage
       ) {
         const ownerKeyId = yield* access.ownerKeyOf(owner)
         const taskId = newId("task_", 12)
@@ -152,7 +154,7 @@ export class Tasks extends Context.Service<
       const events = Effect.fn("Tasks.events")(function* (
         id: string,
         credentials: TaskCredentials,
-        query: { readonly cursor: number; readonly waitMs: number; readonly limit: number }
+        query: EventQuery
       ) {
         yield* authorize(id, credentials)
         return yield* log.poll(id, query)
@@ -170,7 +172,7 @@ export class Tasks extends Context.Service<
       const claim = Effect.fn("Tasks.claim")(function* (
         id: string,
         credentials: TaskCredentials,
-        input: { readonly worker?: string; readonly lease_id?: string; readonly lease_seconds?: number }
+        input: ClaimRequest
       ) {
         yield* authorize(id, credentials)
         const outcome = yield* leases.claim(id, input)
@@ -184,7 +186,7 @@ export class Tasks extends Context.Service<
       const checkpoint = Effect.fn("Tasks.checkpoint")(function* (
         id: string,
         credentials: TaskCredentials,
-        input: { readonly fence: number; readonly execution: unknown; readonly context?: unknown }
+        input: CheckpointRequest
       ) {
         yield* authorize(id, credentials)
         return yield* checkpoints.save(id, input)
@@ -194,7 +196,7 @@ export class Tasks extends Context.Service<
         id: string,
         effectId: string,
         credentials: TaskCredentials,
-        input: { readonly fence: number; readonly description?: unknown }
+        input: EffectBegin
       ) {
         yield* authorize(id, credentials)
         return yield* checkpoints.beginEffect(id, effectId, input)
@@ -205,7 +207,7 @@ export class Tasks extends Context.Service<
         effectId: string,
         credentials: TaskCredentials,
         outcome: "completed" | "abandoned",
-        input: { readonly fence: number; readonly result?: unknown }
+        input: EffectResolve
       ) {
         yield* authorize(id, credentials)
         return yield* checkpoints.resolveEffect(id, effectId, outcome, input)

@@ -2,7 +2,7 @@ import { createHash, randomBytes } from "node:crypto"
 import { Clock, Context, Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { InvalidRequest, NotFound, type Unauthorized } from "../domain/Errors.ts"
-import { DEFAULT_RETENTION_HOURS, type TaskView } from "../domain/Tasks.ts"
+import { DEFAULT_RETENTION_HOURS, type ForkRequest, type TaskView } from "../domain/Tasks.ts"
 import { type TaskCredentials, Tasks } from "./Tasks.ts"
 
 export interface SnapshotFileInput {
@@ -56,12 +56,7 @@ export class Workspaces extends Context.Service<
       id: string,
       snapshotId: string,
       credentials: TaskCredentials,
-      input: {
-        readonly goal?: string
-        readonly max_steps?: number
-        readonly budget?: number
-        readonly retention_hours?: number
-      }
+      input: ForkRequest
     ) => Effect.Effect<{ readonly task: TaskView; readonly token: string }, Unauthorized | NotFound>
     /** The paths of a task's latest snapshot (its artifacts, for a verdict). */
     readonly latestPaths: (taskId: string) => Effect.Effect<ReadonlySet<string>>
@@ -178,12 +173,7 @@ export class Workspaces extends Context.Service<
         id: string,
         snapshotId: string,
         credentials: TaskCredentials,
-        input: {
-          readonly goal?: string
-          readonly max_steps?: number
-          readonly budget?: number
-          readonly retention_hours?: number
-        }
+        input: ForkRequest
       ) {
         const parent = yield* tasks.authorize(id, credentials)
         yield* visible(id, snapshotId)

@@ -1,33 +1,17 @@
-import { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
-import { Context, Effect, Exit, Fiber, Layer, Redacted, Result, Scope } from "effect"
+import { Context, Effect, Exit, Fiber, Layer, Result, Scope } from "effect"
 import { TestClock } from "effect/testing"
-import { inject } from "vitest"
 import { databaseFromUrl } from "../../src/db/Database.ts"
 import { Keys } from "../../src/payment/Keys.ts"
 import { TaskBudgets } from "../../src/payment/TaskBudgets.ts"
 import { TaskEvents } from "../../src/tasks/TaskEvents.ts"
 import { Tasks } from "../../src/tasks/Tasks.ts"
+import { freshDatabaseUrl } from "../support/Database.ts"
 
 /**
  * Issue 14 item 10: durable for real. Each "instance" is the task services over its own connection
  * pool and its own LISTEN connection, on one database shared by all, as two routers would be.
  */
-const admin = (statement: string) =>
-  Effect.gen(function* () {
-    const sql = yield* PgClient.PgClient
-    yield* sql.unsafe(statement)
-  }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(inject("adminDatabaseUrl")) })), Effect.orDie)
-
-const sharedDatabase = Effect.gen(function* () {
-  const name = `tasks_${Date.now().toString(36)}_${Math.random().toString(36).slice(2, 8)}`
-  yield* Effect.acquireRelease(admin(`CREATE DATABASE ${name}`), () =>
-    admin(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`).pipe(Effect.ignore)
-  )
-  const url = new URL(inject("adminDatabaseUrl"))
-  url.pathname = `/${name}`
-  return url.toString()
-})
 
 const instanceLayer = (url: string) =>
   Tasks.layer.pipe(
@@ -62,7 +46,7 @@ describe("durable tasks across workers and router instances", () => {
     () =>
       Effect.scoped(
         Effect.gen(function* () {
-          const url = yield* sharedDatabase
+          const url = yield* freshDatabaseUrl
           const a = yield* startInstance(url)
           const b = yield* startInstance(url)
           const { task: created, token } = yield* a.tasks.create(task, {})
@@ -106,7 +90,7 @@ describe("durable tasks across workers and router instances", () => {
     () =>
       Effect.scoped(
         Effect.gen(function* () {
-          const url = yield* sharedDatabase
+          const url = yield* freshDatabaseUrl
           const a = yield* startInstance(url)
           const b = yield* startInstance(url)
           const { task: created, token } = yield* a.tasks.create(task, {})
@@ -146,7 +130,7 @@ describe("durable tasks across workers and router instances", () => {
     () =>
       Effect.scoped(
         Effect.gen(function* () {
-          const url = yield* sharedDatabase
+          const url = yield* freshDatabaseUrl
           const a = yield* startInstance(url)
           const b = yield* startInstance(url)
           for (let round = 0; round < 5; round++) {
@@ -172,7 +156,7 @@ describe("durable tasks across workers and router instances", () => {
     () =>
       Effect.scoped(
         Effect.gen(function* () {
-          const url = yield* sharedDatabase
+          const url = yield* freshDatabaseUrl
           const a = yield* startInstance(url)
           const { task: created, token } = yield* a.tasks.create(task, {})
           const credentials = { token }
@@ -244,7 +228,7 @@ describe("durable tasks across workers and router instances", () => {
   it.effect("the retention reaper erases a task once its retention runs out", () =>
     Effect.scoped(
       Effect.gen(function* () {
-        const url = yield* sharedDatabase
+        const url = yield* freshDatabaseUrl
         const a = yield* startInstance(url)
         const { task: created, token } = yield* a.tasks.create({ ...task, retention_hours: 1 }, {})
         assert.strictEqual(yield* a.tasks.reap, 0)
@@ -264,7 +248,7 @@ describe("durable tasks across workers and router instances", () => {
     () =>
       Effect.scoped(
         Effect.gen(function* () {
-          const url = yield* sharedDatabase
+          const url = yield* freshDatabaseUrl
           const a = yield* startInstance(url)
           const { task: created, token } = yield* a.tasks.create({ ...task, budget: 1_000 }, {})
           // The request's scope is never closed: its instance died with the hold taken.

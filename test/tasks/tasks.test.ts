@@ -350,27 +350,24 @@ describe("durable tasks over HTTP (spec 4.3)", () => {
           const headers = { "x-task-token": token }
           const path = `/v1/tasks/${task.id}`
           const shared = "x".repeat(10_000)
-          const first = (yield* postJson(
-            `${path}/workspace-snapshots`,
-            {
-              files: [
-                { path: "a.txt", content: shared },
-                { path: "b.bin", content_base64: "AAEC" }
-              ]
-            },
-            headers
-          )).json as { snapshot_id: string; new_bytes: number; files: Array<{ path: string; hash: string }> }
+          const store = (files: ReadonlyArray<Record<string, string>>) =>
+            Effect.map(postJson(`${path}/workspace-snapshots`, { files }, headers), (reply) => {
+              assert.strictEqual(reply.status, 200, reply.text)
+              return reply.json as {
+                snapshot_id: string
+                new_bytes: number
+                files: Array<{ path: string; hash: string }>
+              }
+            })
+          const first = yield* store([
+            { path: "a.txt", content: shared },
+            { path: "b.bin", content_base64: "AAEC" }
+          ])
           assert.strictEqual(first.new_bytes, 10_003)
-          const second = (yield* postJson(
-            `${path}/workspace-snapshots`,
-            {
-              files: [
-                { path: "copy/a.txt", content: shared },
-                { path: "c.txt", content: "new" }
-              ]
-            },
-            headers
-          )).json as { snapshot_id: string; new_bytes: number; files: Array<{ path: string; hash: string }> }
+          const second = yield* store([
+            { path: "copy/a.txt", content: shared },
+            { path: "c.txt", content: "new" }
+          ])
           assert.strictEqual(second.new_bytes, 3)
           assert.strictEqual(second.files[0]!.hash, first.files[0]!.hash)
           const sql = yield* SqlClient.SqlClient
