@@ -3,7 +3,7 @@ import { Effect, Layer, Redacted } from "effect"
 import OpenAI from "openai"
 import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
 import type { ProviderConfig } from "../../src/devnet/fleet/FleetConfig.ts"
-import { payer, waitFor } from "../support/Pay.ts"
+import { payer, providerRequests, waitFor } from "../support/Pay.ts"
 import { call, OPERATOR_TOKEN, RouterUrl, routerLayer } from "../support/Router.ts"
 
 /**
@@ -84,7 +84,7 @@ export const adaptersRouter = Layer.unwrap(
   })
 )
 
-export { waitFor }
+export { providerRequests, waitFor }
 
 const fleetClasses = ["chat-medium", "reasoning-large", "chat-large", "grounded-medium"]
 
@@ -123,17 +123,6 @@ export const servedBy = (requestId: string) =>
         : undefined
     )
   )
-
-/** Every request the simulated providers have seen. */
-export const providerRequests = Effect.gen(function* () {
-  const fleet = yield* Fleet
-  let total = 0
-  for (const provider of fleet.providers) {
-    const counters = yield* provider.counters
-    total += Object.values(counters.requests).reduce((a, b) => a + b, 0)
-  }
-  return total
-})
 
 export interface SseEvent {
   readonly event: string | undefined
