@@ -1,6 +1,7 @@
 import { Config, Context, Effect, Layer } from "effect"
 import { repeatInBackground } from "../Background.ts"
 import { Instances } from "../db/Instances.ts"
+import { Authorizations } from "../ledger/Authorizations.ts"
 import { epochOf } from "../ledger/Epochs.ts"
 import { Ledger, type PaymentSource, type StaleReservation } from "../ledger/Ledger.ts"
 import { receiptOf } from "../ledger/Records.ts"
@@ -34,8 +35,9 @@ export class Reaper extends Context.Service<
   {
     readonly runOnce: Effect.Effect<number>
     /**
-     * Settles what dead router instances left open (D154): their capacity leases are deleted and
-     * their reservations released in full with signed receipts, as soon as their heartbeat stops.
+     * Settles what dead router instances left open (D154): their capacity leases are deleted, the x402
+     * settlements they claimed go back to the queue (D250) and their reservations are released in full
+     * with signed receipts, as soon as their heartbeat stops.
      * Returns how many reservations it released.
      */
     readonly settleDeadInstances: Effect.Effect<number>
@@ -47,6 +49,7 @@ export class Reaper extends Context.Service<
     const live = yield* LiveStreams
     const sessions = yield* Sessions
     const instances = yield* Instances
+    const authorizations = yield* Authorizations
     const { epochSeconds } = yield* RouterConfig
     // Past the serving deadline (15 min) no instance can still be serving it; before the epoch
     // close's 30-minute dead-request rule, so a released receipt lands before its epoch closes.
@@ -97,6 +100,8 @@ export class Reaper extends Context.Service<
       const dead = yield* instances.dead
       if (dead.length === 0) return 0
       const leases = yield* instances.releaseLeases(dead)
+      // Settlements they claimed and never finished are offered to the live instances' settlement loop.
+      const claims = yield* authorizations.releaseClaimsOf(dead)
       const open = yield* ledger.reservationsOf(dead)
       // Nothing this instance serves is ever touched (a request id is one instance's only).
       const orphaned = open.filter((row) => live.get(row.request_id) === undefined)
@@ -106,6 +111,7 @@ export class Reaper extends Context.Service<
       yield* Effect.logWarning("settled what dead router instances left open", {
         instances: dead.join(","),
         leases,
+        settlements: claims,
         reservations: orphaned.length
       })
       return orphaned.length

@@ -35,6 +35,8 @@ export class Authorizations extends Context.Service<
   {
     /** Rows left `submitted` by an instance that died mid-flight go back to the queue. */
     readonly recover: Effect.Effect<void>
+    /** The claims of instances known dead go back to the queue now; returns how many. */
+    readonly releaseClaimsOf: (instanceIds: ReadonlyArray<string>) => Effect.Effect<number>
     /** Claims up to 16 due authorizations for submission. */
     readonly claimDue: Effect.Effect<ReadonlyArray<ClaimedAuthorization>>
     /** Records the hash of a broadcast transfer before it is awaited. */
@@ -55,7 +57,8 @@ export class Authorizations extends Context.Service<
       const sql = yield* SqlClient.SqlClient
 
       const claimDue = sql`
-        UPDATE x402_authorizations SET status = 'submitted', attempts = attempts + 1, updated_at = now()
+        UPDATE x402_authorizations SET status = 'submitted', attempts = attempts + 1, updated_at = now(),
+                                       claimed_by = router_instance_of_connection()
         WHERE (payer, nonce) IN (
           SELECT payer, nonce FROM x402_authorizations
           WHERE status = 'pending' AND next_attempt_at <= now()
@@ -110,7 +113,28 @@ export class Authorizations extends Context.Service<
         WHERE status = 'submitted' AND updated_at < now() - interval '3 minutes'
       `.pipe(Effect.asVoid, Effect.orDie)
 
-      return Authorizations.of({ recover, claimDue, recordBroadcast, recordLanded, recordFailed })
+      // A dead instance's claim may have broadcast already: the next claimer's send finds the recorded
+      // transaction (ledger/Treasury.ts) and its landing is recorded once (`recordLanded` needs `submitted`).
+      const releaseClaimsOf = (instanceIds: ReadonlyArray<string>) =>
+        instanceIds.length === 0
+          ? Effect.succeed(0)
+          : sql<{ nonce: string }>`
+              UPDATE x402_authorizations SET status = 'pending', next_attempt_at = now(), updated_at = now()
+              WHERE status = 'submitted' AND claimed_by IN ${sql.in(instanceIds)}
+              RETURNING nonce
+            `.pipe(
+              Effect.map((rows) => rows.length),
+              Effect.orDie
+            )
+
+      return Authorizations.of({
+        recover,
+        releaseClaimsOf,
+        claimDue,
+        recordBroadcast,
+        recordLanded,
+        recordFailed
+      })
     })
   )
 }

@@ -3,6 +3,7 @@ import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
 import { INSTANCE_ID } from "../../src/db/Instances.ts"
 import { Reaper } from "../../src/inference/Reaper.ts"
+import { Authorizations } from "../../src/ledger/Authorizations.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
 import { fundedKey, keyState } from "../support/Keys.ts"
 import { call, routerLayer } from "../support/Router.ts"
@@ -152,6 +153,56 @@ describe("reservations left by a dead request", () => {
             status: string
           }>`SELECT status FROM sessions WHERE session_id = 's-expired'`
           assert.strictEqual(rows[0]!.status, "closed")
+        })
+    )
+
+    it.effect(
+      "the x402 settlements a dead instance claimed go back to the queue at once, not after 3 minutes",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const reaper = yield* Reaper
+          const authorizations = yield* Authorizations
+          // Captured x402 requests whose settlement was claimed just now; no signature is on record, so the
+          // live settlement loop of this test's router only ever sends such a row back to `pending`.
+          const authorization = (requestId: string, nonce: string, status: string) =>
+            Effect.gen(function* () {
+              yield* sql`INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
+                                               provider_id, authorized, charged, status)
+                         VALUES (${requestId}, 'openai', 'x402', '0xclaims', 'auto', 'chat-small', 'p', 10000, 10,
+                                 'captured')`
+              yield* sql`INSERT INTO x402_authorizations (payer, nonce, request_id, value, valid_after, valid_before,
+                                                          signature, status)
+                         VALUES ('0xclaims', ${nonce}, ${requestId}, 10000, 0, 99999999999, NULL, ${status})`
+            })
+          // Claimed by this instance: the claim names it.
+          yield* authorization("req_claim_mine", "0x01", "pending")
+          yield* authorizations.claimDue
+          const mine = yield* sql<{ claimed_by: string | null }>`
+            SELECT claimed_by FROM x402_authorizations WHERE nonce = '0x01'`
+          assert.strictEqual(mine[0]!.claimed_by, INSTANCE_ID)
+
+          // An instance died 40 seconds ago right after claiming one (maybe after broadcasting it); another,
+          // alive, is settling its own claim.
+          yield* authorization("req_claim_dead", "0x02", "submitted")
+          yield* authorization("req_claim_alive", "0x03", "submitted")
+          yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
+                     VALUES ('i_dead_claims', now() - interval '40 seconds'), ('i_alive_claims', now())`
+          yield* sql`UPDATE x402_authorizations SET claimed_by = 'i_dead_claims' WHERE nonce = '0x02'`
+          yield* sql`UPDATE x402_authorizations SET claimed_by = 'i_alive_claims' WHERE nonce = '0x03'`
+
+          yield* reaper.settleDeadInstances
+          const rows = yield* sql<{ nonce: string; status: string; claimed_by: string }>`
+            SELECT nonce, status, claimed_by FROM x402_authorizations WHERE nonce IN ('0x02', '0x03') ORDER BY nonce`
+          // The dead instance's claim is back in the queue (or already claimed again by a live loop).
+          const dead = rows[0]!
+          assert.isFalse(
+            dead.status === "submitted" && dead.claimed_by === "i_dead_claims",
+            JSON.stringify(dead)
+          )
+          assert.deepStrictEqual([rows[1]!.status, rows[1]!.claimed_by], ["submitted", "i_alive_claims"])
+          yield* sql`DELETE FROM x402_authorizations WHERE payer = '0xclaims'`
+          yield* sql`DELETE FROM requests WHERE payer = '0xclaims'`
         })
     )
   })

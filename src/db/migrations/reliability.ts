@@ -93,5 +93,13 @@ export const reliability: Migrations = {
   "0017_receipts_unsigned": Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
     yield* sql`CREATE INDEX receipts_unsigned ON receipts (created_at) WHERE signature IS NULL`
+  }),
+  // Which instance claimed an x402 authorization for submission: when that instance is known dead its
+  // claims go back to the queue at once (inference/Reaper.ts), not after the 3-minute recovery, so an epoch
+  // is not held open by a settlement nobody is running (found by `npm run soak`).
+  "0027_authorization_claims": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    yield* sql`ALTER TABLE x402_authorizations ADD COLUMN claimed_by TEXT`
+    yield* sql`CREATE INDEX x402_authorizations_claimed ON x402_authorizations (claimed_by) WHERE status = 'submitted'`
   })
 }
