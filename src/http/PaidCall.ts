@@ -32,6 +32,16 @@ export type Respond<P> = (
   from: number
 ) => Effect.Effect<HttpServerResponse.HttpServerResponse>
 
+/**
+ * What a replay keeps for as long as its stream is kept (minutes): the encoder and the call's record.
+ * Built outside the serving closure, whose scope holds the HTTP request (V8 keeps a closure's whole
+ * enclosing scope, so a replay closure made inside it would keep the request and its response too).
+ */
+const replayOf =
+  <P>(respond: Respond<P>, original: Original<P>) =>
+  (from: number) =>
+    respond(original, from)
+
 export const agentHeadersOf = (request: HttpServerRequest): AgentHeaders => ({
   role: request.headers["x-routing-agent-role"],
   parentTask: request.headers["x-routing-parent-task"],
@@ -167,7 +177,7 @@ export class PaidCalls extends Context.Service<
             )
           )
           const original: Original<P> = { admitted, agent: context.agent, payload: options.payload }
-          served.set(admitted.stream, (from) => options.respond(original, from))
+          served.set(admitted.stream, replayOf(options.respond, original))
           return yield* options.respond(original, 0)
         }).pipe(Effect.scoped)
 

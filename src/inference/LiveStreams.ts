@@ -88,6 +88,10 @@ export class LiveStreams extends Context.Service<
               Effect.gen(function* () {
                 stream.finishedAt = yield* Clock.currentTimeMillis
                 for (const reader of stream.readers) Queue.endUnsafe(reader)
+                stream.readers.clear()
+                // Kept for replay are the events and this record only: the finished fiber holds the
+                // context it was started in (the caller's HTTP request among it) and `work`'s closure.
+                stream.fiber = undefined
                 yield* Deferred.succeed(stream.done, undefined)
               })
             ),

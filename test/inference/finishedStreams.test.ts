@@ -1,0 +1,161 @@
+import diagnostics from "node:diagnostics_channel"
+import http from "node:http"
+import v8 from "node:v8"
+import vm from "node:vm"
+import { assert, describe, layer } from "@effect/vitest"
+import { Effect, Layer, Redacted } from "effect"
+import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
+import type { ProviderConfig } from "../../src/devnet/fleet/FleetConfig.ts"
+import { LiveStreams } from "../../src/inference/LiveStreams.ts"
+import { fundedKey } from "../support/Keys.ts"
+import { waitFor } from "../support/Pay.ts"
+import { call, OPERATOR_TOKEN, RouterUrl, routerLayer } from "../support/Router.ts"
+
+/**
+ * Issue 12 item 5: a finished stream is kept for replay (`GET /v1/streams/:id`, an idempotent replay)
+ * for minutes, so it must keep only what replay needs. The router's own HTTP request and response
+ * objects of the call that started it (seen through Node's `http.server.request.start` channel) must be
+ * collectable once the call ended, while its replay still answers.
+ */
+v8.setFlagsFromString("--expose-gc")
+const gc = vm.runInNewContext("gc") as () => void
+
+const provider: ProviderConfig = {
+  providerId: "fs-1",
+  dialect: "openai",
+  offers: [{ modelClass: "chat-small", priceIn: 100_000, priceOut: 400_000 }],
+  ttftMs: 0,
+  tokensPerSecond: 100_000,
+  capacityRps: 64,
+  maxContext: 32_000
+}
+
+const router = Layer.unwrap(
+  Effect.map(Effect.sync(routerLayer), (base) =>
+    Layer.unwrap(
+      Effect.map(RouterUrl, (url) =>
+        Fleet.layer({
+          routerUrl: url,
+          operatorToken: Redacted.make(OPERATOR_TOKEN),
+          refreshMs: 2_000,
+          providers: [provider]
+        })
+      )
+    ).pipe(Layer.provideMerge(base))
+  )
+)
+
+/** A paid streaming call on a connection of its own, closed after the reply (no keep-alive holds it). */
+const streamOnce = (base: string, key: string, body: unknown) =>
+  Effect.promise(
+    () =>
+      new Promise<{ status: number; headers: http.IncomingHttpHeaders; text: string }>((resolve, reject) => {
+        const payload = JSON.stringify(body)
+        const request = http.request(
+          `${base}/v1/chat/completions`,
+          {
+            method: "POST",
+            agent: false,
+            headers: {
+              "content-type": "application/json",
+              "content-length": Buffer.byteLength(payload),
+              connection: "close",
+              "x-credit-key": key
+            }
+          },
+          (response) => {
+            let text = ""
+            response.setEncoding("utf8")
+            response.on("data", (chunk: string) => {
+              text += chunk
+            })
+            response.on("end", () =>
+              resolve({ status: response.statusCode ?? 0, headers: response.headers, text })
+            )
+            response.on("error", reject)
+          }
+        )
+        request.on("error", reject)
+        request.end(payload)
+      })
+  )
+
+/** Collects until the given objects are gone or a few passes show they are held. */
+const collected = (refs: ReadonlyArray<WeakRef<object>>) =>
+  Effect.promise(async () => {
+    for (let pass = 0; pass < 10; pass++) {
+      // A WeakRef's target lives at least to the end of the job that made or read it: collect in a later one.
+      await new Promise((resolve) => setTimeout(resolve, 20))
+      gc()
+      if (refs.every((ref) => ref.deref() === undefined)) return true
+    }
+    return false
+  })
+
+describe("a finished stream", () => {
+  layer(router, { excludeTestServices: true, timeout: 120_000 })((it) => {
+    it.effect("keeps its replay and lets go of the call's request and response objects", () =>
+      Effect.gen(function* () {
+        const base = yield* RouterUrl
+        yield* waitFor(
+          "the provider's quote",
+          Effect.map(call("/v1/market/book"), (r) => {
+            const classes = (
+              r.json as { classes: Array<{ model_class?: string; id?: string; depth: number }> }
+            ).classes
+            return classes.some((c) => (c.model_class ?? c.id) === "chat-small" && c.depth >= 1)
+              ? true
+              : undefined
+          })
+        )
+        const key = yield* fundedKey({ budget: 100_000_000, balance: 100_000_000 })
+
+        const held: Array<WeakRef<object>> = []
+        const onStart = (message: unknown) => {
+          const { request, response } = message as {
+            request: http.IncomingMessage
+            response: http.ServerResponse
+          }
+          // The router's (the simulated provider, in this process too, serves the same path without a key).
+          if (request.url === "/v1/chat/completions" && request.headers["x-credit-key"] !== undefined)
+            held.push(new WeakRef(request), new WeakRef(response))
+        }
+        diagnostics.subscribe("http.server.request.start", onStart)
+        const reply = yield* streamOnce(base, key.secret, {
+          model: "chat-small",
+          stream: true,
+          messages: [{ role: "user", content: "what does a finished stream keep?" }],
+          max_tokens: 16
+        }).pipe(
+          Effect.ensuring(Effect.sync(() => diagnostics.unsubscribe("http.server.request.start", onStart)))
+        )
+        assert.strictEqual(reply.status, 200, reply.text)
+        assert.include(reply.text, "[DONE]")
+        assert.strictEqual(held.length, 2, "the router's request and response were seen")
+
+        // The stream is finished and kept: its replay answers with the same content.
+        const id = String(reply.headers["x-request-id"])
+        const token = String(reply.headers["x-stream-token"])
+        const replay = yield* call(`/v1/streams/${id}`, { headers: { "x-stream-token": token } })
+        assert.strictEqual(replay.status, 200, replay.text)
+        assert.include(replay.text, "[DONE]")
+
+        // ...and nothing of it reaches the Node request or response of the call that made it.
+        assert.isTrue(yield* collected(held), "a finished stream still holds its call's request or response")
+
+        // The kept record is the events and small metadata: not the finished fiber (its context and exit),
+        // not the readers that followed it.
+        const kept = (yield* LiveStreams).get(id)
+        assert.isDefined(kept)
+        assert.isDefined(kept!.finishedAt)
+        assert.isUndefined(kept!.fiber)
+        assert.strictEqual(kept!.readers.size, 0)
+
+        // Collection took nothing replay needs.
+        const again = yield* call(`/v1/streams/${id}`, { headers: { "x-stream-token": token } })
+        assert.strictEqual(again.status, 200, again.text)
+        assert.strictEqual(again.text, replay.text)
+      })
+    )
+  })
+})
