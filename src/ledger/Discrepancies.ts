@@ -35,6 +35,9 @@ export interface Discrepancy {
   readonly detail: string
 }
 
+/** How many discrepancies a run records (and a listing check reads) at the most. */
+export const MAX_RECORDED = 50
+
 export interface ReconciliationResult {
   readonly id: number
   readonly status: "ok" | "failed"
