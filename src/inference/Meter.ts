@@ -20,6 +20,9 @@ export interface Meter {
   error: { code: string; message: string } | null
   /** Grounding held until a token proves this provider is serving (a fallback must not repeat it). */
   heldSources: Sources | undefined
+  /** When the delivered charge was last recorded durably (`ledger/Metered.ts`), and whether a write is in flight. */
+  checkpointedAt: number
+  checkpointing: boolean
 }
 
 export const newMeter = (winner: RankedBid): Meter => ({
@@ -31,7 +34,9 @@ export const newMeter = (winner: RankedBid): Meter => ({
   usage: undefined,
   finish: null,
   error: null,
-  heldSources: undefined
+  heldSources: undefined,
+  checkpointedAt: 0,
+  checkpointing: false
 })
 
 /** Notes a delivered content event for the tokenizer's fallback count. */

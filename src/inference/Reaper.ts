@@ -2,33 +2,19 @@ import { Config, Context, Effect, Layer } from "effect"
 import { repeatInBackground } from "../Background.ts"
 import { Instances } from "../db/Instances.ts"
 import { Authorizations } from "../ledger/Authorizations.ts"
-import { epochOf } from "../ledger/Epochs.ts"
-import { Ledger, type PaymentSource, type StaleReservation } from "../ledger/Ledger.ts"
-import { receiptOf } from "../ledger/Records.ts"
+import { Ledger } from "../ledger/Ledger.ts"
+import { Settle } from "../ledger/Settle.ts"
 import { Idempotency } from "../payment/Idempotency.ts"
 import { Sessions } from "../payment/Sessions.ts"
-import { RouterConfig } from "../RouterConfig.ts"
 import { LiveStreams } from "./LiveStreams.ts"
-
-const sourceOf = (row: StaleReservation): PaymentSource => {
-  const funding: { readonly _tag: "X402" } | { readonly _tag: "Credit"; readonly keyId: string } =
-    row.payment_kind === "credit" && row.key_id !== null
-      ? { _tag: "Credit", keyId: row.key_id }
-      : { _tag: "X402" }
-  if (row.payment_kind === "session" && row.session_id !== null) {
-    return { _tag: "SessionTurn", sessionId: row.session_id, prefixTokens: 0 }
-  }
-  if (row.opens_session && row.session_id !== null) {
-    return { _tag: "SessionOpening", sessionId: row.session_id, funding, prefixTokens: 0 }
-  }
-  return funding
-}
 
 /**
  * The last line of "no reservation outlives its request": a reservation still open long
- * after any request could have been served belongs to an instance that died mid-request.
- * It is released in full (the caller is never charged for work nobody can prove) with a
- * signed `released` receipt. A request this instance is still serving is never touched.
+ * after any request could have been served belongs to an instance that died mid-request, or
+ * to a settlement the background retry gave up on. It is settled from its durable record
+ * (`Settle.fromRecord`): what its recorded meter says was delivered is captured, the rest
+ * released, a receipt issued; with no record it is released in full (the caller is never
+ * charged for work nobody can prove). A request this instance is still serving is never touched.
  */
 export class Reaper extends Context.Service<
   Reaper,
@@ -36,9 +22,9 @@ export class Reaper extends Context.Service<
     readonly runOnce: Effect.Effect<number>
     /**
      * Settles what dead router instances left open (D154): their capacity leases are deleted, the x402
-     * settlements they claimed go back to the queue (D250) and their reservations are released in full
-     * with signed receipts, as soon as their heartbeat stops.
-     * Returns how many reservations it released.
+     * settlements they claimed go back to the queue (D250) and their reservations are settled from their
+     * durable records (D211: the delivered charge captured, the rest released, receipts issued), as soon
+     * as their heartbeat stops. Returns how many reservations it settled.
      */
     readonly settleDeadInstances: Effect.Effect<number>
   }
@@ -50,35 +36,10 @@ export class Reaper extends Context.Service<
     const sessions = yield* Sessions
     const instances = yield* Instances
     const authorizations = yield* Authorizations
-    const { epochSeconds } = yield* RouterConfig
+    const settle = yield* Settle
     // Past the serving deadline (15 min) no instance can still be serving it; before the epoch
-    // close's 30-minute dead-request rule, so a released receipt lands before its epoch closes.
+    // close's 30-minute dead-request rule, so its receipt lands before its epoch closes.
     const afterSeconds = yield* Config.Int("REAP_AFTER_SECONDS").pipe(Config.withDefault(1200))
-
-    /** Released in full, with zero tokens at no tariff: nothing anyone can prove was served. */
-    const release = (row: StaleReservation) =>
-      ledger.release({
-        receipt: receiptOf({
-          requestId: row.request_id,
-          createdAt: Math.floor(row.created_at),
-          epochId: epochOf(row.created_at, epochSeconds),
-          payer: row.payer,
-          providerId: row.provider_id,
-          modelClass: row.model_class,
-          tokens: { input: 0, cachedInput: 0, output: 0 },
-          tariff: { price_in: 0, price_out: 0 },
-          charged: 0,
-          authorized: row.authorized,
-          paymentRef: "",
-          settledOnCapture: false,
-          status: "released",
-          ttftMs: 0,
-          sessionId: row.session_id,
-          quotesCompeting: 0
-        }),
-        economics: { request_id: row.request_id, reaped: true },
-        source: sourceOf(row)
-      })
 
     const runOnce = Effect.gen(function* () {
       const rows = yield* ledger.staleReservations(afterSeconds)
@@ -86,13 +47,13 @@ export class Reaper extends Context.Service<
         const stream = live.get(row.request_id)
         return stream === undefined || stream.finishedAt !== undefined
       })
-      yield* Effect.forEach(stale, release, { discard: true })
+      yield* Effect.forEach(stale, settle.fromRecord, { discard: true })
       // Budgets never stay locked: expired sessions nobody closed are settled as if closed,
       // and idempotency keys (a hash of each body) are kept no longer than a day.
       yield* sessions.expireDue
       yield* idempotency.expire
       if (stale.length > 0)
-        yield* Effect.logWarning("released reservations left by a dead request", { count: stale.length })
+        yield* Effect.logWarning("settled reservations left by a dead request", { count: stale.length })
       return stale.length
     }).pipe(Effect.withSpan("Reaper.runOnce"))
 
@@ -105,7 +66,7 @@ export class Reaper extends Context.Service<
       const open = yield* ledger.reservationsOf(dead)
       // Nothing this instance serves is ever touched (a request id is one instance's only).
       const orphaned = open.filter((row) => live.get(row.request_id) === undefined)
-      yield* Effect.forEach(orphaned, release, { discard: true })
+      yield* Effect.forEach(orphaned, settle.fromRecord, { discard: true })
       // A page of 100 at a time: the instances are settled once nothing of theirs is left open.
       if (open.length < 100) yield* instances.markSettled(dead)
       yield* Effect.logWarning("settled what dead router instances left open", {

@@ -2,6 +2,7 @@ import { Cause, Clock, Context, Deferred, Effect, Exit, Layer, Option, Scope, St
 import { charge } from "../domain/Billing.ts"
 import { maxTokensOf } from "../domain/Chat.ts"
 import { ServiceUnavailable, UpstreamFailed } from "../domain/Errors.ts"
+import { METER_CHECKPOINT_MS, meterRecordOf } from "../ledger/Metered.ts"
 import type { PaidBy } from "../ledger/Records.ts"
 import { Settle } from "../ledger/Settle.ts"
 import type { RankedBid } from "../market/Auction.ts"
@@ -51,12 +52,73 @@ const paidByOf = (funding: Funding): PaidBy =>
       ? { _tag: "Session", sessionId: funding.sessionId }
       : { _tag: "X402", scheme: funding.payment.scheme }
 
+/** What the meter bills so far: its usage, the tokens and the charge (within the authorization and a task's hold). */
+const billed = (input: Launch, meter: Meter) => {
+  const usage = meteredUsage(meter, {
+    maxTokens: maxTokensOf(input.request),
+    promptEstimate: input.promptEstimate,
+    cachedEstimate: input.cachedEstimate
+  })
+  const tokens = billableTokens(usage)
+  const charged = meter.delivered
+    ? Math.min(charge(tokens, input.auction.clear), input.authorized, input.chargeCap ?? input.authorized)
+    : 0
+  return { usage, tokens, charged }
+}
+
 interface Deps {
   readonly book: QuoteBook["Service"]
   readonly providers: Providers["Service"]
   readonly latency: Latency["Service"]
   readonly upstream: Upstream["Service"]
+  /** Records the delivered charge as it grows (D211): on the first token, then at most once a second. */
+  readonly checkpoint: (input: Serving, meter: Meter) => Effect.Effect<void>
 }
+
+/**
+ * The delivered charge, kept on the request's row while it serves, so that an instance that dies
+ * mid-answer is billed for what it delivered on restart (D211): written on the first token and then
+ * at most every `METER_CHECKPOINT_MS` while tokens arrive, one statement, in a fiber of its own (the
+ * stream never waits on the database, and a stall only skips checkpoints: one is in flight at a time).
+ */
+const checkpointer =
+  (settle: Settle["Service"], scope: Scope.Scope) =>
+  (input: Serving, meter: Meter): Effect.Effect<void> =>
+    Effect.gen(function* () {
+      const now = yield* Clock.currentTimeMillis
+      if (meter.checkpointing || now - meter.checkpointedAt < METER_CHECKPOINT_MS) return
+      meter.checkpointing = true
+      meter.checkpointedAt = now
+      const { tokens, charged } = billed(input, meter)
+      yield* settle
+        .recordMeter(
+          input.requestId,
+          meterRecordOf({
+            charged,
+            tokens,
+            providerId: meter.servedBy.provider_id,
+            modelClass: meter.servedBy.model_class,
+            tariff: input.auction.clear,
+            ttftMs: meter.firstTokenAt - input.createdAt,
+            status: "partial",
+            final: false
+          })
+        )
+        .pipe(
+          Effect.catch((error) =>
+            Effect.logDebug("meter checkpoint not written", {
+              request_id: input.requestId,
+              error: String(error)
+            })
+          ),
+          Effect.ensuring(
+            Effect.sync(() => {
+              meter.checkpointing = false
+            })
+          ),
+          Effect.forkIn(scope)
+        )
+    })
 
 /**
  * One provider's attempt, holding one capacity slot of its quote for the call and its settlement (the
@@ -119,6 +181,7 @@ const attempt = (deps: Deps) => (input: Serving, meter: Meter, holding: Holding,
                 yield* Deferred.succeed(input.started, undefined)
               }
               recordContent(meter, event)
+              yield* deps.checkpoint(input, meter)
               yield* input.emit({ _tag: "Delta", event })
             })
           ),
@@ -139,16 +202,8 @@ const finish =
   (input: Serving, meter: Meter, holding: Holding, exit: Exit.Exit<void, UpstreamFailed>) =>
     Effect.gen(function* () {
       const { auction } = input
-      const usage = meteredUsage(meter, {
-        maxTokens: maxTokensOf(input.request),
-        promptEstimate: input.promptEstimate,
-        cachedEstimate: input.cachedEstimate
-      })
-      const tokens = billableTokens(usage)
+      const { usage, tokens, charged } = billed(input, meter)
       const released = !meter.delivered
-      const charged = released
-        ? 0
-        : Math.min(charge(tokens, auction.clear), input.authorized, input.chargeCap ?? input.authorized)
       const interrupted = Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause)
       const status: ServeSummary["status"] = released
         ? "released"
@@ -237,8 +292,9 @@ export class Serve extends Context.Service<
       const live = yield* LiveStreams
       const upstream = yield* Upstream
       const settle = yield* Settle
+      const checkpoint = checkpointer(settle, yield* Effect.scope)
 
-      const attemptOn = attempt({ book, providers, latency, upstream })
+      const attemptOn = attempt({ book, providers, latency, upstream, checkpoint })
       const settleServed = finish(settle)
 
       /** The winner, then a fallback while nothing was delivered; bounded by the serving deadline. */

@@ -1,10 +1,11 @@
 import { Context, Effect, Layer, Schema } from "effect"
-import { SqlClient } from "effect/sql"
+import { SqlClient, type SqlError } from "effect/sql"
 import type { Hex } from "viem"
 import { Chain } from "../chain/Chain.ts"
 import type { ServiceUnavailable } from "../domain/Errors.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import { type CaptureRecord, makeCapture } from "./Capture.ts"
+import { MeterRecord, makeMeterStore } from "./Metered.ts"
 import { makeReceiptStore } from "./ReceiptStore.ts"
 import {
   type CreditRefused,
@@ -31,10 +32,12 @@ export {
   type X402Hold
 } from "./Reserve.ts"
 
-/** A reservation still open: what the reaper needs to release it. */
+/** A reservation still open: what the reaper needs to settle it from its durable record. */
 export const StaleReservation = Schema.Struct({
   request_id: Schema.String,
   payment_kind: Schema.Literals(["x402", "credit", "session"]),
+  /** An x402 authorization's scheme (`upto` settles the charge itself); null for keys and sessions. */
+  scheme: Schema.NullOr(Schema.Literals(["exact", "upto"])),
   payer: Schema.String,
   authorized: Schema.NumberFromString,
   key_id: Schema.NullOr(Schema.String),
@@ -42,7 +45,9 @@ export const StaleReservation = Schema.Struct({
   opens_session: Schema.Boolean,
   model_class: Schema.String,
   provider_id: Schema.String,
-  created_at: Schema.Number
+  created_at: Schema.Number,
+  /** What it delivered, as last recorded (null: nothing was, or it died before its first write). */
+  metered: Schema.NullOr(MeterRecord)
 })
 export type StaleReservation = typeof StaleReservation.Type
 const decodeStale = Schema.decodeUnknownEffect(Schema.Array(StaleReservation))
@@ -85,6 +90,8 @@ export class Ledger extends Context.Service<
     readonly capture: (record: CaptureRecord) => Effect.Effect<void>
     /** Nothing was served: the whole reservation is released and no money moves. */
     readonly release: (record: CaptureRecord) => Effect.Effect<void>
+    /** Records what a request still `reserved` has delivered so far (`Metered.ts`): one statement. */
+    readonly recordMeter: (requestId: string, record: MeterRecord) => Effect.Effect<void, SqlError.SqlError>
     /** Signs and stores the receipt as final with the given settlement facts. */
     readonly finalizeReceipt: (
       requestId: string,
@@ -123,11 +130,18 @@ export class Ledger extends Context.Service<
       const reservations = makeReservations(sql)
       const { capture, release } = makeCapture(sql, receipts)
 
+      /** What settling an open reservation from its durable record reads. */
+      const openColumns = sql`
+        SELECT r.request_id, r.payment_kind, r.payer, r.authorized::text, r.key_id, r.session_id,
+               (SELECT a.scheme FROM x402_authorizations a WHERE a.request_id = r.request_id LIMIT 1) AS scheme,
+               EXISTS (SELECT 1 FROM sessions s WHERE s.funding_request_id = r.request_id) AS opens_session,
+               r.model_class, r.provider_id, (extract(epoch from r.created_at) * 1000)::float8 AS created_at,
+               r.metered
+      `
+
       const staleReservations = (afterSeconds: number) =>
         sql`
-          SELECT r.request_id, r.payment_kind, r.payer, r.authorized::text, r.key_id, r.session_id,
-                 EXISTS (SELECT 1 FROM sessions s WHERE s.funding_request_id = r.request_id) AS opens_session,
-                 r.model_class, r.provider_id, (extract(epoch from r.created_at) * 1000)::float8 AS created_at
+          ${openColumns}
           FROM requests r
           WHERE r.status = 'reserved' AND r.created_at < now() - make_interval(secs => ${afterSeconds})
           ORDER BY r.created_at LIMIT 100
@@ -135,9 +149,7 @@ export class Ledger extends Context.Service<
 
       const reservationsOf = (instanceIds: ReadonlyArray<string>) =>
         sql`
-          SELECT r.request_id, r.payment_kind, r.payer, r.authorized::text, r.key_id, r.session_id,
-                 EXISTS (SELECT 1 FROM sessions s WHERE s.funding_request_id = r.request_id) AS opens_session,
-                 r.model_class, r.provider_id, (extract(epoch from r.created_at) * 1000)::float8 AS created_at
+          ${openColumns}
           FROM requests r
           WHERE r.status = 'reserved' AND r.instance_id IN ${sql.in(instanceIds)}
           ORDER BY r.created_at LIMIT 100
@@ -147,6 +159,7 @@ export class Ledger extends Context.Service<
         ...reservations,
         capture,
         release,
+        ...makeMeterStore(sql),
         finalizeReceipt: receipts.finalize,
         receipt: receipts.read,
         economics: receipts.economics,

@@ -1,26 +1,62 @@
-import { Context, Effect, Layer, Metric, Schedule } from "effect"
+import { Context, Duration, Effect, Layer, Metric, Schedule } from "effect"
+import type { SqlError } from "effect/sql"
 import type { TokenCounts } from "../domain/Billing.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import type { AuctionCleared, RankedBid } from "../market/Auction.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { epochOf } from "./Epochs.ts"
-import { Ledger, type PaymentSource } from "./Ledger.ts"
-import { type EconomicsDetail, economicsOf, type PaidBy, paymentRefOf, receiptOf } from "./Records.ts"
+import { type CaptureRecord, Ledger, type PaymentSource, type StaleReservation } from "./Ledger.ts"
+import { type MeterRecord, meterRecordOf } from "./Metered.ts"
+import {
+  type EconomicsDetail,
+  economicsOf,
+  type PaidBy,
+  paymentRefOf,
+  type ReceiptFacts,
+  receiptOf
+} from "./Records.ts"
 
 /** Settlement writes that failed and were tried again (a database fault under a capture or release). */
 export const settleRetries = Metric.counter("svc_settle_retries_total", {
-  description: "Captures and releases retried after a database fault",
+  description: "Captures and releases that failed on a database fault and were tried again",
   incremental: true
 })
 
 /**
- * Settlements given up after every retry: the request stays `reserved` in the ledger (its durable
- * record) and is released in full by the reaper; the caller still gets its answer.
+ * Settlements that could not be written on the reply's path: the caller got its answer, the final
+ * meter was recorded on the request's row and the write is retried in the background (D211).
  */
-export const settleAbandoned = Metric.counter("svc_settle_abandoned_total", {
-  description: "Captures and releases given up after every retry (the reaper releases them)",
+export const settleDeferred = Metric.counter("svc_settle_deferred_total", {
+  description: "Captures and releases handed to the background retry after a database fault",
   incremental: true
 })
+
+/**
+ * Settlements the background retry gave up on: the request stays `reserved` with its final meter (its
+ * durable record), which the reaper captures, never silently released.
+ */
+export const settleAbandoned = Metric.counter("svc_settle_abandoned_total", {
+  description: "Captures and releases given up after every retry (the reaper settles them from their record)",
+  incremental: true
+})
+
+/** Reservations settled from their durable record: a dead instance's, or one the reaper found. */
+export const settledFromRecord = Metric.counter("svc_settled_from_record_total", {
+  description:
+    "Reservations settled from their recorded meter (dead instance or reaper): delivered charge captured",
+  incremental: true
+})
+
+/** Tries on the reply's path (then the background takes over), and the bound on all of them. */
+const INLINE_RETRY = Schedule.exponential("50 millis")
+const INLINE_RETRIES = 2
+const INLINE_BOUND = "2 seconds"
+
+/** The background retry: exponential from 250 ms, at most 15 s apart, 20 times (about 4 minutes). */
+const BACKGROUND_RETRY = Schedule.exponential("250 millis").pipe(
+  Schedule.modifyDelay(({ duration }) => Effect.succeed(Duration.min(duration, Duration.seconds(15))))
+)
+const BACKGROUND_RETRIES = 20
 
 /** How a paid request ended: what was served, by whom, metered how, and what is charged. */
 export interface Served {
@@ -45,17 +81,66 @@ export interface Served {
   readonly lease?: string | undefined
 }
 
+/** What every settlement states, from a served request or from a reservation's durable record. */
+type SettleFacts = Omit<ReceiptFacts, "epochId" | "paymentRef" | "settledOnCapture" | "settlesNothing"> & {
+  readonly paidBy: PaidBy
+  readonly source: PaymentSource
+}
+
+/** How a reservation's durable record says it was paid: the receipt's `PaidBy` and the capture's source. */
+const paymentOf = (row: StaleReservation, prefixTokens: number) => {
+  const funding: { readonly _tag: "X402" } | { readonly _tag: "Credit"; readonly keyId: string } =
+    row.payment_kind === "credit" && row.key_id !== null
+      ? { _tag: "Credit", keyId: row.key_id }
+      : { _tag: "X402" }
+  const x402 = { _tag: "X402", scheme: row.scheme ?? "exact" } as const
+  if (row.payment_kind === "session" && row.session_id !== null) {
+    return {
+      paidBy: { _tag: "Session", sessionId: row.session_id } satisfies PaidBy,
+      source: { _tag: "SessionTurn", sessionId: row.session_id, prefixTokens } satisfies PaymentSource
+    }
+  }
+  const paidBy: PaidBy = funding._tag === "Credit" ? funding : x402
+  if (row.opens_session && row.session_id !== null) {
+    return {
+      paidBy,
+      source: {
+        _tag: "SessionOpening",
+        sessionId: row.session_id,
+        funding,
+        prefixTokens
+      } satisfies PaymentSource
+    }
+  }
+  return { paidBy, source: funding._tag === "Credit" ? funding : (x402 satisfies PaymentSource) }
+}
+
 /**
  * The end of every paid request: its receipt and economics are built (by their one builder each)
  * and the reservation is captured at the metered charge, or released whole when nothing was
- * delivered. Settling must not be lost to a passing database fault: it is retried, and it is
- * idempotent (a capture whose first commit went through does nothing the second time).
+ * delivered. Settling is idempotent (a capture whose first commit went through does nothing the
+ * second time) and never lost to a database fault, nor a wait for the caller: a write that fails
+ * is tried twice more on the reply's path (at most 2 s in all), then the final meter is recorded on
+ * the request's row and the write retried in the background; what the retry gives up on, or an
+ * instance that dies, is settled from that record (`fromRecord`) by the reaper or on restart (D211).
  */
 export class Settle extends Context.Service<
   Settle,
   {
-    /** True once the settling statement ran (now or before); false when it was given up to the reaper. */
+    /**
+     * True once the settling statement ran (now or before); false when it was handed to the background
+     * retry (the final meter is on record; the statement, when it lands, deletes the lease too).
+     */
     readonly request: (served: Served) => Effect.Effect<boolean>
+    /** Records what a request being served has delivered so far: its durable record (`Metered.ts`). */
+    readonly recordMeter: (requestId: string, record: MeterRecord) => Effect.Effect<void, SqlError.SqlError>
+    /**
+     * Settles an open reservation nobody is serving from its durable record: the recorded meter's
+     * charge is captured (status `partial` unless the record says how it ended) and the rest released;
+     * with no record (nothing was delivered, or nothing could be proven) it is released in full. A
+     * receipt is issued either way.
+     */
+    readonly fromRecord: (row: StaleReservation) => Effect.Effect<void>
   }
 >()("router/ledger/Settle") {
   static readonly layer = Layer.effect(
@@ -63,15 +148,80 @@ export class Settle extends Context.Service<
     Effect.gen(function* () {
       const ledger = yield* Ledger
       const { epochSeconds } = yield* RouterConfig
+      const background = yield* Effect.scope
 
-      const request = (served: Served) => {
+      const receiptFor = (facts: SettleFacts) => {
         // An `upto` authorization charged zero is released unsubmitted: there is nothing to settle.
         const settlesNothing =
-          served.paidBy._tag === "X402" && served.paidBy.scheme === "upto" && served.charged === 0
-        const receipt = receiptOf({
+          facts.paidBy._tag === "X402" && facts.paidBy.scheme === "upto" && facts.charged === 0
+        return receiptOf({
+          requestId: facts.requestId,
+          createdAt: facts.createdAt,
+          epochId: epochOf(facts.createdAt, epochSeconds),
+          payer: facts.payer,
+          providerId: facts.providerId,
+          modelClass: facts.modelClass,
+          tokens: facts.tokens,
+          tariff: facts.tariff,
+          charged: facts.charged,
+          authorized: facts.authorized,
+          paymentRef: paymentRefOf(facts.paidBy),
+          // A funded key's or a session's charge is settled on its balance as it is captured.
+          settledOnCapture: facts.paidBy._tag !== "X402" || settlesNothing,
+          settlesNothing,
+          status: facts.status,
+          ttftMs: facts.ttftMs,
+          sessionId: facts.sessionId,
+          quotesCompeting: facts.quotesCompeting
+        })
+      }
+
+      const write = (status: ReceiptBody["status"], record: CaptureRecord) =>
+        (status === "released" ? ledger.release(record) : ledger.capture(record)).pipe(
+          Effect.catchDefect((defect) => Effect.fail(defect)),
+          Effect.tapError(() => Metric.update(settleRetries, 1))
+        )
+
+      /** The retry off the reply's path, after the final meter is on the row (each round records it again until it lands). */
+      const retryInBackground = (served: Served, attempt: Effect.Effect<void, unknown>) =>
+        Effect.andThen(
+          ledger
+            .recordMeter(
+              served.requestId,
+              meterRecordOf({
+                charged: served.charged,
+                tokens: served.tokens,
+                providerId: served.servedBy.provider_id,
+                modelClass: served.servedBy.model_class,
+                tariff: served.auction.clear,
+                ttftMs: served.ttftMs,
+                status: served.status,
+                final: true
+              })
+            )
+            .pipe(Effect.ignore),
+          attempt
+        ).pipe(
+          Effect.retry({ schedule: BACKGROUND_RETRY, times: BACKGROUND_RETRIES }),
+          Effect.catch((cause) =>
+            Effect.andThen(
+              Metric.update(settleAbandoned, 1),
+              Effect.logError("settlement given up after retries; the reaper settles it from its record", {
+                request_id: served.requestId,
+                status: served.status,
+                cause: String(cause)
+              })
+            )
+          ),
+          Effect.withSpan("Settle.retry", { attributes: { request_id: served.requestId } }),
+          Effect.forkIn(background),
+          Effect.asVoid
+        )
+
+      const request = (served: Served) => {
+        const receipt = receiptFor({
           requestId: served.requestId,
           createdAt: served.createdAt,
-          epochId: epochOf(served.createdAt, epochSeconds),
           payer: served.payer,
           providerId: served.servedBy.provider_id,
           modelClass: served.servedBy.model_class,
@@ -79,12 +229,10 @@ export class Settle extends Context.Service<
           tariff: served.auction.clear,
           charged: served.charged,
           authorized: served.authorized,
-          paymentRef: paymentRefOf(served.paidBy),
-          // A funded key's or a session's charge is settled on its balance as it is captured.
-          settledOnCapture: served.paidBy._tag !== "X402" || settlesNothing,
-          settlesNothing,
           status: served.status,
           ttftMs: served.ttftMs,
+          paidBy: served.paidBy,
+          source: served.source,
           sessionId: served.detail._tag === "Tokens" ? served.detail.sessionId : null,
           quotesCompeting: served.auction.eligible
         })
@@ -98,23 +246,29 @@ export class Settle extends Context.Service<
           ttftMs: served.ttftMs,
           detail: served.detail
         })
-        const record = { receipt, economics, source: served.source, lease: served.lease }
-        return (served.status === "released" ? ledger.release(record) : ledger.capture(record)).pipe(
+        const attempt = write(served.status, {
+          receipt,
+          economics,
+          source: served.source,
+          lease: served.lease
+        })
+        return attempt.pipe(
           Effect.as(true),
-          Effect.catchDefect((defect) => Effect.fail(defect)),
-          Effect.tapError(() => Metric.update(settleRetries, 1)),
-          Effect.retry({ schedule: Schedule.exponential("100 millis"), times: 8 }),
-          // Never silent, never a hung caller: the request stays `reserved` (the reaper releases it
-          // in full), the give-up is counted in /metrics and logged with its request id.
+          Effect.retry({ schedule: INLINE_RETRY, times: INLINE_RETRIES }),
+          Effect.timeout(INLINE_BOUND),
+          // Never silent, never a held caller: the caller gets its answer now, the write is retried
+          // in the background from the final meter recorded on the row, counted in /metrics.
           Effect.catch((cause) =>
-            Effect.andThen(
-              Metric.update(settleAbandoned, 1),
-              Effect.logError("settlement given up after retries; the reaper will release it", {
+            Effect.gen(function* () {
+              yield* Metric.update(settleDeferred, 1)
+              yield* Effect.logWarning("settlement deferred to the background after a database fault", {
                 request_id: served.requestId,
                 status: served.status,
                 cause: String(cause)
               })
-            ).pipe(Effect.as(false))
+              yield* retryInBackground(served, attempt)
+              return false
+            })
           ),
           Effect.withSpan("Settle.request", {
             attributes: { request_id: served.requestId, status: served.status }
@@ -122,11 +276,54 @@ export class Settle extends Context.Service<
         )
       }
 
-      return Settle.of({ request })
+      const fromRecord = (row: StaleReservation) => {
+        const metered = row.metered
+        const delivered = metered !== null && metered.status !== "released"
+        const tokens = delivered ? metered.tokens : { input: 0, cachedInput: 0, output: 0 }
+        const { paidBy, source } = paymentOf(row, tokens.input + tokens.output)
+        const status: ReceiptBody["status"] = !delivered
+          ? "released"
+          : metered.final && metered.status === "ok"
+            ? "ok"
+            : "partial"
+        const receipt = receiptFor({
+          requestId: row.request_id,
+          createdAt: Math.floor(row.created_at),
+          payer: row.payer,
+          providerId: delivered ? metered.provider_id : row.provider_id,
+          modelClass: delivered ? metered.model_class : row.model_class,
+          tokens,
+          // Released: zero tokens at no tariff, nothing anyone can prove was served.
+          tariff: delivered ? metered.tariff : { price_in: 0, price_out: 0 },
+          charged: delivered ? Math.min(metered.charged, row.authorized) : 0,
+          authorized: row.authorized,
+          status,
+          ttftMs: delivered ? metered.ttft_ms : 0,
+          paidBy,
+          source,
+          sessionId: row.session_id,
+          quotesCompeting: 0
+        })
+        // No auction is at hand to state the economics of: the record says it was settled after its request.
+        const record = { receipt, economics: { request_id: row.request_id, reaped: true as const }, source }
+        return (status === "released" ? ledger.release(record) : ledger.capture(record)).pipe(
+          Effect.andThen(delivered ? Metric.update(settledFromRecord, 1) : Effect.void),
+          Effect.withSpan("Settle.fromRecord", { attributes: { request_id: row.request_id, status } })
+        )
+      }
+
+      return Settle.of({ request, recordMeter: ledger.recordMeter, fromRecord })
     })
   )
 
   /** Hands every settlement to `record` instead of the ledger, for tests of what settles. */
   static readonly layerTest = (record: (served: Served) => Effect.Effect<void>) =>
-    Layer.succeed(Settle, Settle.of({ request: (served) => Effect.as(record(served), true) }))
+    Layer.succeed(
+      Settle,
+      Settle.of({
+        request: (served) => Effect.as(record(served), true),
+        recordMeter: () => Effect.void,
+        fromRecord: () => Effect.void
+      })
+    )
 }

@@ -1,7 +1,6 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect, Fiber } from "effect"
 import { SqlClient } from "effect/sql"
-import { Reaper } from "../../src/inference/Reaper.ts"
 import { fundedKey, keyState } from "../support/Keys.ts"
 import { waitFor, waitForBook } from "../support/Pay.ts"
 import { call, RouterUrl, routerWithFleet } from "../support/Router.ts"
@@ -181,17 +180,22 @@ describe("hang-ups leave nothing behind; a cut reply says so (issue 11)", () => 
     )
 
     it.effect(
-      "a capture that cannot be written is counted and retried, and the caller still gets its answer",
+      "a capture that cannot be written: the caller gets its answer now, the final meter is recorded, the capture lands later",
       () =>
         Effect.gen(function* () {
           yield* waitForBook
           const sql = yield* SqlClient.SqlClient
           const key = yield* fundedKey({ budget: 10_000_000, balance: 10_000_000 })
-          const abandoned = Effect.map(call("/metrics"), (r) =>
-            Number(/^svc_settle_abandoned_total(?:\{[^}]*\})? (\d+)/m.exec(r.text)?.[1] ?? 0)
-          )
-          const before = yield* abandoned
-          // Every settlement of this payer's requests fails in Postgres (a real error, raised by the server).
+          const counter = (name: string) =>
+            Effect.map(call("/metrics"), (r) =>
+              Number(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\d+)`, "m").exec(r.text)?.[1] ?? 0)
+            )
+          const before = {
+            deferred: yield* counter("svc_settle_deferred_total"),
+            retries: yield* counter("svc_settle_retries_total")
+          }
+          // Every settlement of this payer's requests fails in Postgres (a real error, raised by the server);
+          // what leaves the request `reserved` (the meter's record) still goes through.
           yield* sql.unsafe(`
           CREATE FUNCTION settle_fault() RETURNS trigger LANGUAGE plpgsql AS $$
           BEGIN
@@ -204,25 +208,48 @@ describe("hang-ups leave nothing behind; a cut reply says so (issue 11)", () => 
             "CREATE TRIGGER settle_fault BEFORE UPDATE ON requests FOR EACH ROW EXECUTE FUNCTION settle_fault()"
           )
           const reply = yield* keyCall(key.secret, "/v1/chat/completions", chat("settle me"))
-          yield* sql.unsafe("DROP TRIGGER settle_fault ON requests")
           assert.strictEqual(reply.status, 200)
-          assert.isAbove(yield* abandoned, before)
-          // The durable record: the request is still reserved, for the reaper to release in full.
-          const rows = yield* sql<{ status: string }>`SELECT status FROM requests WHERE payer = ${key.wallet}`
-          assert.deepStrictEqual(
-            rows.map((r) => r.status),
-            ["reserved"]
+          // `usage.cost` is the charge in whole units (6 decimals).
+          const charged = Math.round(
+            (JSON.parse(reply.text) as { usage: { cost: number } }).usage.cost * 1_000_000
           )
-          // Past the reaping age the reaper releases it in full (and leaves nothing open for the next test).
-          yield* sql`UPDATE requests SET created_at = now() - interval '2 hours' WHERE payer = ${key.wallet}`
-          yield* (yield* Reaper).runOnce
-          const after = yield* sql<{
-            status: string
-          }>`SELECT status FROM requests WHERE payer = ${key.wallet}`
-          assert.deepStrictEqual(
-            after.map((r) => r.status),
-            ["released"]
+          assert.isAbove(charged, 0)
+          // The caller was answered while the fault still holds: the capture went to the background.
+          assert.isAbove(yield* counter("svc_settle_deferred_total"), before.deferred)
+          // The durable record: still reserved, with the final meter (what the answer charged) on its row.
+          const recorded = yield* waitFor(
+            "the final meter on the request's row",
+            Effect.map(
+              sql<{ status: string; metered: { charged: number; final: boolean; status: string } | null }>`
+                SELECT status, metered FROM requests WHERE request_id = ${reply.requestId}`.pipe(
+                Effect.orDie
+              ),
+              (rows) => (rows[0]?.metered?.final === true ? rows[0] : undefined)
+            )
           )
+          assert.strictEqual(recorded.status, "reserved")
+          assert.deepInclude(recorded.metered!, { charged, final: true, status: "ok" })
+          assert.isAbove(yield* counter("svc_settle_retries_total"), before.retries)
+          // Once the database takes it, the retry captures exactly what the answer said it charged.
+          yield* sql.unsafe("DROP TRIGGER settle_fault ON requests")
+          const settled = yield* waitFor(
+            "the background retry to capture",
+            Effect.map(
+              sql<{ status: string; charged: string }>`
+                SELECT status, charged::text FROM requests WHERE request_id = ${reply.requestId}`.pipe(
+                Effect.orDie
+              ),
+              (rows) => (rows[0]?.status === "reserved" ? undefined : rows[0])
+            ),
+            60_000
+          )
+          assert.deepStrictEqual([settled.status, Number(settled.charged)], ["captured", charged])
+          const state = yield* keyState(key.keyId)
+          assert.deepStrictEqual([state.reserved, state.spent], [0, charged])
+          const receipt = (yield* call(`/v1/receipts/${reply.requestId}`)).json as {
+            receipt: { status: string; charged: number }
+          }
+          assert.deepInclude(receipt.receipt, { status: "ok", charged })
         })
     )
 
@@ -275,6 +302,68 @@ describe("hang-ups leave nothing behind; a cut reply says so (issue 11)", () => 
             status: string
           }>`SELECT status FROM requests WHERE payer = ${key.wallet}`
           assert.deepStrictEqual(statuses.map((r) => r.status).sort(), ["captured", "released"])
+        })
+    )
+
+    it.effect(
+      "a stream cut mid-answer: its delivered charge was on record while it served, and it is billed, nothing left reserved",
+      () =>
+        Effect.gen(function* () {
+          yield* waitForBook
+          const sql = yield* SqlClient.SqlClient
+          const key = yield* fundedKey({ budget: 100_000_000, balance: 100_000_000 })
+          const controller = new AbortController()
+          const streaming = yield* Effect.forkChild(
+            keyPost(
+              key.secret,
+              chat("a long answer [[sim:long]]", { max_tokens: 3000, stream: true }),
+              controller.signal
+            )
+          )
+          type Row = {
+            request_id: string
+            status: string
+            charged: string | null
+            authorized: string
+            metered: { charged: number; final: boolean; tokens: { output: number } } | null
+          }
+          const rowOf = sql<Row>`
+            SELECT request_id, status, charged::text, authorized::text, metered FROM requests
+            WHERE payer = ${key.wallet}`.pipe(Effect.orDie)
+          // While it serves, the meter's checkpoints record what it delivered (the first token, then each second).
+          const checkpoint = yield* waitFor(
+            "a checkpoint past the first token",
+            Effect.map(rowOf, (rows) =>
+              rows[0]?.status === "reserved" &&
+              rows[0].metered !== null &&
+              rows[0].metered.tokens.output > 1 &&
+              rows[0].metered.charged > 0
+                ? rows[0]
+                : undefined
+            )
+          )
+          assert.isFalse(checkpoint.metered!.final)
+          controller.abort()
+          yield* Fiber.await(streaming)
+          const settled = yield* waitFor(
+            "the cut stream to settle",
+            Effect.map(rowOf, (rows) => (rows[0]?.status === "reserved" ? undefined : rows[0]))
+          )
+          // Billed what it delivered (at least what the checkpoint had seen), never the whole authorization.
+          assert.strictEqual(settled.status, "captured")
+          assert.isAtLeast(Number(settled.charged), checkpoint.metered!.charged)
+          assert.isBelow(Number(settled.charged), Number(settled.authorized))
+          const receipt = (yield* call(`/v1/receipts/${settled.request_id}`)).json as {
+            receipt: { status: string; charged: number }
+          }
+          assert.deepInclude(receipt.receipt, { status: "partial", charged: Number(settled.charged) })
+          const open = yield* waitFor(
+            "its lease to go",
+            Effect.map(leftOpen, (open) => (open.reservations === 0 && open.leases === 0 ? open : undefined))
+          )
+          assert.deepStrictEqual(open, { reservations: 0, leases: 0 })
+          const state = yield* keyState(key.keyId)
+          assert.deepStrictEqual([state.reserved, state.spent], [0, Number(settled.charged)])
         })
     )
 

@@ -5,8 +5,21 @@ import { INSTANCE_ID } from "../../src/db/Instances.ts"
 import { Reaper } from "../../src/inference/Reaper.ts"
 import { Authorizations } from "../../src/ledger/Authorizations.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
+import { meterRecordOf } from "../../src/ledger/Metered.ts"
 import { fundedKey, keyState } from "../support/Keys.ts"
 import { call, routerLayer } from "../support/Router.ts"
+
+/** A key-paid request's reservation as the admission writes it. */
+const reservation = (payer: string, requestId: string, authorized: number) => ({
+  requestId,
+  dialect: "openai",
+  payer,
+  requestedModel: "auto",
+  modelClass: "chat-small",
+  providerId: "p",
+  authorized,
+  agent: {}
+})
 
 describe("reservations left by a dead request", () => {
   layer(routerLayer(), { excludeTestServices: true, timeout: 60_000 })((it) => {
@@ -15,16 +28,7 @@ describe("reservations left by a dead request", () => {
         const ledger = yield* Ledger
         const sql = yield* SqlClient.SqlClient
         const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
-        const record = (requestId: string) => ({
-          requestId,
-          dialect: "openai",
-          payer: key.wallet,
-          requestedModel: "auto",
-          modelClass: "chat-small",
-          providerId: "p",
-          authorized: 5_000,
-          agent: {}
-        })
+        const record = (requestId: string) => reservation(key.wallet, requestId, 5_000)
         yield* ledger.reserveCredit(record("req_dead"), key.keyId)
         yield* ledger.reserveCredit(record("req_alive"), key.keyId)
         // An instance died two hours ago while serving req_dead.
@@ -63,16 +67,7 @@ describe("reservations left by a dead request", () => {
           const sql = yield* SqlClient.SqlClient
           const reaper = yield* Reaper
           const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
-          const record = (requestId: string) => ({
-            requestId,
-            dialect: "openai",
-            payer: key.wallet,
-            requestedModel: "auto",
-            modelClass: "chat-small",
-            providerId: "p",
-            authorized: 3_000,
-            agent: {}
-          })
+          const record = (requestId: string) => reservation(key.wallet, requestId, 3_000)
           // This instance registered itself; what it writes names it, through its connections.
           const me = yield* sql<{ alive: boolean }>`
           SELECT heartbeat_at > now() - interval '30 seconds' AS alive FROM router_instances
@@ -126,6 +121,75 @@ describe("reservations left by a dead request", () => {
           const dead = yield* sql<{ settled: boolean }>`
           SELECT settled_at IS NOT NULL AS settled FROM router_instances WHERE instance_id = 'i_dead'`
           assert.deepStrictEqual(dead, [{ settled: true }])
+        })
+    )
+
+    it.effect(
+      "a dead instance's open request is billed what its recorded meter delivered, the rest released, with a receipt",
+      () =>
+        Effect.gen(function* () {
+          const ledger = yield* Ledger
+          const sql = yield* SqlClient.SqlClient
+          const reaper = yield* Reaper
+          const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
+          const record = (requestId: string) => reservation(key.wallet, requestId, 8_000)
+          yield* ledger.reserveCredit(record("req_streaming"), key.keyId)
+          yield* ledger.reserveCredit(record("req_before_first_token"), key.keyId)
+          // The instance was streaming req_streaming when it died: its last checkpoint says 2,500 delivered.
+          yield* ledger.recordMeter(
+            "req_streaming",
+            meterRecordOf({
+              charged: 2_500,
+              tokens: { input: 100, cachedInput: 0, output: 40 },
+              providerId: "p-fallback",
+              modelClass: "chat-small",
+              tariff: { price_in: 5_000, price_out: 50_000 },
+              ttftMs: 180,
+              status: "partial",
+              final: false
+            })
+          )
+          yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
+                   VALUES ('i_died_streaming', now() - interval '40 seconds')`
+          yield* sql`UPDATE requests SET instance_id = 'i_died_streaming'
+                   WHERE request_id IN ('req_streaming', 'req_before_first_token')`
+
+          assert.strictEqual(yield* reaper.settleDeadInstances, 2)
+          const rows = yield* sql<{ request_id: string; status: string; charged: string }>`
+            SELECT request_id, status, charged::text FROM requests WHERE payer = ${key.wallet} ORDER BY request_id`
+          assert.deepStrictEqual(
+            rows.map((r) => [r.request_id, r.status, Number(r.charged)]),
+            [
+              ["req_before_first_token", "released", 0],
+              ["req_streaming", "captured", 2_500]
+            ]
+          )
+          // The key paid what was delivered; both reservations are gone.
+          const state = yield* keyState(key.keyId)
+          assert.deepStrictEqual(
+            [state.reserved, state.spent, state.walletReserved, state.available],
+            [0, 2_500, 0, 997_500]
+          )
+          const receipt = (yield* call("/v1/receipts/req_streaming")).json as {
+            receipt: {
+              status: string
+              charged: number
+              authorized: number
+              out_tokens: number
+              provider_id: string
+            }
+          }
+          assert.deepInclude(receipt.receipt, {
+            status: "partial",
+            charged: 2_500,
+            authorized: 8_000,
+            out_tokens: 40,
+            provider_id: "p-fallback"
+          })
+          const released = (yield* call("/v1/receipts/req_before_first_token")).json as {
+            receipt: { status: string; charged: number }
+          }
+          assert.deepInclude(released.receipt, { status: "released", charged: 0 })
         })
     )
 

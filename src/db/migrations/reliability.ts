@@ -101,5 +101,13 @@ export const reliability: Migrations = {
     const sql = yield* SqlClient.SqlClient
     yield* sql`ALTER TABLE x402_authorizations ADD COLUMN claimed_by TEXT`
     yield* sql`CREATE INDEX x402_authorizations_claimed ON x402_authorizations (claimed_by) WHERE status = 'submitted'`
+  }),
+  // What a request has delivered, while it is still `reserved` (ledger/Metered.ts, docs/decisions.md D211):
+  // a checkpoint the serve step writes a second after the first token and then at most once a second, or
+  // the final meter of a settlement that could not be written. Whoever settles the request later bills it.
+  // Numbered above 0027: the migrator runs only ids above the latest applied one.
+  "0029_metered_requests": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    yield* sql`ALTER TABLE requests ADD COLUMN IF NOT EXISTS metered JSONB`
   })
 }
