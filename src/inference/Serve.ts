@@ -71,22 +71,25 @@ interface Deps {
   readonly providers: Providers["Service"]
   readonly latency: Latency["Service"]
   readonly upstream: Upstream["Service"]
-  /** Records the delivered charge as it grows (D211): on the first token, then at most once a second. */
+  /** Records the delivered charge as it grows (D211): at most once a second, from a second after the first token. */
   readonly checkpoint: (input: Serving, meter: Meter) => Effect.Effect<void>
 }
 
 /**
  * The delivered charge, kept on the request's row while it serves, so that an instance that dies
- * mid-answer is billed for what it delivered on restart (D211): written on the first token and then
- * at most every `METER_CHECKPOINT_MS` while tokens arrive, one statement, in a fiber of its own (the
- * stream never waits on the database, and a stall only skips checkpoints: one is in flight at a time).
+ * mid-answer is billed for what it delivered on restart (D211): written `METER_CHECKPOINT_MS` after
+ * the first token and then at most that often while tokens arrive, one statement, in a fiber of its own
+ * (the stream never waits on the database, and a stall only skips checkpoints: one is in flight at a
+ * time). An answer shorter than that costs no write beyond its reservation and capture.
  */
 const checkpointer =
   (settle: Settle["Service"], scope: Scope.Scope) =>
   (input: Serving, meter: Meter): Effect.Effect<void> =>
     Effect.gen(function* () {
       const now = yield* Clock.currentTimeMillis
-      if (meter.checkpointing || now - meter.checkpointedAt < METER_CHECKPOINT_MS) return
+      // The first one waits a period after the first token too: a short answer costs no write of its own.
+      const last = Math.max(meter.checkpointedAt, meter.firstTokenAt)
+      if (meter.checkpointing || now - last < METER_CHECKPOINT_MS) return
       meter.checkpointing = true
       meter.checkpointedAt = now
       const { tokens, charged } = billed(input, meter)

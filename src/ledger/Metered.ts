@@ -5,7 +5,7 @@ import type { Tariff, TokenCounts } from "../domain/Billing.ts"
 /**
  * What a request has delivered, kept on its `requests` row while it is `reserved` (migration 0029,
  * docs/decisions.md D211): the charge its metered tokens bill at its tariff, and who served them. The
- * serve step writes a checkpoint on the first token and then at most every `METER_CHECKPOINT_MS`; a
+ * serve step writes a checkpoint `METER_CHECKPOINT_MS` after the first token and then at most that often; a
  * settlement that cannot be written writes the final one (`final: true`). Whoever settles the request
  * later (the background retry, the reaper, the restart of a dead instance) bills this, never nothing.
  */
@@ -26,7 +26,7 @@ export const MeterRecord = Schema.Struct({
 })
 export type MeterRecord = typeof MeterRecord.Type
 
-/** The longest a delivered charge goes unrecorded while tokens keep arriving (after the first token's write). */
+/** The longest a delivered charge goes unrecorded while tokens keep arriving. */
 export const METER_CHECKPOINT_MS = 1000
 
 export interface MeterFacts {
