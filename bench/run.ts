@@ -7,6 +7,8 @@
  *
  * Uses DATABASE_URL when set, else an embedded Postgres in a temporary folder, and its
  * own Anvil. One simulated provider (OpenAI dialect) with a fixed 40 ms time to first token.
+ * The script then runs `bench/marketdata.ts` (the market data reads and the events fan-out), a process
+ * of its own so that neither run's router shares a heap with the other.
  */
 
 import { mkdtempSync, rmSync } from "node:fs"

@@ -31,7 +31,7 @@ export class MarketDataApi extends HttpApiGroup.make("marketData").add(
     error: openAi(InvalidRequest)
   }).annotate(
     OpenApi.Description,
-    "OHLC and token-weighted VWAP of the blended cleared price per bucket. `window_ms` at most 86,400,000 (refused above); `bucket_ms` clamped to at least 1,000 and to at most 1,440 points."
+    "OHLC and token-weighted VWAP of the blended cleared price per bucket. `window_ms` at most 86,400,000 (refused above); `bucket_ms` clamped to at least 1,000 and to at most 1,440 points, and to whole minutes when a minute or more or when the window is over 1 h."
   ),
   HttpApiEndpoint.get("index", "/v1/market/index", {
     query: { classes: Schema.optional(Schema.String), window_ms: Millis, bucket_ms: Millis },

@@ -1,9 +1,9 @@
 import { PgClient } from "@effect/sql-pg"
-import { Clock, Config, Context, Effect, Layer, Queue, Schedule, type Stream } from "effect"
+import { Clock, Config, Context, Effect, Layer, Queue, Schedule, Schema, type Stream } from "effect"
 import { SqlClient } from "effect/sql"
 import { InvalidRequest } from "../domain/Errors.ts"
 import type { ModelList } from "../domain/Market.ts"
-import type { Candles, MarketIndex, MarketSnapshot, MarketStats } from "../domain/MarketData.ts"
+import { Candles, MarketIndex, type MarketSnapshot, type MarketStats } from "../domain/MarketData.ts"
 import { Listings } from "../market/Listings.ts"
 import { ModelCatalog } from "../market/ModelCatalog.ts"
 import { type Fanout, makeFanout } from "./Fanout.ts"
@@ -12,12 +12,13 @@ import {
   candles,
   compositeIndex,
   type Grid,
+  MINUTE_MS,
   PRICE_UNIT,
   resolveGrid,
   SERIES_BOUNDS,
   tapeEntry
 } from "./Series.ts"
-import { ClearWindow } from "./Window.ts"
+import { ClearWindow, SeriesCache } from "./Window.ts"
 
 /** The rolling window of spec 8 (24 h): what stats cover and what is kept in memory for the series. */
 export const STATS_WINDOW_MS = 86_400_000
@@ -102,6 +103,14 @@ const CLEAR_COLUMNS = `id, request_id, at_ms, model_class, provider_id, profile,
 
 const encoder = new TextEncoder()
 
+/** A series answer as its endpoint's schema encodes it, in JSON bytes. */
+const jsonOf =
+  <A>(schema: Schema.Codec<A, unknown>) =>
+  (value: A): Uint8Array =>
+    encoder.encode(JSON.stringify(Schema.encodeSync(schema)(value)))
+const encodeCandles = jsonOf(Candles)
+const encodeIndex = jsonOf(MarketIndex)
+
 /**
  * Public market data (spec 4.4, docs/decisions.md D120–D126). The clears of the last 24 h are held in
  * memory, sorted by time: loaded from `market_clears` at start, then fed by the trigger's notification
@@ -120,6 +129,14 @@ export class MarketData extends Context.Service<
     readonly index: (
       query: SeriesQuery & { readonly classes?: string | undefined }
     ) => Effect.Effect<MarketIndex, InvalidRequest>
+    /** The candles' JSON body, encoded once per grid and state of the window (D231). */
+    readonly candlesBody: (
+      query: SeriesQuery & { readonly model_class?: string | undefined }
+    ) => Effect.Effect<Uint8Array, InvalidRequest>
+    /** The index's JSON body, encoded once per grid, basket and state of the window (D231). */
+    readonly indexBody: (
+      query: SeriesQuery & { readonly classes?: string | undefined }
+    ) => Effect.Effect<Uint8Array, InvalidRequest>
     readonly stats: Effect.Effect<MarketStats>
     /** The events stream of one new subscriber (the current snapshot first), or undefined when full. */
     readonly subscribe: Effect.Effect<Stream.Stream<Uint8Array> | undefined>
@@ -279,12 +296,10 @@ export class MarketData extends Context.Service<
       const gridFor = (query: SeriesQuery) =>
         Effect.flatMap(Clock.currentTimeMillis, (now) => {
           const resolved = resolveGrid(now, SERIES_BOUNDS, query.window_ms, query.bucket_ms)
-          return resolved._tag === "Refused"
-            ? Effect.fail(refuse(resolved.error))
-            : Effect.succeed(resolved.grid)
+          if (resolved._tag === "Refused") return Effect.fail(refuse(resolved.error))
+          held.roll(now)
+          return Effect.succeed(resolved.grid)
         })
-
-      const inGrid = (grid: Grid) => held.range(grid.from, grid.to)
 
       const seriesFields = (grid: Grid) => ({
         unit: PRICE_UNIT,
@@ -305,18 +320,34 @@ export class MarketData extends Context.Service<
             )
           : Effect.succeed(id)
 
+      // A series answer is a function of its grid, its classes and what the window holds: kept until
+      // the window changes (a clear, a roll), so a burst of readers of one chart computes it once.
+      const answers = new SeriesCache(64)
+      const inMinutes = (grid: Grid) => grid.bucketMs % MINUTE_MS === 0
+
       const candlesOf = Effect.fn("MarketData.candles")(function* (
         query: SeriesQuery & { readonly model_class?: string | undefined }
       ) {
         const grid = yield* gridFor(query)
         const modelClass = query.model_class === undefined ? null : yield* knownClass(query.model_class)
-        const rows = inGrid(grid)
-        return {
-          object: "market.candles" as const,
-          model_class: modelClass,
-          ...seriesFields(grid),
-          candles: candles(modelClass === null ? rows : rows.filter((c) => c.modelClass === modelClass), grid)
-        }
+        const key = `candles|${modelClass}|${grid.from}|${grid.to}|${grid.bucketMs}`
+        return answers.get(
+          key,
+          held.version,
+          (): Candles => {
+            const classes = modelClass === null ? held.classes() : [modelClass]
+            const rows = held.range(grid.from, grid.to)
+            return {
+              object: "market.candles",
+              model_class: modelClass,
+              ...seriesFields(grid),
+              candles: inMinutes(grid)
+                ? held.candlesByMinutes(classes, grid)
+                : candles(modelClass === null ? rows : rows.filter((c) => c.modelClass === modelClass), grid)
+            }
+          },
+          encodeCandles
+        )
       })
 
       const indexOf = Effect.fn("MarketData.index")(function* (
@@ -328,15 +359,25 @@ export class MarketData extends Context.Service<
             ? classIds
             : [...new Set(query.classes.split(",").map((s) => s.trim()))]
         for (const id of basket) yield* knownClass(id)
-        const result = compositeIndex(inGrid(grid), basket, grid)
-        return {
-          object: "market.index" as const,
-          classes: basket,
-          ...seriesFields(grid),
-          value: result.value,
-          components: result.components,
-          series: result.series
-        }
+        const key = `index|${basket.join(",")}|${grid.from}|${grid.to}|${grid.bucketMs}`
+        return answers.get(
+          key,
+          held.version,
+          (): MarketIndex => {
+            const result = inMinutes(grid)
+              ? held.indexByMinutes(basket, grid)
+              : compositeIndex(held.range(grid.from, grid.to), basket, grid)
+            return {
+              object: "market.index",
+              classes: basket,
+              ...seriesFields(grid),
+              value: result.value,
+              components: result.components,
+              series: result.series
+            }
+          },
+          encodeIndex
+        )
       })
 
       const stats = Effect.gen(function* () {
@@ -353,8 +394,10 @@ export class MarketData extends Context.Service<
 
       return MarketData.of({
         snapshot: Effect.sync(() => current),
-        candles: candlesOf,
-        index: indexOf,
+        candles: (query) => Effect.map(candlesOf(query), (answer) => answer.value),
+        candlesBody: (query) => Effect.map(candlesOf(query), (answer) => answer.body()),
+        index: (query) => Effect.map(indexOf(query), (answer) => answer.value),
+        indexBody: (query) => Effect.map(indexOf(query), (answer) => answer.body()),
         stats,
         subscribe: Effect.suspend(() => fanout.open(currentFrame)),
         window: Effect.sync(() => held),

@@ -28,6 +28,8 @@ export interface ClearRecord {
   readonly quotesCompeting: number
 }
 
+export const MINUTE_MS = 60_000
+
 export const PRICE_UNIT = "base units (6 decimals) per 1,000,000 tokens, blended at each request's token mix"
 
 /** `numerator / denominator` rounded half up, exact for any sizes. */
@@ -152,6 +154,8 @@ export interface Grid {
 }
 
 export interface Bounds {
+  /** A longer window has buckets of whole minutes (read from the per-minute aggregates, D231). */
+  readonly minuteBucketsAboveMs: number
   /** The largest window an endpoint serves; a longer one is refused. */
   readonly maxWindowMs: number
   /** The most buckets a series has; a narrower bucket is widened to fit. */
@@ -163,6 +167,7 @@ export interface Bounds {
 
 /** Candles and the index: 24 h at most (the window kept in memory), at most 1,440 points (D123). */
 export const SERIES_BOUNDS: Bounds = {
+  minuteBucketsAboveMs: 3_600_000,
   maxWindowMs: 86_400_000,
   maxPoints: 1_440,
   minBucketMs: 1_000,
@@ -174,7 +179,9 @@ export type GridError = { readonly param: "window_ms" | "bucket_ms"; readonly me
 
 /**
  * The grid a request asks for: a window outside (0, max] is refused; the bucket is clamped into
- * [max(minimum, window / maxPoints), window] and the grid ends with the bucket holding `now`.
+ * [max(minimum, window / maxPoints), window], then a bucket of a minute or more, and any bucket of a
+ * window longer than `minuteBucketsAboveMs`, is rounded down to whole minutes (at least one; D231), and
+ * the grid ends with the bucket holding `now`.
  */
 export const resolveGrid = (
   now: number,
@@ -202,7 +209,11 @@ export const resolveGrid = (
   }
   const floor = Math.max(bounds.minBucketMs, Math.ceil(window / bounds.maxPoints))
   const wanted = bucketMs ?? Math.ceil(window / bounds.defaultPoints)
-  const bucket = Math.min(Math.max(wanted, floor), Math.max(window, bounds.minBucketMs))
+  const clamped = Math.min(Math.max(wanted, floor), Math.max(window, bounds.minBucketMs))
+  const bucket =
+    clamped >= MINUTE_MS || window > bounds.minuteBucketsAboveMs
+      ? Math.max(MINUTE_MS, Math.floor(clamped / MINUTE_MS) * MINUTE_MS)
+      : clamped
   const points = Math.ceil(window / bucket)
   const to = (Math.floor(now / bucket) + 1) * bucket
   return {

@@ -1,18 +1,23 @@
-import type { ClassStats } from "../domain/MarketData.ts"
+import type { Candle, ClassStats } from "../domain/MarketData.ts"
 import {
   type Aggregate,
   addClear,
   byTime,
   type ClearRecord,
+  candleOf,
   compositeIndexOf,
   emptyAggregate,
   type Grid,
   type IndexResult,
+  MINUTE_MS,
   mergeAggregate,
   statsOf
 } from "./Series.ts"
 
-const MINUTE_MS = 60_000
+/** The start of the minute holding `at`. */
+const HOUR_MS = 60 * MINUTE_MS
+
+const minuteOf = (at: number) => at - (((at % MINUTE_MS) + MINUTE_MS) % MINUTE_MS)
 
 /** First index whose clear is not before `at` (clears sorted `byTime`). */
 export const lowerBound = (clears: ReadonlyArray<ClearRecord>, at: number) => {
@@ -39,21 +44,26 @@ const sortedIndex = (values: ReadonlyArray<number>, value: number) => {
 }
 
 /**
- * The clears of a rolling window, kept so that the snapshot costs no pass over them (D124): raw clears
- * sorted by time (for candles at any bucket), and for the stats window (the whole minutes since
- * `now - statsMs`) one aggregate per class and minute and each class's TTFTs, sorted. A clear is added
- * once (by id), in any order; `roll` moves the windows forward.
+ * The clears of a rolling window, kept so that no read costs a pass over them (D124, D231): raw clears
+ * sorted by time (for sub-minute candles of a short window and the tape), one aggregate per class and
+ * minute over everything kept (candles, the index and stats in whole minutes read these), and for the
+ * stats window (the whole minutes since `now - statsMs`) each class's TTFTs, sorted. A clear is added
+ * once (by id), in any order; `roll` moves the windows forward. `version` changes whenever what a read
+ * could answer changes (a clear added, a window moved), so answers can be cached by it.
  */
 export class ClearWindow {
   private clears: Array<ClearRecord> = []
   private readonly ids = new Set<number>()
   private readonly minutes = new Map<string, Map<number, Aggregate>>()
+  /** Each class's hours merged from its minutes, computed when read and forgotten when one changes. */
+  private readonly hours = new Map<string, Map<number, Aggregate>>()
   private readonly ttfts = new Map<string, Array<number>>()
   /** Clears at or after this are in the stats (a whole minute). */
   private statsFrom = Number.NEGATIVE_INFINITY
-  /** Raw clears at or after this are kept. */
+  /** Raw clears and minutes at or after this are kept (a whole minute). */
   private keepFrom = Number.NEGATIVE_INFINITY
   maxId = 0
+  version = 0
 
   constructor(
     /** The stats window (24 h). */
@@ -78,12 +88,13 @@ export class ClearWindow {
       while (i > 0 && byTime(this.clears[i - 1]!, c) > 0) i -= 1
       this.clears.splice(i, 0, c)
     }
-    if (c.at >= this.statsFrom) this.count(c)
+    this.count(c)
+    this.version += 1
     return true
   }
 
   private count(c: ClearRecord) {
-    const minute = c.at - (((c.at % MINUTE_MS) + MINUTE_MS) % MINUTE_MS)
+    const minute = minuteOf(c.at)
     let byMinute = this.minutes.get(c.modelClass)
     if (byMinute === undefined) {
       byMinute = new Map()
@@ -95,6 +106,8 @@ export class ClearWindow {
       byMinute.set(minute, agg)
     }
     addClear(agg, c)
+    this.hours.get(c.modelClass)?.delete(minute - (minute % HOUR_MS))
+    if (c.at < this.statsFrom) return
     let ttfts = this.ttfts.get(c.modelClass)
     if (ttfts === undefined) {
       ttfts = []
@@ -114,17 +127,22 @@ export class ClearWindow {
         const ttfts = this.ttfts.get(c.modelClass)
         if (ttfts !== undefined) ttfts.splice(sortedIndex(ttfts, c.ttftMs), 1)
       }
-      for (const byMinute of this.minutes.values()) {
-        for (const minute of byMinute.keys()) if (minute < statsFrom) byMinute.delete(minute)
-      }
       this.statsFrom = statsFrom
+      this.version += 1
     }
-    const keepFrom = Math.min(statsFrom, now - this.keepMs)
+    const keepFrom = minuteOf(Math.min(statsFrom, now - this.keepMs))
     if (keepFrom > this.keepFrom) {
       const cut = lowerBound(this.clears, keepFrom)
       for (let i = 0; i < cut; i++) this.ids.delete(this.clears[i]!.id)
       if (cut > 0) this.clears = this.clears.slice(cut)
+      for (const byMinute of this.minutes.values()) {
+        for (const minute of byMinute.keys()) if (minute < keepFrom) byMinute.delete(minute)
+      }
+      for (const byHour of this.hours.values()) {
+        for (const hour of byHour.keys()) if (hour < keepFrom) byHour.delete(hour)
+      }
       this.keepFrom = keepFrom
+      this.version += 1
     }
   }
 
@@ -138,27 +156,124 @@ export class ClearWindow {
     return this.clears.slice(-n).reverse()
   }
 
+  /** A class's hour (a multiple of an hour) merged from its minutes; kept until one of them changes. */
+  private hour(modelClass: string, byMinute: Map<number, Aggregate>, hour: number): Aggregate {
+    let byHour = this.hours.get(modelClass)
+    if (byHour === undefined) {
+      byHour = new Map()
+      this.hours.set(modelClass, byHour)
+    }
+    let agg = byHour.get(hour)
+    if (agg === undefined) {
+      agg = emptyAggregate()
+      for (let minute = hour; minute < hour + HOUR_MS; minute += MINUTE_MS) {
+        const m = byMinute.get(minute)
+        if (m !== undefined) mergeAggregate(agg, m)
+      }
+      byHour.set(hour, agg)
+    }
+    return agg
+  }
+
+  /**
+   * Merges into `into` a class's clears in `[from, to)` (whole minutes): whole hours from the hours,
+   * the rest minute by minute, so a day costs about 24 + 120 look-ups, whatever the number of clears.
+   */
+  private mergeSpan(into: Aggregate, modelClass: string, from: number, to: number) {
+    const byMinute = this.minutes.get(modelClass)
+    if (byMinute === undefined || byMinute.size === 0) return
+    let t = from
+    while (t < to) {
+      if (t % HOUR_MS === 0 && t + HOUR_MS <= to) {
+        mergeAggregate(into, this.hour(modelClass, byMinute, t))
+        t += HOUR_MS
+      } else {
+        const m = byMinute.get(t)
+        if (m !== undefined) mergeAggregate(into, m)
+        t += MINUTE_MS
+      }
+    }
+  }
+
   /** Each class's summary over the stats window. */
   stats(classes: ReadonlyArray<string>): Array<ClassStats> {
     return classes.map((modelClass) => {
       const agg = emptyAggregate()
-      for (const minute of this.minutes.get(modelClass)?.values() ?? []) mergeAggregate(agg, minute)
+      const byMinute = this.minutes.get(modelClass)
+      if (byMinute !== undefined && byMinute.size > 0) {
+        let last = this.statsFrom
+        for (const minute of byMinute.keys()) if (minute > last) last = minute
+        this.mergeSpan(agg, modelClass, this.statsFrom, last + MINUTE_MS)
+      }
       return statsOf(modelClass, agg, this.ttfts.get(modelClass) ?? [])
     })
+  }
+
+  /**
+   * One aggregate per bucket of a grid whose buckets are whole minutes, from the per-minute aggregates
+   * of the classes given: a look-up per minute of the grid, whatever the number of clears.
+   */
+  bucketsByMinutes(classes: ReadonlyArray<string>, grid: Grid): Array<Aggregate> {
+    if (grid.bucketMs % MINUTE_MS !== 0 || grid.from % MINUTE_MS !== 0) {
+      throw new RangeError(`a grid of ${grid.bucketMs} ms buckets from ${grid.from} is not in whole minutes`)
+    }
+    return Array.from({ length: grid.points }, (_, i) => {
+      const agg = emptyAggregate()
+      const from = grid.from + i * grid.bucketMs
+      for (const modelClass of classes) this.mergeSpan(agg, modelClass, from, from + grid.bucketMs)
+      return agg
+    })
+  }
+
+  /** Candles of the classes given (their sum: the whole market when given every class), in whole minutes. */
+  candlesByMinutes(classes: ReadonlyArray<string>, grid: Grid): Array<Candle> {
+    return this.bucketsByMinutes(classes, grid).map((agg, i) => candleOf(grid.from + i * grid.bucketMs, agg))
   }
 
   /** The index over a grid whose buckets are whole minutes, from the per-minute aggregates. */
   indexByMinutes(classes: ReadonlyArray<string>, grid: Grid): IndexResult {
     return compositeIndexOf(
-      classes.map((modelClass) => {
-        const buckets = Array.from({ length: grid.points }, emptyAggregate)
-        for (const [minute, agg] of this.minutes.get(modelClass) ?? []) {
-          if (minute < grid.from || minute >= grid.to) continue
-          mergeAggregate(buckets[Math.floor((minute - grid.from) / grid.bucketMs)]!, agg)
-        }
-        return { modelClass, buckets }
-      }),
+      classes.map((modelClass) => ({ modelClass, buckets: this.bucketsByMinutes([modelClass], grid) })),
       grid
     )
+  }
+
+  /** Every class that has a clear kept. */
+  classes(): ReadonlyArray<string> {
+    return [...this.minutes.keys()]
+  }
+}
+
+/** A cached answer and its JSON body, encoded once when first asked for. */
+export interface CachedAnswer<A> {
+  readonly value: A
+  readonly body: () => Uint8Array
+}
+
+/**
+ * Answers computed from a window, each kept with the window's `version` it was computed at and served
+ * while that version stands (with its body encoded at most once); at most `size` kept, oldest out first.
+ */
+export class SeriesCache {
+  private readonly entries = new Map<string, { readonly version: number; readonly answer: unknown }>()
+
+  constructor(private readonly size: number) {}
+
+  get<A>(key: string, version: number, compute: () => A, encode: (value: A) => Uint8Array): CachedAnswer<A> {
+    const hit = this.entries.get(key)
+    if (hit !== undefined && hit.version === version) return hit.answer as CachedAnswer<A>
+    const value = compute()
+    let body: Uint8Array | undefined
+    const answer: CachedAnswer<A> = {
+      value,
+      body: () => {
+        body ??= encode(value)
+        return body
+      }
+    }
+    this.entries.delete(key)
+    this.entries.set(key, { version, answer })
+    if (this.entries.size > this.size) this.entries.delete(this.entries.keys().next().value!)
+    return answer
   }
 }

@@ -4,9 +4,12 @@ import { chargeNumerator } from "../../src/domain/Billing.ts"
 import {
   byTime,
   type ClearRecord,
+  candles,
   classStats,
   compositeIndex,
-  type Grid
+  type Grid,
+  resolveGrid,
+  SERIES_BOUNDS
 } from "../../src/marketdata/Series.ts"
 import { ClearWindow } from "../../src/marketdata/Window.ts"
 
@@ -88,7 +91,7 @@ describe("the rolling window keeps what a pass over the clears would compute", (
           assert.deepStrictEqual(
             window.latest(5).map((c) => c.id),
             clears
-              .filter((c) => c.at >= Math.min(statsFrom, now - STATS - HOUR))
+              .filter((c) => c.at >= Math.floor(Math.min(statsFrom, now - STATS - HOUR) / 60_000) * 60_000)
               .sort(byTime)
               .slice(-5)
               .reverse()
@@ -97,4 +100,60 @@ describe("the rolling window keeps what a pass over the clears would compute", (
         }
       )
     ))
+
+  it("candles and the index from minutes and hours equal a pass over the raw clears, for any whole-minute grid", () =>
+    fc.assert(
+      fc.property(
+        history,
+        fc.array(fc.integer({ min: 0, max: 31 * HOUR }), { maxLength: 3 }),
+        fc.integer({ min: 24 * HOUR, max: 31 * HOUR }),
+        fc.integer({ min: 1, max: STATS }),
+        fc.option(fc.integer({ min: 1, max: 30 * HOUR }), { nil: undefined }),
+        fc.subarray(["A", "B", "C", "D"], { minLength: 1 }),
+        ([clears, arrival], rolls, now, windowMs, bucketMs, basket) => {
+          const window = new ClearWindow(STATS, STATS + HOUR)
+          const steps = [...rolls].filter((t) => t <= now).sort((a, b) => a - b)
+          arrival.forEach((c, i) => {
+            if (steps.length > 0 && i === Math.floor(arrival.length / 2))
+              for (const t of steps) window.roll(t)
+            window.add(c)
+          })
+          // A read after clears came in: some hours were merged before the later clears of them arrived.
+          const early = resolveGrid(now, SERIES_BOUNDS, STATS, HOUR)
+          if (early._tag === "Grid") window.indexByMinutes(["A", "B", "C"], early.grid)
+          for (const c of clears) window.add({ ...c, id: c.id + 1_000, at: c.at + 7 * 60_000 })
+          window.roll(now)
+          const resolved = resolveGrid(now, SERIES_BOUNDS, windowMs, bucketMs)
+          assert.strictEqual(resolved._tag, "Grid")
+          if (resolved._tag !== "Grid" || resolved.grid.bucketMs % 60_000 !== 0) return
+          const grid = resolved.grid
+          const raw = window.range(grid.from, grid.to)
+          for (const cls of basket) {
+            assert.deepStrictEqual(
+              window.candlesByMinutes([cls], grid),
+              candles(
+                raw.filter((c) => c.modelClass === cls),
+                grid
+              )
+            )
+          }
+          assert.deepStrictEqual(window.candlesByMinutes(window.classes(), grid), candles(raw, grid))
+          assert.deepStrictEqual(window.indexByMinutes(basket, grid), compositeIndex(raw, basket, grid))
+        }
+      )
+    ))
+
+  it("a bucket of a minute or more, and every bucket of a window over an hour, is whole minutes", () => {
+    const at = (window: number, bucket: number | undefined) => {
+      const resolved = resolveGrid(1_000_000_000, SERIES_BOUNDS, window, bucket)
+      return resolved._tag === "Grid" ? resolved.grid.bucketMs : null
+    }
+    assert.strictEqual(at(STATS, 90_000), 60_000)
+    assert.strictEqual(at(STATS, 150_000), 120_000)
+    assert.strictEqual(at(2 * HOUR, 5_000), 60_000)
+    assert.strictEqual(at(23 * HOUR, undefined), 23 * 60_000)
+    assert.strictEqual(at(HOUR, 5_000), 5_000)
+    assert.strictEqual(at(HOUR, 61_500), 60_000)
+    assert.strictEqual(at(10 * 60_000, 1), 1_000)
+  })
 })

@@ -13,35 +13,40 @@ import { renderError } from "../Middleware.ts"
 /** Seconds a refused events subscriber is told to wait (it polls the snapshot meanwhile). */
 export const EVENTS_RETRY_AFTER_SECONDS = 10
 
+const json = (body: Uint8Array) => HttpServerResponse.uint8Array(body, { contentType: "application/json" })
+
 export const MarketDataHandlers = HttpApiBuilder.group(
   Api,
   "marketData",
   Effect.fn(function* (handlers) {
     const market = yield* MarketData
-    return handlers
-      .handle("snapshot", () => market.snapshot)
-      .handle("candles", ({ query }) => market.candles(query))
-      .handle("index", ({ query }) => market.index(query))
-      .handle("stats", () => market.stats)
-      .handle("events", () =>
-        Effect.map(market.subscribe, (stream) =>
-          stream === undefined
-            ? HttpServerResponse.setHeaders(
-                renderError(
-                  "openai",
-                  new ServiceUnavailable({
-                    code: "subscriber_capacity",
-                    message: `The market events stream is at its subscriber capacity; poll GET /v1/market/snapshot and retry the events in ${EVENTS_RETRY_AFTER_SECONDS} s`
-                  })
-                ),
-                { "retry-after": String(EVENTS_RETRY_AFTER_SECONDS) }
-              )
-            : HttpServerResponse.stream(stream, {
-                contentType: "text/event-stream",
-                headers: { "cache-control": "no-cache", "x-accel-buffering": "no" }
-              })
+    return (
+      handlers
+        .handle("snapshot", () => market.snapshot)
+        // The series are served as bytes encoded once per grid and state of the window (D231).
+        .handle("candles", ({ query }) => Effect.map(market.candlesBody(query), json))
+        .handle("index", ({ query }) => Effect.map(market.indexBody(query), json))
+        .handle("stats", () => market.stats)
+        .handle("events", () =>
+          Effect.map(market.subscribe, (stream) =>
+            stream === undefined
+              ? HttpServerResponse.setHeaders(
+                  renderError(
+                    "openai",
+                    new ServiceUnavailable({
+                      code: "subscriber_capacity",
+                      message: `The market events stream is at its subscriber capacity; poll GET /v1/market/snapshot and retry the events in ${EVENTS_RETRY_AFTER_SECONDS} s`
+                    })
+                  ),
+                  { "retry-after": String(EVENTS_RETRY_AFTER_SECONDS) }
+                )
+              : HttpServerResponse.stream(stream, {
+                  contentType: "text/event-stream",
+                  headers: { "cache-control": "no-cache", "x-accel-buffering": "no" }
+                })
+          )
         )
-      )
+    )
   })
 )
 
