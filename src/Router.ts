@@ -36,6 +36,7 @@ import { Analytics } from "./marketdata/Analytics.ts"
 import { Feedback } from "./marketdata/Feedback.ts"
 import { MarketData, MarketDataConfig } from "./marketdata/MarketData.ts"
 import { MarketPage } from "./marketdata/MarketPage.ts"
+import { TaskFitBoard } from "./marketdata/TaskFitBoard.ts"
 import { CreditKeys } from "./payment/CreditKeys.ts"
 import { Credits } from "./payment/Credits.ts"
 import { FundingService } from "./payment/Funding.ts"
@@ -62,9 +63,12 @@ import { TaskTraces } from "./tasks/Trace.ts"
 import { Verification } from "./tasks/Verification.ts"
 import { Workspaces } from "./tasks/Workspaces.ts"
 
-/** The market: registry, book, latency and the RFQ over them (the auction itself is pure). */
+/**
+ * The market: registry, book, latency, the task-fit evidence (kept by market data, read by the market
+ * through its own interface) and the RFQ over them (the auction itself is pure).
+ */
 export const MarketLive = Layer.mergeAll(Rfq.layer, Listings.layer).pipe(
-  Layer.provideMerge(QuoteBook.layer),
+  Layer.provideMerge(Layer.mergeAll(QuoteBook.layer, TaskFitBoard.layer)),
   Layer.provideMerge(Providers.layer),
   Layer.provideMerge(Layer.mergeAll(ModelCatalog.layer, Latency.layer))
 )

@@ -58,9 +58,20 @@ export const LatencySloField = Schema.Struct({
   confidence: Schema.Finite.check(Schema.isBetween({ minimum: 0.5, maximum: 0.999 }))
 })
 
+/**
+ * A task label (`routing.task`, and the `task` of a rating): 1 to 64 characters, letters, digits, space
+ * and `._:/-`, starting with a letter or digit; compared exactly (docs/decisions.md D232).
+ */
+export const TaskLabel = Schema.String.check(
+  Schema.isPattern(/^[A-Za-z0-9][A-Za-z0-9 ._:/-]{0,63}$/, {
+    message:
+      "a task label is 1 to 64 characters (letters, digits, space and ._:/-), starting with a letter or digit"
+  })
+)
+
 export const Routing = Schema.Struct({
   session_id: Schema.optionalKey(Schema.String.check(Schema.isPattern(/^[A-Za-z0-9._:-]{1,128}$/))),
-  task: Schema.optionalKey(Schema.String),
+  task: Schema.optionalKey(TaskLabel),
   min_quality: Schema.optionalKey(Fraction),
   latency_slo: Schema.optionalKey(LatencySloField),
   speculative: Schema.optionalKey(Schema.Unknown)

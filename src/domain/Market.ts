@@ -50,7 +50,17 @@ export const ScoreBreakdown = Schema.Struct({
   latency_quantile: Schema.Number,
   latency_penalty: Schema.Number,
   maturity: Schema.Literals(["cold", "warming", "mature"]),
-  multiplier_bps: Schema.Number
+  multiplier_bps: Schema.Number,
+  /** When the request named a task: how its ratings moved the class's quality (docs/auction.md 4). */
+  task_fit: Schema.optionalKey(
+    Schema.Struct({
+      task: Schema.String,
+      ratings: Schema.Number,
+      mean: Schema.NullOr(Schema.Number),
+      catalog_quality: Schema.Number,
+      quality_shift: Schema.Number
+    })
+  )
 })
 
 export const PreviewWinner = Schema.Struct({
@@ -79,6 +89,8 @@ export const PreviewWinner = Schema.Struct({
 /** `POST /v1/routing/preview`: how each routing profile would clear this request now; nothing is reserved. */
 export const RoutingPreview = Schema.Struct({
   object: Schema.Literal("routing.preview"),
+  /** The request's `routing.task`, whose ratings move class quality in every variant but the last. */
+  task: Schema.NullOr(Schema.String),
   prompt_tokens: Schema.Number,
   max_tokens: Schema.Number,
   profiles: Schema.Array(PreviewWinner)

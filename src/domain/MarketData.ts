@@ -1,4 +1,5 @@
 import { Schema } from "effect"
+import { TaskLabel } from "./Chat.ts"
 import { BookClass, ModelEntry } from "./Market.ts"
 
 /**
@@ -243,7 +244,7 @@ export type ProviderAnalytics = typeof ProviderAnalytics.Type
 /** `POST /v1/routing/feedback/:id`: one explicit rating of a served request. */
 export const FeedbackRequest = Schema.Struct({
   rating: Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 5 })),
-  task: Schema.optional(Schema.String.check(Schema.isMinLength(1), Schema.isMaxLength(64)))
+  task: Schema.optional(TaskLabel)
 })
 export type FeedbackRequest = typeof FeedbackRequest.Type
 

@@ -43,7 +43,9 @@ const previewOf = (profile: string, request: MarketRequest, outcome: AuctionOutc
 
 /**
  * `POST /v1/routing/preview`: the route, RFQ, award and clear steps of the lifecycle for every routing
- * profile and for the request as sent, without funding, reserving or serving anything.
+ * profile and for the request as sent, without funding, reserving or serving anything. Every variant
+ * keeps the request's task (`routing.task`), whose adjustment each winner's `score_breakdown.task_fit`
+ * shows; `as-sent-without-task` is the request as sent scored without it.
  */
 export class RoutingPreview extends Context.Service<
   RoutingPreview,
@@ -59,13 +61,18 @@ export class RoutingPreview extends Context.Service<
         const variants: Array<readonly [string, MarketRequest]> = [
           ...ROUTING_PROFILES.map((profile) => [profile, { ...asSent, requested: profile }] as const),
           ["as-sent", asSent],
-          ["as-sent-without-latency-slo", { ...asSent, latencySlo: undefined }]
+          ["as-sent-without-latency-slo", { ...asSent, latencySlo: undefined }],
+          // The task's effect (D232): the same request scored on the catalog's quality alone.
+          ...(asSent.task === undefined
+            ? []
+            : [["as-sent-without-task", { ...asSent, task: undefined }] as const])
         ]
         const profiles = yield* Effect.forEach(variants, ([name, request]) =>
           Effect.map(rfq.run(request), (outcome) => previewOf(name, request, outcome))
         )
         return {
           object: "routing.preview" as const,
+          task: asSent.task ?? null,
           prompt_tokens: promptTokens,
           max_tokens: asSent.maxTokens,
           profiles

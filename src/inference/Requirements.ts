@@ -36,6 +36,7 @@ export const marketRequestOf = (
     promptTokens,
     maxTokens: maxTokensOf(request),
     minQuality: request.routing?.min_quality,
+    task: request.routing?.task,
     requiredCapabilities: requiredCapabilities(request),
     latencySlo: slo === undefined ? undefined : { deadlineMs: slo.deadline_ms, confidence: slo.confidence }
   }

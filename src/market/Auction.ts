@@ -116,7 +116,7 @@ export const runAuction = (
     const locked = isLockedQuote(quote, lock)
     const reason = exclusionReason(live, modelClass, request, cost, estimate, locked, reserve)
     if (reason !== undefined) excluded.push({ quote_id: quote.quote_id, reason })
-    else candidates.push(scoreCandidate(quote, modelClass, cost, weights, estimate))
+    else candidates.push(scoreCandidate(quote, modelClass, cost, weights, estimate, request.taskFit))
   }
 
   const lockedWinner =

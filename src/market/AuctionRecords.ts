@@ -4,6 +4,7 @@ import type { SignedQuote } from "../domain/Quote.ts"
 import type { Capability } from "./Catalog.ts"
 import type { LatencyEstimate, Maturity } from "./LatencyStats.ts"
 import type { MechanismVersion, RoutingProfile } from "./Route.ts"
+import type { TaskFit } from "./TaskFit.ts"
 
 export interface LatencySlo {
   readonly deadlineMs: number
@@ -25,6 +26,8 @@ export interface AuctionRequest {
   readonly requiredCapabilities?: ReadonlyArray<Capability> | undefined
   readonly latencySlo?: LatencySlo | undefined
   readonly sessionLock?: SessionLock | undefined
+  /** The request's task (`routing.task`) and its rating evidence: moves class quality in the score (D232). */
+  readonly taskFit?: TaskFit | undefined
   readonly nowMs: number
 }
 
@@ -54,9 +57,21 @@ export interface Exclusion {
   readonly reason: ExclusionReason
 }
 
+/** How a request's task moved a class's quality (present when the request named a task). */
+export interface TaskFitBreakdown {
+  readonly task: string
+  /** Ratings of the class for the task, and their mean (1..5; null with none). */
+  readonly ratings: number
+  readonly mean: number | null
+  /** The catalog's quality of the class; `quality` in the breakdown is this plus `quality_shift`. */
+  readonly catalog_quality: number
+  readonly quality_shift: number
+}
+
 export interface ScoreBreakdown {
   /** The quote's own charge at the scoring tokens, base units. */
   readonly cost: number
+  /** The quality scored: the class's, moved by the task's ratings when the request named a task. */
   readonly quality: number
   readonly quality_penalty: number
   readonly latency_ms: number
@@ -64,6 +79,7 @@ export interface ScoreBreakdown {
   readonly latency_penalty: number
   readonly maturity: Maturity
   readonly multiplier_bps: number
+  readonly task_fit?: TaskFitBreakdown
 }
 
 export interface RankedBid {

@@ -8,6 +8,7 @@ import type { Exclusion, ExclusionReason, RankedBid, ScoreBreakdown } from "./Au
 import type { ModelClass } from "./Catalog.ts"
 import type { LatencyEstimate } from "./LatencyStats.ts"
 import { DEADLINE_MECHANISM_VERSION, PROFILES, type ProfileWeights, type Route } from "./Route.ts"
+import { qualityShift, type TaskFit } from "./TaskFit.ts"
 
 /** The TTFT quantile used in scores (an SLO uses its own confidence). */
 export const SCORING_LATENCY_QUANTILE = 0.9
@@ -50,13 +51,17 @@ export const scoreCandidate = (
   modelClass: ModelClass,
   cost: number,
   weights: ProfileWeights,
-  latency: LatencyEstimate
+  latency: LatencyEstimate,
+  taskFit?: TaskFit | undefined
 ): Candidate => {
   const latencyMs = Math.round(latency.quantile(SCORING_LATENCY_QUANTILE))
+  const evidence = taskFit?.evidence(modelClass.id)
+  const shift = taskFit === undefined ? 0 : qualityShift(modelClass.quality, evidence)
+  const quality = shift === 0 ? modelClass.quality : Math.round((modelClass.quality + shift) * 1e6) / 1e6
   const breakdown = {
     cost,
-    quality: modelClass.quality,
-    quality_penalty: qualityPenalty(modelClass.quality),
+    quality,
+    quality_penalty: qualityPenalty(quality),
     latency_ms: latencyMs,
     latency_quantile: SCORING_LATENCY_QUANTILE,
     latency_penalty: latencyPenalty(latencyMs),
@@ -71,7 +76,21 @@ export const scoreCandidate = (
     cost,
     score: safe ? BigInt(product) : BigInt(cost) * BigInt(multiplier),
     scoreNumber: safe ? product : Number.NaN,
-    breakdown: { ...breakdown, multiplier_bps: multiplier }
+    breakdown: {
+      ...breakdown,
+      multiplier_bps: multiplier,
+      ...(taskFit === undefined
+        ? {}
+        : {
+            task_fit: {
+              task: taskFit.task,
+              ratings: evidence?.ratings ?? 0,
+              mean: evidence === undefined ? null : evidence.mean,
+              catalog_quality: modelClass.quality,
+              quality_shift: shift
+            }
+          })
+    }
   }
 }
 
@@ -102,8 +121,9 @@ const profileRestriction = (
   }
   const band = PROFILES[route.profile].qualityBand
   if (band === undefined) return undefined
-  const top = Math.max(...candidates.map((c) => c.modelClass.quality))
-  return { keep: (c) => c.modelClass.quality >= top - band - 1e-9, reason: "below_quality_tier" }
+  // The quality scored: a task's ratings move the band as they move the score (D232).
+  const top = Math.max(...candidates.map((c) => c.breakdown.quality))
+  return { keep: (c) => c.breakdown.quality >= top - band - 1e-9, reason: "below_quality_tier" }
 }
 
 export const restrictToProfile = (

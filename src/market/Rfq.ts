@@ -3,8 +3,11 @@ import { type AuctionOutcome, type AuctionRequest, runAuction } from "./Auction.
 import { Latency } from "./Latency.ts"
 import { ModelCatalog } from "./ModelCatalog.ts"
 import { QuoteBook } from "./QuoteBook.ts"
+import { TaskFitEvidence } from "./TaskFit.ts"
 
-export type MarketRequest = Omit<AuctionRequest, "nowMs"> & {
+export type MarketRequest = Omit<AuctionRequest, "nowMs" | "taskFit"> & {
+  /** The request's task label (`routing.task`): its rating evidence moves class quality in the score. */
+  readonly task?: string | undefined
   /** Opening a budget session: only quotes that sign a session tariff (cached price and TTL) compete. */
   readonly requireSessionTariff?: boolean | undefined
   /** Only quotes of these classes are asked (image requests ask image classes only). */
@@ -13,8 +16,9 @@ export type MarketRequest = Omit<AuctionRequest, "nowMs"> & {
 
 /**
  * The RFQ step: a funded request for quotes to the live standing quotes (with this instance's view of
- * their in-flight counts, so a quote at its signed capacity does not compete), the measured latency
- * and the catalog, into the pure auction (award, then clear).
+ * their in-flight counts, so a quote at its signed capacity does not compete), the measured latency,
+ * the catalog and the task's rating evidence (when the request names a task), into the pure auction
+ * (award, then clear).
  */
 export class Rfq extends Context.Service<
   Rfq,
@@ -26,8 +30,9 @@ export class Rfq extends Context.Service<
       const book = yield* QuoteBook
       const latency = yield* Latency
       const catalog = yield* ModelCatalog
+      const taskFits = yield* TaskFitEvidence
       const run = Effect.fnUntraced(function* (request: MarketRequest) {
-        const { requireSessionTariff, onlyClasses, ...auctionRequest } = request
+        const { requireSessionTariff, onlyClasses, task, ...auctionRequest } = request
         const nowMs = yield* Clock.currentTimeMillis
         const live = yield* book.live
         const quotes = live.filter(
@@ -37,7 +42,8 @@ export class Rfq extends Context.Service<
               (q.quote.price_in_cached !== undefined && q.quote.session_ttl_s !== undefined))
         )
         const lookup = yield* latency.lookup
-        const outcome = runAuction({ ...auctionRequest, nowMs }, quotes, catalog.classes, lookup)
+        const taskFit = task === undefined ? undefined : yield* taskFits.forTask(task)
+        const outcome = runAuction({ ...auctionRequest, taskFit, nowMs }, quotes, catalog.classes, lookup)
         yield* Effect.annotateCurrentSpan(
           outcome._tag === "Cleared"
             ? {

@@ -3,6 +3,7 @@ import { SqlClient } from "effect/sql"
 import { Conflict, NotFound, Unauthorized } from "../domain/Errors.ts"
 import type { FeedbackRecorded, FeedbackRequest, TaskFit } from "../domain/MarketData.ts"
 import { LiveStreams } from "../inference/LiveStreams.ts"
+import { TaskFitBoard } from "./TaskFitBoard.ts"
 
 /** The task label of a rating that names none. */
 export const GENERAL_TASK = "general"
@@ -10,7 +11,8 @@ export const GENERAL_TASK = "general"
 /**
  * Routing feedback (spec 4.1, docs/decisions.md D129): one explicit rating per served request, proven by
  * the request's `x-stream-token` while the serving instance still holds its stream (10 minutes), and the
- * aggregate evidence per (class, task) at `GET /v1/analytics/task-fit`.
+ * aggregate evidence per (class, task) at `GET /v1/analytics/task-fit`: the rows of the board that
+ * automatic routing reads when a request names a task (D232), re-read at once after a rating.
  */
 export class Feedback extends Context.Service<
   Feedback,
@@ -28,6 +30,7 @@ export class Feedback extends Context.Service<
     Effect.gen(function* () {
       const sql = yield* SqlClient.SqlClient
       const live = yield* LiveStreams
+      const board = yield* TaskFitBoard
 
       const rate = Effect.fn("Feedback.rate")(function* (
         requestId: string,
@@ -69,6 +72,7 @@ export class Feedback extends Context.Service<
             message: `Request ${requestId} is already rated; the first rating stands`
           })
         }
+        yield* board.reload
         return {
           object: "routing.feedback" as const,
           request_id: requestId,
@@ -78,22 +82,16 @@ export class Feedback extends Context.Service<
         }
       })
 
-      const taskFit = Effect.gen(function* () {
-        const rows = yield* sql<{ model_class: string; task: string; n: string; mean: string }>`
-          SELECT model_class, task, count(*)::text AS n, avg(rating)::text AS mean
-          FROM market_feedback GROUP BY model_class, task ORDER BY task, model_class
-        `.pipe(Effect.orDie)
-        return {
-          object: "analytics.task_fit" as const,
-          scale: "ratings 1 (poor) to 5 (excellent), one per served request",
-          fits: rows.map((r) => ({
-            model_class: r.model_class,
-            task: r.task,
-            ratings: Number(r.n),
-            mean: Math.round(Number(r.mean) * 1000) / 1000
-          }))
-        }
-      }).pipe(Effect.withSpan("Feedback.taskFit"))
+      const taskFit = Effect.map(board.rows, (rows) => ({
+        object: "analytics.task_fit" as const,
+        scale: "ratings 1 (poor) to 5 (excellent), one per served request",
+        fits: rows.map((r) => ({
+          model_class: r.modelClass,
+          task: r.task,
+          ratings: r.ratings,
+          mean: Math.round((r.sum / r.ratings) * 1000) / 1000
+        }))
+      })).pipe(Effect.withSpan("Feedback.taskFit"))
 
       return Feedback.of({ rate, taskFit })
     })

@@ -24,6 +24,7 @@ import {
   missingCapabilities
 } from "../../src/market/Catalog.ts"
 import type { Maturity } from "../../src/market/LatencyStats.ts"
+import { qualityShift, type TaskEvidence, type TaskFit, taskFitOf } from "../../src/market/TaskFit.ts"
 
 const NOW_S = 1_750_000_000
 const NOW_MS = NOW_S * 1000
@@ -424,6 +425,25 @@ const tokensArb = fc.oneof(
 )
 const sometimes = <T>(arbitrary: fc.Arbitrary<T>): fc.Arbitrary<T | undefined> =>
   fc.oneof({ weight: 2, arbitrary: fc.constant(undefined) }, { weight: 1, arbitrary })
+/** Rating evidence for a task: some classes rated (any count, any mean on 1..5), some not. */
+const taskFitArb: fc.Arbitrary<TaskFit> = fc
+  .array(
+    fc.option(
+      fc.record({
+        ratings: fc.integer({ min: 0, max: 80 }),
+        mean: fc.double({ min: 1, max: 5, noNaN: true })
+      }),
+      { nil: undefined }
+    ),
+    { minLength: CLASS_IDS.length, maxLength: CLASS_IDS.length }
+  )
+  .map((rows) => {
+    const byClass = new Map<string, TaskEvidence>()
+    rows.forEach((row, i) => {
+      if (row !== undefined) byClass.set(CLASS_IDS[i]!, row)
+    })
+    return taskFitOf("some-task", byClass)
+  })
 const requestArb: fc.Arbitrary<AuctionRequest> = fc.record({
   requested: fc.oneof(
     { weight: 3, arbitrary: fc.constantFrom("auto", "best", "cheapest", "fastest") },
@@ -440,6 +460,7 @@ const requestArb: fc.Arbitrary<AuctionRequest> = fc.record({
     })
   ),
   sessionLock: fc.constant(undefined),
+  taskFit: sometimes(taskFitArb),
   nowMs: fc.constant(NOW_MS)
 })
 
@@ -655,6 +676,86 @@ describe("Auction properties (random books)", () => {
         assert.strictEqual(c.clearedCost, worstCase(req.promptTokens, req.maxTokens, tariff))
       }),
       { numRuns: 300 }
+    )
+  })
+})
+
+/** What an auction decided, without the score breakdowns' task annotations. */
+const decided = (r: AuctionOutcome) =>
+  r._tag === "Cleared"
+    ? {
+        winner: r.winner.quote_id,
+        clear: r.clear,
+        priceSetter: r.priceSetter,
+        bids: r.bids.map((b) => [b.quote_id, b.score, b.score_breakdown.multiplier_bps] as const),
+        excluded: r.excluded
+      }
+    : { reason: r.reason, excluded: r.excluded }
+
+describe("Auction properties with a task's ratings (D232)", () => {
+  it("the ratings act exactly as the moved class qualities would: the same second-score auction over another catalog", () => {
+    fc.assert(
+      fc.property(
+        requestArb,
+        bookArb,
+        catalogArb,
+        latencyArb,
+        taskFitArb,
+        (req, book, catalog, latency, taskFit) => {
+          // `min_quality` reads the published quality, so it is left out of the comparison.
+          const base = { ...req, minQuality: undefined, taskFit: undefined }
+          const moved = catalog.map((c) => ({
+            ...c,
+            quality: Math.round((c.quality + qualityShift(c.quality, taskFit.evidence(c.id))) * 1e6) / 1e6
+          }))
+          const withTask = runAuction({ ...base, taskFit }, book, catalog, latency)
+          assert.deepStrictEqual(decided(withTask), decided(runAuction(base, book, moved, latency)))
+          if (withTask._tag !== "Cleared") return
+          for (const bid of withTask.bids) {
+            const fit = bid.score_breakdown.task_fit!
+            assert.strictEqual(fit.task, "some-task")
+            assert.isAtMost(Math.abs(fit.quality_shift), 0.25)
+            if (fit.ratings < 5) assert.strictEqual(fit.quality_shift, 0)
+          }
+        }
+      ),
+      { numRuns: 500 }
+    )
+  })
+
+  it("better ratings for the winner's class never make it lose, and never change a `cheapest` auction", () => {
+    fc.assert(
+      fc.property(
+        requestArb,
+        bookArb,
+        catalogArb,
+        latencyArb,
+        taskFitArb,
+        fc.integer({ min: 5, max: 200 }),
+        (req, book, catalog, latency, taskFit, ratings) => {
+          const request = { ...req, sessionLock: undefined, taskFit }
+          const r = runAuction(request, book, catalog, latency)
+          if (r._tag !== "Cleared") return
+          const winnerClass = r.winner.model_class
+          const praised = (modelClass: string) =>
+            modelClass === winnerClass ? { ratings, mean: 5 } : taskFit.evidence(modelClass)
+          const again = runAuction(
+            { ...request, taskFit: { task: taskFit.task, evidence: praised } },
+            book,
+            catalog,
+            latency
+          )
+          assert.strictEqual(again._tag, "Cleared")
+          if (again._tag === "Cleared") assert.strictEqual(again.winner.quote_id, r.winner.quote_id)
+          if (r.profile === "cheapest") {
+            assert.deepStrictEqual(
+              decided(runAuction({ ...request, taskFit: undefined }, book, catalog, latency)),
+              decided(r)
+            )
+          }
+        }
+      ),
+      { numRuns: 500 }
     )
   })
 })
