@@ -1,5 +1,4 @@
 import { randomBytes } from "node:crypto"
-import type { Scope } from "effect"
 import type { ChatCompletionRequest } from "../domain/Chat.ts"
 import type { PaidCallError } from "../domain/Errors.ts"
 import type { PaymentSource } from "../ledger/Ledger.ts"
@@ -85,8 +84,6 @@ export interface Launch {
   readonly agent: Record<string, string>
   /** At most this is charged: the task budget hold a task's call took (the hold is its own cap). */
   readonly chargeCap?: number | undefined
-  /** The request's own scope (its task hold): closed once the request is captured or released. */
-  readonly scope?: Scope.Closeable | undefined
 }
 
 /** An admitted request being served: what the caller's encoder reads. */

@@ -21,8 +21,9 @@ export type {
 /**
  * The paid-request lifecycle of spec 3.1, for every caller dialect: gate (`Gate.ts`), then route,
  * rfq, award and clear (`market/Rfq.ts` over the pure auction) and funding (`Admission.ts`,
- * `payment/Funding.ts`), then serve (`Serve.ts`) in a supervised fiber whose exit captures exactly
- * what was metered and releases the rest, once (`ledger/Settle.ts`).
+ * `payment/Funding.ts`), held as one scoped resource whose release captures exactly what was metered
+ * and releases the rest, once (`Serve.reserve`, `ledger/Settle.ts`), then serve (`Serve.ts`) in a
+ * supervised fiber that closes that scope with its exit.
  */
 export class Pipeline extends Context.Service<
   Pipeline,
@@ -48,18 +49,20 @@ export class Pipeline extends Context.Service<
         const promptEstimate = estimatePromptTokens(request.messages)
         const sessionId = request.routing?.session_id
         const session = sessionId === undefined ? undefined : yield* sessions.find(sessionId)
-        // The request's own scope holds what it takes before funding (a task's budget hold); the
-        // serve step closes it after the capture or release, a refused admission closes it here.
+        // The request's own scope holds its reservation (`Serve.reserve`: acquired with the release
+        // that settles it) and what it took before funding (a task's budget hold). A refused admission
+        // closes it here; from launch on the serving fiber owns it and closes it with its exit, which
+        // settles the reservation (what was delivered captured, the rest released), then the hold.
         const scope = yield* Scope.make()
         const admitting: Effect.Effect<Launch, CompletionError, Scope.Scope> =
           session === undefined
             ? admission.fresh(request, context, promptEstimate)
             : admission.turn(request, context, session, promptEstimate)
-        const launch = yield* admitting.pipe(
+        const reservation = yield* serve.reserve(admitting).pipe(
           Scope.provide(scope),
-          Effect.onError(() => Scope.close(scope, Exit.void))
+          Effect.onError((cause) => Scope.close(scope, Exit.failCause(cause)))
         )
-        return yield* serve.launch({ ...launch, scope })
+        return yield* serve.launch(reservation, scope)
       })
 
       return Pipeline.of({

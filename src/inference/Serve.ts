@@ -22,7 +22,17 @@ const MAX_ATTEMPTS = 2
 
 type Started = Deferred.Deferred<void, UpstreamFailed | ServiceUnavailable>
 
-interface Serving extends Launch {
+/**
+ * A funded request, held as one scoped resource (`Serve.reserve`): its launch, the meter its serving
+ * fills, the capacity slot it holds, and the summary its release settles (published by the release).
+ */
+export interface Reservation extends Launch {
+  readonly meter: Meter
+  readonly holding: Holding
+  readonly settled: Deferred.Deferred<ServeSummary>
+}
+
+interface Serving extends Reservation {
   readonly emit: (event: ServeEvent) => Effect.Effect<void>
   readonly started: Started
 }
@@ -199,12 +209,15 @@ const attempt = (deps: Deps) => (input: Serving, meter: Meter, holding: Holding,
     })
   )
 
-/** Settles what was metered, then tells the readers (`End`) and the waiting admission. */
-const finish =
-  (settle: Settle["Service"]) =>
-  (input: Serving, meter: Meter, holding: Holding, exit: Exit.Exit<void, UpstreamFailed>) =>
+/**
+ * The reservation's release, on every exit of what it was reserved for (served, failed, stopped,
+ * refused before serving): captures what the meter says was delivered and releases the rest, once, and
+ * publishes the summary the serving fiber announces.
+ */
+const settleReservation =
+  (settle: Settle["Service"]) => (input: Reservation, exit: Exit.Exit<unknown, unknown>) =>
     Effect.gen(function* () {
-      const { auction } = input
+      const { auction, meter, holding } = input
       const { usage, tokens, charged } = billed(input, meter)
       const released = !meter.delivered
       const interrupted = Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause)
@@ -215,6 +228,17 @@ const finish =
           : "partial"
       const error = interrupted ? { code: "stopped", message: "the request was stopped" } : meter.error
       const ttftMs = meter.delivered ? meter.firstTokenAt - input.createdAt : 0
+      yield* Deferred.succeed(input.settled, {
+        status,
+        finishReason: meter.finish,
+        providerId: meter.servedBy.provider_id,
+        modelClass: meter.servedBy.model_class,
+        usage,
+        charged,
+        authorized: input.authorized,
+        ttftMs,
+        error: status === "ok" ? null : error
+      })
       // A session remembers the whole conversation so far: the next turn's cached prefix.
       const prefixTokens = usage.promptTokens + usage.completionTokens
       const slot = holding.slot
@@ -242,35 +266,26 @@ const finish =
         lease: slot?.leaseId
       })
       if (settled) slot?.handOff()
-      yield* letGo(holding)
-      // What the request held until its settlement (a task's budget hold) closes once it is settled.
-      if (input.scope !== undefined) yield* Scope.close(input.scope, Exit.void)
-      yield* input.emit({
-        _tag: "End",
-        summary: {
-          status,
-          finishReason: meter.finish,
-          providerId: meter.servedBy.provider_id,
-          modelClass: meter.servedBy.model_class,
-          usage,
-          charged,
-          authorized: input.authorized,
-          ttftMs,
-          error: status === "ok" ? null : error
-        }
-      })
-      if (released) {
-        const message = `${error?.message ?? "the provider failed"}; the reservation was released and nothing was charged`
-        // Every candidate at its signed capacity is a busy market (503, retry), not a provider fault.
-        yield* Deferred.fail(
-          input.started,
-          error?.code === "capacity_exhausted"
-            ? new ServiceUnavailable({ code: "capacity_exhausted", message })
-            : new UpstreamFailed({ code: error?.code ?? "upstream_failed", message })
-        )
-      }
-      yield* Deferred.succeed(input.started, undefined)
-    }).pipe(Effect.ensuring(letGo(holding)), Effect.orDie)
+    }).pipe(Effect.ensuring(letGo(input.holding)), Effect.orDie)
+
+/** Once the reservation is settled: tells the readers (`End`) and the waiting admission. */
+const announce = (input: Serving) =>
+  Effect.gen(function* () {
+    const summary = yield* Deferred.await(input.settled)
+    yield* input.emit({ _tag: "End", summary })
+    if (summary.status === "released") {
+      const error = summary.error
+      const message = `${error?.message ?? "the provider failed"}; the reservation was released and nothing was charged`
+      // Every candidate at its signed capacity is a busy market (503, retry), not a provider fault.
+      yield* Deferred.fail(
+        input.started,
+        error?.code === "capacity_exhausted"
+          ? new ServiceUnavailable({ code: "capacity_exhausted", message })
+          : new UpstreamFailed({ code: error?.code ?? "upstream_failed", message })
+      )
+    }
+    yield* Deferred.succeed(input.started, undefined)
+  })
 
 /**
  * The serve step: an admitted, paid-for request is served in its own supervised fiber. The winner
@@ -282,8 +297,22 @@ const finish =
 export class Serve extends Context.Service<
   Serve,
   {
-    /** Starts serving; succeeds once the first token arrived (headers may go out), fails if none will. */
-    readonly launch: (input: Launch) => Effect.Effect<Admitted, UpstreamFailed | ServiceUnavailable>
+    /**
+     * The funded request as one scoped resource: `admission` (which reserves) is acquired and the
+     * release that settles it registered in one uninterruptible step; the release captures what the
+     * meter says was delivered and releases the rest, on every exit of the scope it is acquired in.
+     */
+    readonly reserve: <E>(
+      admission: Effect.Effect<Launch, E, Scope.Scope>
+    ) => Effect.Effect<Reservation, E, Scope.Scope>
+    /**
+     * Starts serving in its own fiber, which owns `scope` (the reservation's) from here and closes it
+     * with its exit; succeeds once the first token arrived (headers may go out), fails if none will.
+     */
+    readonly launch: (
+      input: Reservation,
+      scope: Scope.Closeable
+    ) => Effect.Effect<Admitted, UpstreamFailed | ServiceUnavailable>
   }
 >()("router/inference/Serve") {
   static readonly layer = Layer.effect(
@@ -298,13 +327,27 @@ export class Serve extends Context.Service<
       const checkpoint = checkpointer(settle, yield* Effect.scope)
 
       const attemptOn = attempt({ book, providers, latency, upstream, checkpoint })
-      const settleServed = finish(settle)
+      const release = settleReservation(settle)
+
+      const reserve = <E>(admission: Effect.Effect<Launch, E, Scope.Scope>) =>
+        Effect.acquireRelease(
+          Effect.flatMap(admission, (launch) =>
+            Effect.map(
+              Deferred.make<ServeSummary>(),
+              (settled): Reservation => ({
+                ...launch,
+                meter: newMeter(launch.auction.winner),
+                holding: { scope: undefined, slot: undefined },
+                settled
+              })
+            )
+          ),
+          release
+        )
 
       /** The winner, then a fallback while nothing was delivered; bounded by the serving deadline. */
-      const serve = (input: Serving) => {
-        const { auction, request } = input
-        const meter = newMeter(auction.winner)
-        const holding: Holding = { scope: undefined, slot: undefined }
+      const serve = (input: Serving, scope: Scope.Closeable) => {
+        const { auction, request, meter, holding } = input
         const worstAt = { input: input.promptEstimate, cachedInput: 0, output: maxTokensOf(request) }
         const fallbacks = auction.bids.filter(
           (b) => b.outcome === "lost" && charge(worstAt, b) <= auction.clearedCost
@@ -342,14 +385,16 @@ export class Serve extends Context.Service<
           })
         )
         return Effect.interruptible(bounded).pipe(
-          Effect.onExit((exit) => settleServed(input, meter, holding, exit)),
+          // Closing the reservation's scope with how serving ended settles it (its release), then the
+          // task hold it was taken under; the readers are told once it is settled.
+          Effect.onExit((exit) => Effect.andThen(Scope.close(scope, exit), announce(input))),
           Effect.catchCause(() => Effect.void),
           Effect.withSpan("Serve.run", { attributes: { request_id: input.requestId } })
         )
       }
 
       // Untraced: its annotations go on the admission span that calls it (Completions.admit).
-      const launch = Effect.fnUntraced(function* (input: Launch) {
+      const launch = Effect.fnUntraced(function* (input: Reservation, scope: Scope.Closeable) {
         const { requestId, createdAt, request, auction, funding } = input
         yield* Effect.annotateCurrentSpan({
           request_id: requestId,
@@ -360,7 +405,7 @@ export class Serve extends Context.Service<
         })
         const started = yield* Deferred.make<void, UpstreamFailed | ServiceUnavailable>()
         const { stream, token } = yield* live.start<ServeEvent>(requestId, (emit) =>
-          serve({ ...input, emit, started })
+          serve({ ...input, emit, started }, scope)
         )
         // Headers go out only once the winner (or its fallback) has produced its first event,
         // so a provider that fails before the first token is a clean 502 with nothing charged.
@@ -381,7 +426,7 @@ export class Serve extends Context.Service<
         } satisfies Admitted
       })
 
-      return Serve.of({ launch })
+      return Serve.of({ reserve, launch })
     })
   )
 }

@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Layer, Schema, Stream } from "effect"
+import { Effect, Exit, Layer, Schema, Scope, Stream } from "effect"
 import { charge } from "../../src/domain/Billing.ts"
 import { ServiceUnavailable, UpstreamFailed } from "../../src/domain/Errors.ts"
 import { SignedQuote } from "../../src/domain/Quote.ts"
@@ -98,6 +98,15 @@ const launch = (cleared: AuctionCleared): Launch => ({
   agent: {}
 })
 
+/** As the pipeline does: the launch reserved in a scope of its own, which the serving fiber then owns. */
+const reserveAndLaunch = (funded: Launch) =>
+  Effect.gen(function* () {
+    const serve = yield* Serve
+    const scope = yield* Scope.make()
+    const reservation = yield* serve.reserve(Effect.succeed(funded)).pipe(Scope.provide(scope))
+    return yield* serve.launch(reservation, scope)
+  })
+
 const readAll = (events: ReadonlyArray<ServeEvent>) =>
   events.flatMap((e) => (e._tag === "Delta" && e.event._tag === "TextDelta" ? [e.event.text] : [])).join("")
 
@@ -106,7 +115,7 @@ describe("Serve", () => {
     const settled: Array<Served> = []
     return Effect.gen(function* () {
       const cleared = auction()
-      const admitted = yield* (yield* Serve).launch(launch(cleared))
+      const admitted = yield* reserveAndLaunch(launch(cleared))
       const events = yield* Effect.map(
         Stream.runCollect((yield* LiveStreams).follow(admitted.stream, 0)),
         (c) => c.map((i) => i.event)
@@ -126,7 +135,7 @@ describe("Serve", () => {
   it.effect("falls back to the runner-up when the winner fails before its first token", () => {
     const settled: Array<Served> = []
     return Effect.gen(function* () {
-      const admitted = yield* (yield* Serve).launch(launch(auction()))
+      const admitted = yield* reserveAndLaunch(launch(auction()))
       yield* Stream.runDrain((yield* LiveStreams).follow(admitted.stream, 0))
       assert.strictEqual(settled.length, 1)
       assert.strictEqual(settled[0]!.servedBy.provider_id, "prov-b")
@@ -137,7 +146,7 @@ describe("Serve", () => {
   it.effect("when nobody serves: a 502 to the caller and the whole reservation released", () => {
     const settled: Array<Served> = []
     return Effect.gen(function* () {
-      const exit = yield* Effect.exit((yield* Serve).launch(launch(auction())))
+      const exit = yield* Effect.exit(reserveAndLaunch(launch(auction())))
       assert.isTrue(Exit.isFailure(exit))
       const error = Exit.isFailure(exit)
         ? exit.cause.reasons.find((r) => r._tag === "Fail")?.error
@@ -154,7 +163,7 @@ describe("Serve", () => {
       const book = yield* QuoteBook
       // Other requests hold every slot of both quotes.
       for (const { quote } of yield* book.live) yield* book.acquireSlot(quote)
-      const exit = yield* Effect.exit((yield* Serve).launch(launch(auction())))
+      const exit = yield* Effect.exit(reserveAndLaunch(launch(auction())))
       const error = Exit.isFailure(exit)
         ? exit.cause.reasons.find((r) => r._tag === "Fail")?.error
         : undefined
@@ -171,7 +180,7 @@ describe("Serve", () => {
       Stream.fail(new UpstreamError({ reason: "dropped", message: "the body broke off" }))
     )
     return Effect.gen(function* () {
-      const admitted = yield* (yield* Serve).launch(launch(auction()))
+      const admitted = yield* reserveAndLaunch(launch(auction()))
       yield* Stream.runDrain((yield* LiveStreams).follow(admitted.stream, 0))
       assert.strictEqual(settled.length, 1)
       const served = settled[0]!
@@ -180,5 +189,21 @@ describe("Serve", () => {
       assert.isAbove(served.charged, 0)
       assert.isTrue(served.tokens.output >= 1)
     }).pipe(Effect.provide(layerFor({ "http://prov-a.test": broken }, settled)))
+  })
+
+  it.effect("a reservation whose scope closes before it is served is released whole, once", () => {
+    const settled: Array<Served> = []
+    return Effect.gen(function* () {
+      const serve = yield* Serve
+      const scope = yield* Scope.make()
+      // Admission succeeded (the reservation is written) and then the request failed before serving.
+      const reservation = yield* serve.reserve(Effect.succeed(launch(auction()))).pipe(Scope.provide(scope))
+      yield* Scope.close(scope, Exit.fail("refused after funding"))
+      yield* Scope.close(scope, Exit.void)
+      assert.deepStrictEqual(
+        settled.map((s) => [s.requestId, s.status, s.charged]),
+        [[reservation.requestId, "released", 0]]
+      )
+    }).pipe(Effect.provide(layerFor({}, settled)))
   })
 })
