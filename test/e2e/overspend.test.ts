@@ -1,9 +1,10 @@
 import { type ChildProcess, spawn } from "node:child_process"
-import { createHash, randomBytes } from "node:crypto"
-import { PgClient } from "@effect/sql-pg"
-import { Effect, Redacted } from "effect"
-import { afterAll, beforeAll, describe, expect, inject, it } from "vitest"
+import { randomBytes } from "node:crypto"
+import { Effect } from "effect"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { freePort } from "../../src/devnet/EmbeddedPostgres.ts"
+import { databaseUrlFor, runAt, sqlAt, testDatabaseUrl } from "../support/Database.ts"
+import { fundedKey } from "../support/Keys.ts"
 
 /**
  * Zero overspend: 500 concurrent completions at one funded key whose cap covers far fewer,
@@ -12,21 +13,6 @@ import { freePort } from "../../src/devnet/EmbeddedPostgres.ts"
  */
 const REQUESTS = 500
 const database = `overspend_${randomBytes(4).toString("hex")}`
-
-const adminUrl = () => inject("adminDatabaseUrl")
-const urlFor = (name: string) => {
-  const url = new URL(adminUrl())
-  url.pathname = `/${name}`
-  return url.toString()
-}
-
-const sql = <A extends object>(url: string, statement: string, params: ReadonlyArray<unknown> = []) =>
-  Effect.runPromise(
-    Effect.gen(function* () {
-      const client = yield* PgClient.PgClient
-      return yield* client.unsafe<A>(statement, params as Array<unknown>)
-    }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url) })))
-  )
 
 const startRouter = async (port: number, dbUrl: string) => {
   const env: Record<string, string | undefined> = {
@@ -66,23 +52,23 @@ describe("zero overspend across two router processes", () => {
   const ports: Array<number> = []
 
   beforeAll(async () => {
-    await sql(adminUrl(), `CREATE DATABASE ${database}`)
+    await sqlAt(testDatabaseUrl(), `CREATE DATABASE ${database}`)
     // The first instance migrates the fresh database; the second finds it migrated.
     for (let i = 0; i < 2; i++) {
       const port = await Effect.runPromise(freePort)
       ports.push(port)
-      routers.push(await startRouter(port, urlFor(database)))
+      routers.push(await startRouter(port, databaseUrlFor(database)))
     }
   }, 180_000)
 
   afterAll(async () => {
     for (const router of routers) router.kill("SIGTERM")
     await Promise.all(routers.map((r) => new Promise((resolve) => r.once("exit", resolve))))
-    await sql(adminUrl(), `DROP DATABASE IF EXISTS ${database} WITH (FORCE)`).catch(() => undefined)
+    await sqlAt(testDatabaseUrl(), `DROP DATABASE IF EXISTS ${database} WITH (FORCE)`).catch(() => undefined)
   }, 60_000)
 
   it("never captures more than the cap and leaves no reservation behind", async () => {
-    const db = urlFor(database)
+    const db = databaseUrlFor(database)
     const body = { model: "chat-small", messages: [{ role: "user", content: "spend" }], max_tokens: 24 }
     const preview = (await fetch(`http://127.0.0.1:${ports[0]}/v1/routing/preview`, {
       method: "POST",
@@ -94,16 +80,7 @@ describe("zero overspend across two router processes", () => {
     const worstCase = preview.profiles.find((p) => p.profile === "as-sent")!.winner.worst_case_charge
     const budget = worstCase * 60
     const balance = budget * 10
-    const wallet = `0x${randomBytes(20).toString("hex")}`
-    const secret = `svc_ck_${randomBytes(24).toString("base64url")}`
-    const keyId = `key_${randomBytes(8).toString("hex")}`
-    await sql(db, "INSERT INTO wallets (wallet, invited) VALUES ($1, true)", [wallet])
-    await sql(db, "INSERT INTO wallet_balances (wallet, available) VALUES ($1, $2)", [wallet, balance])
-    await sql(
-      db,
-      "INSERT INTO api_keys (key_id, wallet, label, kind, key_hash, budget) VALUES ($1, $2, 'load', 'credit', $3, $4)",
-      [keyId, wallet, createHash("sha256").update(secret).digest("hex"), budget]
-    )
+    const { secret, keyId, wallet } = await runAt(db, fundedKey({ budget, balance }))
 
     const outcomes = await Promise.all(
       Array.from({ length: REQUESTS }, async (_, i) => {
@@ -137,7 +114,7 @@ describe("zero overspend across two router processes", () => {
     let open = 1
     while (open > 0 && Date.now() - started < 60_000) {
       await new Promise((r) => setTimeout(r, 500))
-      const rows = await sql<{ n: number }>(
+      const rows = await sqlAt<{ n: number }>(
         db,
         "SELECT count(*)::int AS n FROM requests WHERE key_id = $1 AND status = 'reserved'",
         [keyId]
@@ -145,17 +122,17 @@ describe("zero overspend across two router processes", () => {
       open = rows[0]!.n
     }
     expect(open).toBe(0)
-    const [totals] = await sql<{ captured: string; requests: number }>(
+    const [totals] = await sqlAt<{ captured: string; requests: number }>(
       db,
       "SELECT coalesce(sum(charged), 0)::text AS captured, count(*)::int AS requests FROM requests WHERE key_id = $1",
       [keyId]
     )
-    const [key] = await sql<{ spent: string; reserved: string }>(
+    const [key] = await sqlAt<{ spent: string; reserved: string }>(
       db,
       "SELECT spent::text, reserved::text FROM api_keys WHERE key_id = $1",
       [keyId]
     )
-    const [purse] = await sql<{ available: string; reserved: string }>(
+    const [purse] = await sqlAt<{ available: string; reserved: string }>(
       db,
       "SELECT available::text, reserved::text FROM wallet_balances WHERE wallet = $1",
       [wallet]

@@ -1,10 +1,11 @@
 import { type ChildProcess, execFileSync, spawn } from "node:child_process"
-import { createHash, randomBytes } from "node:crypto"
+import { randomBytes } from "node:crypto"
 import { rmSync } from "node:fs"
-import { PgClient } from "@effect/sql-pg"
-import { Effect, Redacted } from "effect"
-import { afterAll, beforeAll, describe, expect, inject, it } from "vitest"
+import { Effect } from "effect"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { freePort } from "../../src/devnet/EmbeddedPostgres.ts"
+import { databaseUrlFor, runAt, sqlAt, testDatabaseUrl } from "../support/Database.ts"
+import { fundedKey } from "../support/Keys.ts"
 
 /**
  * Issue 12 item 6: `WORKERS=2 npm start` is two router processes behind one port, one database and one
@@ -12,19 +13,6 @@ import { freePort } from "../../src/devnet/EmbeddedPostgres.ts"
  * and a SIGTERM drains both workers and stops everything, exit 0.
  */
 const database = `workers_${randomBytes(4).toString("hex")}`
-const adminUrl = () => inject("adminDatabaseUrl")
-const urlFor = (name: string) => {
-  const url = new URL(adminUrl())
-  url.pathname = `/${name}`
-  return url.toString()
-}
-const sql = <A extends object>(url: string, statement: string, params: ReadonlyArray<unknown> = []) =>
-  Effect.runPromise(
-    Effect.gen(function* () {
-      const client = yield* PgClient.PgClient
-      return yield* client.unsafe<A>(statement, params as Array<unknown>)
-    }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url) })))
-  )
 
 /** The node processes whose parent is `pid`. */
 const nodeChildren = (pid: number) =>
@@ -40,13 +28,13 @@ describe("WORKERS=2: two router processes on one port", () => {
   const dataDir = `/tmp/svc-workers-${randomBytes(4).toString("hex")}`
 
   beforeAll(async () => {
-    await sql(adminUrl(), `CREATE DATABASE ${database}`)
+    await sqlAt(testDatabaseUrl(), `CREATE DATABASE ${database}`)
     port = await Effect.runPromise(freePort)
     const env: Record<string, string | undefined> = {
       ...process.env,
       WORKERS: "2",
       PORT: String(port),
-      DATABASE_URL: urlFor(database),
+      DATABASE_URL: databaseUrlFor(database),
       OPERATOR_TOKEN: "workers-test",
       DATA_DIR: dataDir
     }
@@ -77,7 +65,7 @@ describe("WORKERS=2: two router processes on one port", () => {
 
   afterAll(async () => {
     if (primary.exitCode === null) primary.kill("SIGKILL")
-    await sql(adminUrl(), `DROP DATABASE IF EXISTS ${database} WITH (FORCE)`).catch(() => undefined)
+    await sqlAt(testDatabaseUrl(), `DROP DATABASE IF EXISTS ${database} WITH (FORCE)`).catch(() => undefined)
     rmSync(dataDir, { recursive: true, force: true })
   }, 60_000)
 
@@ -85,17 +73,8 @@ describe("WORKERS=2: two router processes on one port", () => {
     const workers = nodeChildren(primary.pid!)
     expect(workers.length, workers.join("\n")).toBe(2)
 
-    const db = urlFor(database)
-    const wallet = `0x${randomBytes(20).toString("hex")}`
-    const secret = `svc_ck_${randomBytes(24).toString("base64url")}`
-    const keyId = `key_${randomBytes(8).toString("hex")}`
-    await sql(db, "INSERT INTO wallets (wallet, invited) VALUES ($1, true)", [wallet])
-    await sql(db, "INSERT INTO wallet_balances (wallet, available) VALUES ($1, 100000000)", [wallet])
-    await sql(
-      db,
-      "INSERT INTO api_keys (key_id, wallet, label, kind, key_hash, budget) VALUES ($1, $2, 'w', 'credit', $3, 100000000)",
-      [keyId, wallet, createHash("sha256").update(secret).digest("hex")]
-    )
+    const db = databaseUrlFor(database)
+    const { secret, keyId } = await runAt(db, fundedKey({ budget: 100_000_000, balance: 100_000_000 }))
     // Fresh connections, handed to the workers in turn by the primary.
     const ids = await Promise.all(
       Array.from({ length: 12 }, async () => {
@@ -122,7 +101,7 @@ describe("WORKERS=2: two router processes on one port", () => {
       expect(receipt.final).toBe(true)
       expect(receipt.signature).toMatch(/^0x[0-9a-f]{130}$/)
     }
-    const [key] = await sql<{ spent: string; reserved: string; requests: number }>(
+    const [key] = await sqlAt<{ spent: string; reserved: string; requests: number }>(
       db,
       "SELECT spent::text, reserved::text, requests::int FROM api_keys WHERE key_id = $1",
       [keyId]

@@ -1,5 +1,6 @@
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Layer, Redacted } from "effect"
+import type { SqlClient } from "effect/sql"
 import { inject } from "vitest"
 import { databaseFromUrl } from "../../src/db/Database.ts"
 
@@ -32,3 +33,27 @@ export const freshDatabaseUrl = Effect.gen(function* () {
 export const TestDatabase = Layer.unwrap(Effect.map(freshDatabaseUrl, databaseFromUrl))
 
 export const testDatabaseUrl = () => inject("adminDatabaseUrl")
+
+/** The URL of the database `name` on the test server. */
+export const databaseUrlFor = (name: string) => withDatabase(testDatabaseUrl(), name)
+
+/**
+ * Runs `effect` against the database at `url` on a short-lived connection: for tests that drive router
+ * processes from plain promises.
+ */
+export const runAt = <A, E>(url: string, effect: Effect.Effect<A, E, SqlClient.SqlClient>) =>
+  Effect.runPromise(effect.pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url) }))))
+
+/** One statement at `url` (as `runAt`), with positional parameters. */
+export const sqlAt = <A extends object>(
+  url: string,
+  statement: string,
+  params: ReadonlyArray<unknown> = []
+) =>
+  runAt(
+    url,
+    Effect.gen(function* () {
+      const client = yield* PgClient.PgClient
+      return yield* client.unsafe<A>(statement, params as Array<unknown>)
+    })
+  )
