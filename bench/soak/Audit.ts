@@ -7,8 +7,8 @@
  *   and nothing was charged that was never paid.
  * - Every payer's token transfers (chain logs) equal what the ledger says landed and was refunded; the
  *   treasury's balance moved by settled − refunded − paid out; the router signer's did not move.
- * - Every credit key's wallet holds its funding less what was charged (available + reserved + charged),
- *   and the key's spent is the sum of its charges.
+ * - Every wallet holds what it was given (deposits, credited refunds) less its keys' charges and its
+ *   withdrawals, and each key's spent is the sum of its charges.
  */
 import { Effect } from "effect"
 import type { SqlClient } from "effect/sql"
@@ -199,9 +199,7 @@ export const audit = async (options: {
           coalesce((SELECT sum(value) FROM x402_authorizations a
                     WHERE lower(a.payer) = p.payer AND a.status = 'landed'), 0)::text AS landed,
           coalesce((SELECT sum(amount) FROM refunds f WHERE lower(f.payer) = p.payer AND f.status = 'paid'), 0)::text
-            AS refunded,
-          coalesce((SELECT sum(amount) FROM refunds f WHERE lower(f.payer) = p.payer AND f.status = 'credited'), 0)::text
-            AS credited
+            AS refunded
         FROM unnest($1::text[]) AS p(payer)
       `,
         [payers]
@@ -224,12 +222,6 @@ export const audit = async (options: {
     out.set(from, (out.get(from) ?? 0n) + value)
     into.set(to, (into.get(to) ?? 0n) + value)
   }
-  const walletRows = await query(
-    rows<{ wallet: string; available: string; reserved: string }>(
-      `SELECT lower(wallet) AS wallet, available::text AS available, reserved::text AS reserved FROM wallet_balances`
-    )
-  )
-  const wallet = new Map(walletRows.map((w) => [w.wallet, w]))
   const after = await balances(client, token, [...payers, options.treasury, options.routerSigner])
   for (const row of perPayer) {
     const paidOnChain = out.get(row.payer) ?? 0n
@@ -246,16 +238,6 @@ export const audit = async (options: {
     } else gap("refunded", BigInt(row.refunded), refundedOnChain)
     const start = options.before.of.get(row.payer) ?? 0n
     gap("balance", start - BigInt(row.landed) + BigInt(row.refunded), after.of.get(row.payer) ?? 0n)
-    // Refunds below the payout floor are credited: the payer's balance holds exactly those.
-    const credited =
-      BigInt(wallet.get(row.payer)?.available ?? "0") + BigInt(wallet.get(row.payer)?.reserved ?? "0")
-    if (credited > BigInt(row.credited)) {
-      doubleSpent += credited - BigInt(row.credited)
-      note(`${row.payer}: balance ${credited} beyond the ${row.credited} credited`)
-    } else if (credited < BigInt(row.credited)) {
-      lost += BigInt(row.credited) - credited
-      note(`${row.payer}: balance ${credited} below the ${row.credited} credited`)
-    }
   }
   const [treasury] = await query(
     rows<{ settled: string; refunded: string; paid_out: string }>(`
@@ -283,7 +265,31 @@ export const audit = async (options: {
     note(`router signer's token balance moved by ${-d}`)
   }
 
-  // 3. Credit keys: funding = available + reserved + charged, per key (each key has its own wallet).
+  // 3. Every wallet's balance (available + reserved) is what it was given (deposits that landed, refunds
+  //    credited below the payout floor) less what its keys were charged and it withdrew; each key's spent
+  //    is the sum of its captured charges and its reserved what its open requests hold.
+  for (const row of await query(
+    rows<{ wallet: string; held: string; given: string; taken: string }>(`
+      SELECT w.wallet, (w.available + w.reserved)::text AS held,
+        (coalesce((SELECT sum(amount) FROM refunds f WHERE lower(f.payer) = w.wallet AND f.status = 'credited'), 0) +
+         coalesce((SELECT sum(amount) FROM deposits d WHERE lower(d.wallet) = w.wallet AND d.status = 'credited'), 0)
+        )::text AS given,
+        (coalesce((SELECT sum(charged) FROM requests q
+                   WHERE q.payment_kind = 'credit' AND lower(q.payer) = w.wallet AND q.status = 'captured'), 0) +
+         coalesce((SELECT sum(amount) FROM withdrawals x WHERE lower(x.wallet) = w.wallet AND x.status <> 'failed'), 0)
+        )::text AS taken
+      FROM (SELECT lower(wallet) AS wallet, available, reserved FROM wallet_balances) w
+    `)
+  )) {
+    const rest = BigInt(row.given) - BigInt(row.taken) - BigInt(row.held)
+    if (rest > 0n) {
+      lost += rest
+      note(`wallet ${row.wallet}: ${rest} of what it was given neither held, charged nor withdrawn`)
+    } else if (rest < 0n) {
+      doubleSpent -= rest
+      note(`wallet ${row.wallet}: holds ${-rest} beyond what it was given less charges`)
+    }
+  }
   const keyRows = await query(
     rows<{ key_id: string; spent: string; reserved: string; charged: string; held: string }>(`
       SELECT k.key_id, k.spent::text AS spent, k.reserved::text AS reserved,
@@ -296,27 +302,18 @@ export const audit = async (options: {
   )
   for (const key of options.keys) {
     const row = keyRows.find((k) => k.key_id === key.keyId)
-    const balance = wallet.get(key.wallet.toLowerCase())
-    if (row === undefined || balance === undefined) {
-      note(`key ${key.keyId} or its wallet is missing`)
+    if (row === undefined) {
+      note(`key ${key.keyId} is missing`)
       continue
     }
+    const spent = BigInt(row.spent)
     const charged = BigInt(row.charged)
-    const rest = BigInt(key.amount) - BigInt(balance.available) - BigInt(balance.reserved) - charged
-    if (rest > 0n) {
-      lost += rest
-      note(`key ${key.keyId}: ${rest} neither available, reserved nor charged`)
-    } else if (rest < 0n) {
-      doubleSpent -= rest
-      note(`key ${key.keyId}: wallet holds ${-rest} more than funding less charges`)
-    }
-    if (BigInt(row.spent) !== charged || BigInt(row.reserved) !== BigInt(row.held)) {
-      doubleSpent += BigInt(row.spent) > charged ? BigInt(row.spent) - charged : 0n
-      lost += BigInt(row.spent) < charged ? charged - BigInt(row.spent) : 0n
+    if (spent > charged) doubleSpent += spent - charged
+    if (spent < charged) lost += charged - spent
+    if (spent !== charged || BigInt(row.reserved) !== BigInt(row.held))
       note(
-        `key ${key.keyId}: spent ${row.spent} vs charged ${charged}; reserved ${row.reserved} vs held ${row.held}`
+        `key ${key.keyId}: spent ${spent} vs charged ${charged}; reserved ${row.reserved} vs held ${row.held}`
       )
-    }
   }
 
   // 4. Nonces used twice (one sender's outgoing transactions) and calls the ledger does not know.

@@ -134,26 +134,10 @@ export const send = async (plan: Plan, instance: string, clients: Clients): Prom
     let extra: Record<string, string>
     if (plan.pay === "key") extra = paid[0]!
     else {
-      let unpaid: Response
-      try {
-        unpaid = await fetch(url, { method: "POST", headers, body: payload })
-      } catch (error) {
-        return failed(0, String(error), true)
-      }
-      const text = await unpaid.text().catch(() => "")
-      if (unpaid.status !== 402) return failed(unpaid.status, text, false)
       const payer = clients.payers[plan.id % clients.payers.length]!
-      const required = payer.getPaymentRequiredResponse((name) => unpaid.headers.get(name))
-      const payment = await payer.createPaymentPayload(required)
-      const authorization = (payment.payload as { authorization?: Record<string, string> }).authorization
-      if (authorization !== undefined) {
-        signed.push({
-          payer: authorization.from!.toLowerCase(),
-          nonce: authorization.nonce!.toLowerCase(),
-          value: BigInt(authorization.value!)
-        })
-      }
-      extra = payer.encodePaymentSignatureHeader(payment)
+      const quote = await signQuote(url, headers, payload, payer, signed)
+      if (quote._tag === "Refused") return failed(quote.status, quote.text, quote.status === 0)
+      extra = quote.headers
     }
     const result = await call(plan, url, { ...headers, ...extra }, payload)
     if (
@@ -165,6 +149,67 @@ export const send = async (plan: Plan, instance: string, clients: Clients): Prom
       continue
     return { ...base, ...result, code: result.status === 200 ? undefined : codeOf(result.text) }
   }
+}
+
+type Quote =
+  | { readonly _tag: "Signed"; readonly headers: Record<string, string> }
+  | { readonly _tag: "Refused"; readonly status: number; readonly text: string }
+
+/**
+ * The unpaid call's 402 signed by `payer` (the official client picks the `exact` requirement it can
+ * pay); the authorization is added to `signed` before it is sent anywhere. Status 0: no answer.
+ */
+const signQuote = async (
+  url: string,
+  headers: Record<string, string>,
+  payload: string,
+  payer: x402HTTPClient,
+  signed: Array<SignedAuthorization>
+): Promise<Quote> => {
+  let unpaid: Response
+  try {
+    unpaid = await fetch(url, { method: "POST", headers, body: payload })
+  } catch (error) {
+    return { _tag: "Refused", status: 0, text: String(error) }
+  }
+  const text = await unpaid.text().catch(() => "")
+  if (unpaid.status !== 402) return { _tag: "Refused", status: unpaid.status, text }
+  const required = payer.getPaymentRequiredResponse((name) => unpaid.headers.get(name))
+  const payment = await payer.createPaymentPayload(required)
+  const authorization = (payment.payload as { authorization?: Record<string, string> }).authorization
+  if (authorization !== undefined) {
+    signed.push({
+      payer: authorization.from!.toLowerCase(),
+      nonce: authorization.nonce!.toLowerCase(),
+      value: BigInt(authorization.value!)
+    })
+  }
+  return { _tag: "Signed", headers: payer.encodePaymentSignatureHeader(payment) }
+}
+
+/**
+ * A credit deposit paid with x402 (`POST /v1/credits/deposits`), as a funded key's owner makes it: the
+ * balance the keys spend is backed by tokens that reached the treasury.
+ */
+export const deposit = async (
+  instance: string,
+  payer: x402HTTPClient,
+  amountUsdc: string,
+  signed: Array<SignedAuthorization>
+) => {
+  const url = `${instance}/v1/credits/deposits`
+  const headers = { "content-type": "application/json" }
+  const payload = JSON.stringify({ amount_usdc: amountUsdc })
+  const quote = await signQuote(url, headers, payload, payer, signed)
+  if (quote._tag === "Refused")
+    throw new Error(`deposit refused: ${quote.status} ${quote.text.slice(0, 300)}`)
+  const response = await fetch(url, {
+    method: "POST",
+    headers: { ...headers, ...quote.headers },
+    body: payload
+  })
+  const text = await response.text()
+  if (response.status !== 202) throw new Error(`deposit: ${response.status} ${text.slice(0, 300)}`)
 }
 
 /** The paid call itself, hung up by plan; the answer read to its end otherwise. */

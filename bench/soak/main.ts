@@ -5,15 +5,15 @@
  * Starts, each as a process of its own (loopback only): Postgres (embedded, in a temporary folder; or a
  * fresh database on the server of `DATABASE_URL`), one Anvil with the contracts deployed, two routers as
  * `npm start` runs them (instances of that external deployment, `EPOCH_SECONDS` short), and the simulated
- * provider fleet (`npm run providers`). Drives `SOAK_REQUESTS` calls (x402 and credit keys, chat and
- * messages, streamed and not, provider faults, client hang-ups) from `SOAK_CONCURRENCY` clients, and
- * meanwhile: a database stall, a SIGKILL of instance B and its restart, a chain stall. Then waits until
+ * provider fleet (`npm run providers`). Funds credit keys by x402 deposits, then drives `SOAK_REQUESTS`
+ * calls (x402 and credit keys, chat and messages, streamed and not, provider faults, client hang-ups) from
+ * `SOAK_CONCURRENCY` clients, and meanwhile: a database stall, a SIGKILL of instance B and its restart, a chain stall. Then waits until
  * every epoch with receipts has closed and every refund is settled, lets reconciliation run once more,
  * audits ledger, chain and clients (`Audit.ts`), stops everything and prints one table. Exits 1 when a
  * money figure is not zero, work is left open, a child process outlived the run, or reconciliation is not
  * `ok`.
  *
- * Knobs (env or `--name=value`): SOAK_REQUESTS (2000), SOAK_CONCURRENCY (12), SOAK_SECONDS (traffic
+ * Knobs (env or `--name=value`): SOAK_REQUESTS (3000), SOAK_CONCURRENCY (24), SOAK_SECONDS (traffic
  * bound, 300), SOAK_EPOCH_SECONDS (20), SOAK_SETTLE_SECONDS (bound on the wait for settlement, 240),
  * SOAK_STALL_MS (each stall, 4000), SOAK_SEED (the plan's random seed), SOAK_KEEP (keep the folder).
  */
@@ -26,11 +26,11 @@ import type { Address } from "viem"
 import { privateKeyToAccount } from "viem/accounts"
 import { isRunning } from "../../src/process/ChildProcess.ts"
 import { tree } from "../load/Proc.ts"
-import { Children, freePort, routerArgs, sleep } from "../support/Children.ts"
-import { type FundedKey, fundCreditKey } from "../support/CreditKeys.ts"
+import { Children, freePort, post, routerArgs, sleep } from "../support/Children.ts"
+import { type FundedKey, insertCreditKey } from "../support/CreditKeys.ts"
 import { audit, balances, isSettled, type OpenWork, openWork } from "./Audit.ts"
 import { type Infra, startInfra } from "./Infra.ts"
-import { type Outcome, planRequest, send, x402Payers } from "./Traffic.ts"
+import { deposit, type Outcome, planRequest, type SignedAuthorization, send, x402Payers } from "./Traffic.ts"
 
 const knob = (name: string, fallback: number) => {
   const flag = process.argv.find((arg) => arg.startsWith(`--${name.toLowerCase().replace(/^soak_/, "")}=`))
@@ -39,8 +39,8 @@ const knob = (name: string, fallback: number) => {
   if (!Number.isFinite(value) || value < 0) throw new Error(`${name} must be a number (got ${raw})`)
   return value
 }
-const REQUESTS = knob("SOAK_REQUESTS", 2000)
-const CONCURRENCY = Math.max(1, knob("SOAK_CONCURRENCY", 12))
+const REQUESTS = knob("SOAK_REQUESTS", 3000)
+const CONCURRENCY = Math.max(1, knob("SOAK_CONCURRENCY", 24))
 const TRAFFIC_SECONDS = knob("SOAK_SECONDS", 300)
 const EPOCH_SECONDS = Math.max(4, knob("SOAK_EPOCH_SECONDS", 20))
 const SETTLE_SECONDS = knob("SOAK_SETTLE_SECONDS", 240)
@@ -145,24 +145,50 @@ const main = async () => {
       `routers a ${a.base} and b ${b.base} serving, fleet quoting (${((Date.now() - started) / 1000).toFixed(0)} s)`
     )
 
-    const keys: Array<FundedKey> = []
-    for (let i = 0; i < 6; i++) {
-      keys.push(
-        await fundCreditKey(shared.databaseUrl, {
-          keyId: `key_soak_${i}`,
-          wallet: `0x${(0x50a4000 + i).toString(16).padStart(40, "0")}`,
-          amount: 1_000_000_000_000
-        })
-      )
-    }
+    // The last two demo wallets own the credit keys, funded by x402 deposits (tokens the treasury holds);
+    // the others pay per call with x402.
     const accounts = shared.demoWallets.map((w) => privateKeyToAccount(w.privateKey!))
-    const clients = { payers: x402Payers(accounts, `eip155:${shared.chainEnv.CHAIN_ID}`), keys }
+    const payers = x402Payers(accounts, `eip155:${shared.chainEnv.CHAIN_ID}`)
     const watched: Array<string> = [
       ...accounts.map((acc) => acc.address.toLowerCase()),
       shared.treasury.toLowerCase(),
       shared.routerSigner.toLowerCase()
     ]
+    // Before anything is paid: the audit follows every token from here.
     const before = await balances(shared.publicClient, shared.token, watched)
+    const setupSigned: Array<SignedAuthorization> = []
+    const owners = accounts.slice(-2).map((account) => account.address.toLowerCase())
+    for (const [i, owner] of owners.entries()) {
+      await post(
+        `${a.base}/v1/admin/wallets`,
+        { wallet: owner, invited: true },
+        { authorization: `Bearer ${TOKEN}` }
+      )
+      await deposit(a.base, payers.at(-2 + i)!, "5", setupSigned)
+    }
+    const funded = () =>
+      shared.sql(
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          return yield* sql<{
+            wallet: string
+          }>`SELECT wallet FROM wallet_balances WHERE lower(wallet) IN ${sql.in(owners)} AND available > 0`
+        })
+      )
+    await children.waitFor("the deposits to land", async () => (await funded()).length === owners.length, 120)
+    const keys: Array<FundedKey> = []
+    for (const [i, { wallet }] of (await funded()).entries()) {
+      for (let k = 0; k < 3; k++) {
+        keys.push(
+          await insertCreditKey(shared.databaseUrl, {
+            keyId: `key_soak_${i}_${k}`,
+            wallet,
+            amount: 5_000_000
+          })
+        )
+      }
+    }
+    const clients = { payers: payers.slice(0, -2), keys }
 
     // The calls, and the chaos meanwhile
     const random = seeded(SEED)
@@ -259,7 +285,7 @@ const main = async () => {
       token: shared.token,
       treasury: shared.treasury as Address,
       routerSigner: shared.routerSigner as Address,
-      signed: outcomes.flatMap((o) => o.signed),
+      signed: [...setupSigned, ...outcomes.flatMap((o) => o.signed)],
       keys,
       requestIdsSeen: outcomes.filter((o) => o.status === 200 && o.requestId).map((o) => o.requestId!),
       before
@@ -322,7 +348,12 @@ const printTable = (r: {
   const byStatus = new Map<string, number>()
   for (const o of r.outcomes) {
     if (o.complete || o.hungUp) continue
-    const label = o.status === 0 ? "no answer (connection cut)" : `${o.status}${o.code ? ` ${o.code}` : ""}`
+    const label =
+      o.status === 0
+        ? "no answer (connection cut)"
+        : o.status === 200
+          ? "200, answer cut short (provider dropped)"
+          : `${o.status}${o.code ? ` ${o.code}` : ""}`
     byStatus.set(label, (byStatus.get(label) ?? 0) + 1)
   }
   const row = (name: string, value: string | number | bigint) => `  ${name.padEnd(44)} ${String(value)}`
