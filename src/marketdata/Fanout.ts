@@ -1,38 +1,42 @@
-import { type Cause, Effect, Exit, Queue, Scope, Stream } from "effect"
+import { Readable } from "node:stream"
+import { Effect, Exit, Scope } from "effect"
 
 /**
- * One encoded frame, many subscribers (docs/decisions.md D125). A frame is encoded once by the publisher
- * and the same bytes are offered to every subscriber's own bounded queue without waiting: a subscriber
- * whose queue is full is dropped (its queue ends, so its stream ends after what it holds) and never
- * slows the others. Above `capacity` subscribers a new one is refused. A subscriber is a scoped
- * resource: registered and its release attached in one uninterruptible step, released when its stream
- * ends, is interrupted (the caller hung up) or is dropped.
+ * One encoded frame, many subscribers (docs/decisions.md D125, D233). A frame is encoded once by the
+ * publisher and the same bytes are pushed, in one synchronous pass, into every subscriber's own bounded
+ * stream, which the HTTP server pipes to that subscriber's socket: a subscriber holding `queue` frames
+ * it has not taken is dropped (its stream ends after what it holds) and never slows the others. No fiber
+ * runs per subscriber per frame, so nothing else the process does runs between two subscribers' writes.
+ * Above `capacity` subscribers a new one is refused. A subscriber is a scoped resource: registered and
+ * its release attached in one uninterruptible step, released when its stream closes for any reason (it
+ * ended, the caller hung up, it was dropped).
  */
 export interface Fanout {
   /** Offers the frame to every subscriber; returns how many were dropped as too slow. */
   readonly publish: (frame: Uint8Array) => number
   /**
-   * A new subscriber's stream, starting with `first`, or undefined when capacity is full. The
-   * subscription is released when the stream ends for any reason.
+   * A new subscriber's byte stream, starting with `first`, or undefined when capacity is full. The
+   * subscription is released when the stream closes.
    */
-  readonly open: (first: Uint8Array | undefined) => Effect.Effect<Stream.Stream<Uint8Array> | undefined>
+  readonly open: (first: Uint8Array | undefined) => Effect.Effect<Readable | undefined>
   readonly size: () => number
   readonly capacity: number
 }
 
 export const makeFanout = (options: { readonly capacity: number; readonly queue: number }): Fanout => {
-  const subscribers = new Set<Queue.Queue<Uint8Array, Cause.Done>>()
+  const subscribers = new Set<Readable>()
 
-  const drop = (queue: Queue.Queue<Uint8Array, Cause.Done>) => {
-    subscribers.delete(queue)
-    Queue.endUnsafe(queue)
+  /** Ends a subscriber's stream after what it holds. */
+  const drop = (stream: Readable) => {
+    if (subscribers.delete(stream)) stream.push(null)
   }
 
   const publish = (frame: Uint8Array) => {
     let dropped = 0
-    for (const queue of subscribers) {
-      if (!Queue.offerUnsafe(queue, frame)) {
-        drop(queue)
+    for (const stream of subscribers) {
+      // `push` is false once the stream holds `queue` frames its socket has not taken.
+      if (!stream.push(frame)) {
+        drop(stream)
         dropped += 1
       }
     }
@@ -42,28 +46,31 @@ export const makeFanout = (options: { readonly capacity: number; readonly queue:
   /** Registers a subscriber in `scope`; the scope's close releases it. */
   const subscribe = (scope: Scope.Scope, first: Uint8Array | undefined) =>
     Effect.acquireRelease(
-      Effect.gen(function* () {
+      Effect.sync(() => {
         if (subscribers.size >= options.capacity) return undefined
-        const queue = yield* Queue.bounded<Uint8Array, Cause.Done>(options.queue)
-        if (first !== undefined) Queue.offerUnsafe(queue, first)
-        subscribers.add(queue)
-        return queue
+        const stream = new Readable({ objectMode: true, highWaterMark: options.queue, read() {} })
+        if (first !== undefined) stream.push(first)
+        subscribers.add(stream)
+        return stream
       }),
-      (queue) =>
+      (stream) =>
         Effect.sync(() => {
-          if (queue !== undefined) drop(queue)
+          if (stream === undefined) return
+          subscribers.delete(stream)
+          stream.destroy()
         })
     ).pipe(Scope.provide(scope))
 
   const open = (first: Uint8Array | undefined) =>
     Effect.gen(function* () {
       const scope = yield* Scope.make()
-      const queue = yield* subscribe(scope, first)
-      if (queue === undefined) {
+      const stream = yield* subscribe(scope, first)
+      if (stream === undefined) {
         yield* Scope.close(scope, Exit.void)
         return undefined
       }
-      return Stream.fromQueue(queue).pipe(Stream.ensuring(Scope.close(scope, Exit.void)))
+      stream.once("close", () => Effect.runFork(Scope.close(scope, Exit.void)))
+      return stream
     }).pipe(Effect.uninterruptible)
 
   return { publish, open, size: () => subscribers.size, capacity: options.capacity }

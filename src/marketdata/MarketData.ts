@@ -1,5 +1,6 @@
+import type { Readable } from "node:stream"
 import { PgClient } from "@effect/sql-pg"
-import { Clock, Config, Context, Effect, Layer, Queue, Schedule, Schema, type Stream } from "effect"
+import { Clock, Config, Context, Effect, Layer, Queue, Schedule, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import { InvalidRequest } from "../domain/Errors.ts"
 import type { ModelList } from "../domain/Market.ts"
@@ -116,7 +117,7 @@ const encodeIndex = jsonOf(MarketIndex)
  * memory, sorted by time: loaded from `market_clears` at start, then fed by the trigger's notification
  * of each committed clear (with a catch-up read every 10 s in case one was missed). The snapshot is
  * computed once per change (a clear, a quote in or out) and encoded once; every subscriber of the
- * events gets those same bytes (`Fanout.ts`). Reads of candles, the index and stats run over the window
+ * events gets those same bytes, written to all of them in one pass (`Fanout.ts`). Reads of candles, the index and stats run over the window
  * in memory, never a query per request.
  */
 export class MarketData extends Context.Service<
@@ -139,7 +140,7 @@ export class MarketData extends Context.Service<
     ) => Effect.Effect<Uint8Array, InvalidRequest>
     readonly stats: Effect.Effect<MarketStats>
     /** The events stream of one new subscriber (the current snapshot first), or undefined when full. */
-    readonly subscribe: Effect.Effect<Stream.Stream<Uint8Array> | undefined>
+    readonly subscribe: Effect.Effect<Readable | undefined>
     /** The clears of the rolling window (for the analytics of the same records). */
     readonly window: Effect.Effect<ClearWindow>
     readonly fanout: Fanout

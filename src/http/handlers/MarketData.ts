@@ -40,7 +40,7 @@ export const MarketDataHandlers = HttpApiBuilder.group(
                   ),
                   { "retry-after": String(EVENTS_RETRY_AFTER_SECONDS) }
                 )
-              : HttpServerResponse.stream(stream, {
+              : HttpServerResponse.raw(stream, {
                   contentType: "text/event-stream",
                   headers: { "cache-control": "no-cache", "x-accel-buffering": "no" }
                 })
