@@ -99,7 +99,7 @@ export const InferenceLive = Layer.mergeAll(Pipeline.layer, Reaper.layer, Routin
   Layer.provideMerge(
     Layer.mergeAll(
       LiveStreams.layer,
-      Upstream.layerFetch,
+      Upstream.layerUndici,
       CreditKeys.layer,
       Sessions.layer,
       TaskBudgets.layer

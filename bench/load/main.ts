@@ -85,6 +85,20 @@ const embeddedDatabaseUrl = (dataDir: string) => {
   return `postgres://postgres:postgres@127.0.0.1:${lines[3]!.trim()}/router`
 }
 
+/**
+ * The router's V8 heap in use, from its own `/metrics` (`nodejs_heap_size_used_bytes`; with `WORKERS`,
+ * the worker that answered). Heap moves with garbage not yet collected: read beside RSS, not alone.
+ */
+const heapUsed = async (router: string) => {
+  try {
+    const text = await (await fetch(`${router}/metrics`)).text()
+    const match = /^nodejs_heap_size_used_bytes\s+(\S+)/m.exec(text)
+    return match ? Number(match[1]) : Number.NaN
+  } catch {
+    return Number.NaN
+  }
+}
+
 const chatBody = (content: string, stream: boolean) =>
   JSON.stringify({ model: "chat-small", messages: [{ role: "user", content }], max_tokens: 16, stream })
 
@@ -271,6 +285,7 @@ const main = async () => {
     }
     await sleep(2_000)
     const idle = usage(routerProcess.pid!)
+    const idleHeap = await heapUsed(router)
     const portkeyIdle = portkeyProcess ? rssBytes(portkeyProcess.pid!) : Number.NaN
 
     const rows: Array<Row> = []
@@ -336,15 +351,21 @@ const main = async () => {
     // After the load: the router's RSS once finished work has had time to go.
     await sleep(5_000)
     const afterLoad = usage(routerProcess.pid!)
+    const afterLoadHeap = await heapUsed(router)
 
     // Held-open streams: memory per stream, router and Portkey.
     const holdBody = chatBody("Hold this stream open [[hold]]", true)
-    const perStream: Record<string, { perStreamKb: number; held: number; failures: number }> = {}
+    const perStream: Record<
+      string,
+      { perStreamKb: number; heapPerStreamKb: number; held: number; failures: number }
+    > = {}
     // The router only: Portkey cannot stream on this Node (see above).
     for (const name of order.filter((n) => n === "router")) {
       const pid = pids[name]!
       const before = rssBytes(pid)
+      const heapBefore = await heapUsed(router)
       let during = before
+      let heapDuring = heapBefore
       const { held, failures } = await holdStreams(
         { ...targets[name]!, body: holdBody },
         STREAMS,
@@ -352,14 +373,23 @@ const main = async () => {
         async () => {
           await sleep(1_000)
           during = rssBytes(pid)
+          heapDuring = await heapUsed(router)
         }
       )
-      perStream[name] = { perStreamKb: (during - before) / 1024 / Math.max(1, held), held, failures }
-      log(`${name}: ${held} streams held, ${failures} failed, ${fmt((during - before) / MB)} MB more`)
+      perStream[name] = {
+        perStreamKb: (during - before) / 1024 / Math.max(1, held),
+        heapPerStreamKb: (heapDuring - heapBefore) / 1024 / Math.max(1, held),
+        held,
+        failures
+      }
+      log(
+        `${name}: ${held} streams held, ${failures} failed, ${fmt((during - before) / MB)} MB more RSS, ${fmt((heapDuring - heapBefore) / MB)} MB more heap`
+      )
       await sleep(3_000)
     }
     await sleep(5_000)
     const afterStreams = usage(routerProcess.pid!)
+    const afterStreamsHeap = await heapUsed(router)
     clearInterval(refresher)
 
     // Print
@@ -444,14 +474,14 @@ const main = async () => {
         "Ratios (same run):",
         ...ratios,
         "",
-        "Memory (router node processes; Portkey beside it):",
-        `  idle RSS after warm-up        router ${fmt(idle.rss.node / MB, 0)} MB   Portkey ${fmt(portkeyIdle / MB, 0)} MB`,
-        `  RSS 5 s after the load        router ${fmt(afterLoad.rss.node / MB, 0)} MB (${fmt((afterLoad.rss.node - idle.rss.node) / MB, 0)} MB over idle)`,
+        "Memory (router node processes, RSS; the router's V8 heap in use from its /metrics; Portkey beside it):",
+        `  idle after warm-up            router ${fmt(idle.rss.node / MB, 0)} MB RSS, ${fmt(idleHeap / MB, 0)} MB heap   Portkey ${fmt(portkeyIdle / MB, 0)} MB RSS`,
+        `  5 s after the load            router ${fmt(afterLoad.rss.node / MB, 0)} MB RSS (${fmt((afterLoad.rss.node - idle.rss.node) / MB, 0)} MB over idle), ${fmt(afterLoadHeap / MB, 0)} MB heap (${fmt((afterLoadHeap - idleHeap) / MB, 0)} MB over idle)`,
         ...Object.entries(perStream).map(
           ([name, s]) =>
-            `  per held-open stream          ${name.padEnd(8)} ${fmt(s.perStreamKb, 1)} KB at ${s.held} streams (${s.failures} failed)`
+            `  per held-open stream          ${name.padEnd(8)} ${fmt(s.perStreamKb, 1)} KB RSS, ${fmt(s.heapPerStreamKb, 1)} KB heap at ${s.held} streams (${s.failures} failed)`
         ),
-        `  RSS 5 s after the streams     router ${fmt(afterStreams.rss.node / MB, 0)} MB (${fmt((afterStreams.rss.node - idle.rss.node) / MB, 0)} MB over idle)`,
+        `  5 s after the streams         router ${fmt(afterStreams.rss.node / MB, 0)} MB RSS (${fmt((afterStreams.rss.node - idle.rss.node) / MB, 0)} MB over idle), ${fmt(afterStreamsHeap / MB, 0)} MB heap (${fmt((afterStreamsHeap - idleHeap) / MB, 0)} MB over idle)`,
         `  router's Postgres RSS         ${fmt(afterStreams.rss.postgres / MB, 0)} MB (all its processes, shared pages counted in each)`,
         ""
       ].join("\n")

@@ -19,3 +19,28 @@ export const recordRequest = (
     Metric.update(Metric.withAttributes(httpRequests, attributes), 1),
     Metric.update(Metric.withAttributes(httpDuration, attributes), seconds)
   ]).pipe(Effect.asVoid)
+
+/** The process's own memory, as Prometheus's Node conventions name it (the load benchmark reads these). */
+const residentMemory = Metric.gauge("process_resident_memory_bytes", {
+  description: "Resident memory of this router process"
+})
+const heapUsed = Metric.gauge("nodejs_heap_size_used_bytes", {
+  description: "V8 heap in use by this router process"
+})
+const heapTotal = Metric.gauge("nodejs_heap_size_total_bytes", {
+  description: "V8 heap reserved by this router process"
+})
+const externalMemory = Metric.gauge("nodejs_external_memory_bytes", {
+  description: "Memory of this router process outside the V8 heap held by JavaScript objects (buffers)"
+})
+
+/** Reads the process's memory into its gauges (at each scrape). */
+export const refreshProcessGauges = Effect.suspend(() => {
+  const memory = process.memoryUsage()
+  return Effect.all([
+    Metric.update(residentMemory, memory.rss),
+    Metric.update(heapUsed, memory.heapUsed),
+    Metric.update(heapTotal, memory.heapTotal),
+    Metric.update(externalMemory, memory.external + memory.arrayBuffers)
+  ]).pipe(Effect.asVoid)
+})

@@ -5,6 +5,7 @@ import { Chain } from "../../chain/Chain.ts"
 import { NotReady } from "../../domain/System.ts"
 import { Readiness } from "../../ledger/Readiness.ts"
 import { Api } from "../Api.ts"
+import { refreshProcessGauges } from "../Metrics.ts"
 import { AUCTION_VERSION } from "../SystemApi.ts"
 
 export const SystemHandlers = HttpApiBuilder.group(
@@ -27,6 +28,11 @@ export const SystemHandlers = HttpApiBuilder.group(
           body.status === "ready" ? Effect.succeed(body) : Effect.fail(new NotReady(body))
         )
       )
-      .handle("metrics", () => Effect.andThen(readiness.refreshGauges, PrometheusMetrics.format()))
+      .handle("metrics", () =>
+        Effect.andThen(
+          Effect.all([readiness.refreshGauges, refreshProcessGauges]),
+          PrometheusMetrics.format()
+        )
+      )
   })
 )

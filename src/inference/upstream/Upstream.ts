@@ -1,11 +1,6 @@
+import { NodeHttpClient } from "@effect/platform-node"
 import { Clock, Context, Duration, Effect, Layer, Option, Redacted, type Result, Stream } from "effect"
-import {
-  FetchHttpClient,
-  HttpClient,
-  type HttpClientError,
-  HttpClientRequest,
-  type HttpClientResponse
-} from "effect/http"
+import { HttpClient, type HttpClientError, HttpClientRequest, type HttpClientResponse } from "effect/http"
 import type { ChatCompletionRequest } from "../../domain/Chat.ts"
 import type { MessagesRequest } from "../../domain/Messages.ts"
 import type { UpstreamEvent } from "../Events.ts"
@@ -269,7 +264,11 @@ export class Upstream extends Context.Service<
 >()("router/inference/Upstream") {
   static readonly layerWith = (options: UpstreamOptions) => Layer.effect(Upstream, make(options))
   static readonly layer = Upstream.layerWith({})
-  static readonly layerFetch = Upstream.layer.pipe(Layer.provide(FetchHttpClient.layer))
+  /**
+   * The router's: undici's own request API (keep-alive pools per origin), not `fetch` over it: a
+   * held-open stream then holds a Node stream, not fetch's Request, Response, Headers and web streams.
+   */
+  static readonly layerUndici = Upstream.layer.pipe(Layer.provide(NodeHttpClient.layerUndici))
 
   /** Scripted replies (by target and class), for tests of what serves through upstreams. */
   static readonly layerTest = (stream: Upstream["Service"]["stream"]) =>

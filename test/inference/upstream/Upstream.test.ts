@@ -1,6 +1,7 @@
+import { NodeHttpClient } from "@effect/platform-node"
 import { assert, it as bareIt, layer } from "@effect/vitest"
 import { Context, Deferred, Effect, Fiber, Layer, Redacted, Stream } from "effect"
-import { FetchHttpClient, HttpClient, HttpClientResponse } from "effect/http"
+import { HttpClient, HttpClientResponse } from "effect/http"
 import {
   ProviderServer,
   type ProviderServerHandle,
@@ -57,7 +58,7 @@ const dialects: ReadonlyArray<UpstreamDialect> = ["openai", "anthropic"]
 
 // The same capability cases, run against a simulated provider of each dialect.
 for (const dialect of dialects) {
-  layer(Layer.mergeAll(Sims.layer, Upstream.layerFetch), { excludeTestServices: true })(
+  layer(Layer.mergeAll(Sims.layer, Upstream.layerUndici), { excludeTestServices: true })(
     `Upstream against the ${dialect}-dialect simulated provider`,
     (it) => {
       for (const capability of capabilityCases) {
@@ -71,7 +72,7 @@ for (const dialect of dialects) {
   )
 }
 
-layer(Layer.mergeAll(Sims.layer, Upstream.layerFetch), { excludeTestServices: true })(
+layer(Layer.mergeAll(Sims.layer, Upstream.layerUndici), { excludeTestServices: true })(
   "Upstream: both dialects, translated to the same events",
   (it) => {
     it.effect("the same reply reads the same through either dialect", () =>
@@ -112,7 +113,7 @@ layer(Layer.mergeAll(Sims.layer, Upstream.layerFetch), { excludeTestServices: tr
         assert.strictEqual(failure(refused)?.reason, "connect")
 
         const impatient = yield* make({ firstByteTimeout: "80 millis" }).pipe(
-          Effect.provide(FetchHttpClient.layer)
+          Effect.provide(NodeHttpClient.layerUndici)
         )
         for (const dialect of ["openai", "anthropic"] as const) {
           const late = yield* impatient
@@ -125,7 +126,7 @@ layer(Layer.mergeAll(Sims.layer, Upstream.layerFetch), { excludeTestServices: tr
   }
 )
 
-layer(Upstream.layerFetch, { excludeTestServices: true })("Upstream interruption", (it) => {
+layer(Upstream.layerUndici, { excludeTestServices: true })("Upstream interruption", (it) => {
   it.effect("interrupting the consumer aborts the upstream request within a second", () =>
     Effect.gen(function* () {
       const upstream = yield* Upstream
