@@ -1,10 +1,11 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
+import { randomAuthorizationNonce } from "../../src/chain/Eip3009.ts"
 import { INSTANCE_ID } from "../../src/db/Instances.ts"
 import { Reaper } from "../../src/inference/Reaper.ts"
 import { Authorizations } from "../../src/ledger/Authorizations.ts"
-import { Ledger } from "../../src/ledger/Ledger.ts"
+import { Ledger, uptoNonceKey } from "../../src/ledger/Ledger.ts"
 import { meterRecordOf } from "../../src/ledger/Metered.ts"
 import { fundedKey, keyState } from "../support/Keys.ts"
 import { call, routerLayer } from "../support/Router.ts"
@@ -190,6 +191,78 @@ describe("reservations left by a dead request", () => {
             receipt: { status: string; charged: number }
           }
           assert.deepInclude(released.receipt, { status: "released", charged: 0 })
+        })
+    )
+
+    it.effect(
+      "a dead instance's x402 requests are billed from their meters: exact submits and refunds the rest, upto settles only the charge",
+      () =>
+        Effect.gen(function* () {
+          const ledger = yield* Ledger
+          const sql = yield* SqlClient.SqlClient
+          const reaper = yield* Reaper
+          const payer = "0x90f79bf6eb2c4f870365e785982e1f101e93b906"
+          const hold = {
+            validAfter: 0n,
+            validBefore: 9_999_999_999n,
+            signature: "0x01" as const
+          }
+          yield* ledger.reserveX402(reservation(payer, "req_exact", 9_000), {
+            ...hold,
+            nonce: randomAuthorizationNonce()
+          })
+          yield* ledger.reserveX402(reservation(payer, "req_upto", 9_000), {
+            ...hold,
+            scheme: "upto",
+            nonce: uptoNonceKey(BigInt(Date.now()))
+          })
+          const metered = meterRecordOf({
+            charged: 1_200,
+            tokens: { input: 50, cachedInput: 0, output: 20 },
+            providerId: "p",
+            modelClass: "chat-small",
+            tariff: { price_in: 4_000, price_out: 50_000 },
+            ttftMs: 90,
+            status: "partial",
+            final: false
+          })
+          yield* ledger.recordMeter("req_exact", metered)
+          yield* ledger.recordMeter("req_upto", metered)
+          yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
+                   VALUES ('i_died_paying', now() - interval '40 seconds')`
+          yield* sql`UPDATE requests SET instance_id = 'i_died_paying' WHERE request_id IN ('req_exact', 'req_upto')`
+
+          assert.strictEqual(yield* reaper.settleDeadInstances, 2)
+          const rows = yield* sql<{
+            request_id: string
+            status: string
+            charged: string
+            auth: string
+            value: string
+          }>`
+            SELECT r.request_id, r.status, r.charged::text, a.status AS auth, a.value::text AS value
+            FROM requests r JOIN x402_authorizations a USING (request_id)
+            WHERE r.request_id IN ('req_exact', 'req_upto') ORDER BY r.request_id`
+          assert.deepStrictEqual(
+            rows.map((r) => [r.request_id, r.status, Number(r.charged), r.auth, Number(r.value)]),
+            [
+              // exact: the whole authorization is submitted; what it did not deliver is a refund due.
+              ["req_exact", "captured", 1_200, "pending", 9_000],
+              // upto: the proxy moves exactly the charge; the unused ceiling is never taken.
+              ["req_upto", "captured", 1_200, "pending", 1_200]
+            ]
+          )
+          const refunds = yield* sql<{
+            amount: string
+          }>`SELECT amount::text FROM refunds WHERE request_id = 'req_exact'`
+          assert.deepStrictEqual(
+            refunds.map((r) => Number(r.amount)),
+            [7_800]
+          )
+          assert.deepStrictEqual(
+            yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM refunds WHERE request_id = 'req_upto'`,
+            [{ n: 0 }]
+          )
         })
     )
 
