@@ -19,12 +19,19 @@ export interface Fanout {
    * subscription is released when the stream closes.
    */
   readonly open: (first: Uint8Array | undefined) => Effect.Effect<Readable | undefined>
+  /**
+   * Ends every subscriber's stream after what it holds and refuses new ones from then on: the instance
+   * is shutting down, and a subscriber should reconnect to another (its events are not paid work, so
+   * the drain does not wait for them).
+   */
+  readonly close: () => void
   readonly size: () => number
   readonly capacity: number
 }
 
 export const makeFanout = (options: { readonly capacity: number; readonly queue: number }): Fanout => {
   const subscribers = new Set<Readable>()
+  let closed = false
 
   /** Ends a subscriber's stream after what it holds. */
   const drop = (stream: Readable) => {
@@ -47,7 +54,7 @@ export const makeFanout = (options: { readonly capacity: number; readonly queue:
   const subscribe = (scope: Scope.Scope, first: Uint8Array | undefined) =>
     Effect.acquireRelease(
       Effect.sync(() => {
-        if (subscribers.size >= options.capacity) return undefined
+        if (closed || subscribers.size >= options.capacity) return undefined
         const stream = new Readable({ objectMode: true, highWaterMark: options.queue, read() {} })
         if (first !== undefined) stream.push(first)
         subscribers.add(stream)
@@ -73,5 +80,10 @@ export const makeFanout = (options: { readonly capacity: number; readonly queue:
       return stream
     }).pipe(Effect.uninterruptible)
 
-  return { publish, open, size: () => subscribers.size, capacity: options.capacity }
+  const close = () => {
+    closed = true
+    for (const stream of subscribers) drop(stream)
+  }
+
+  return { publish, open, close, size: () => subscribers.size, capacity: options.capacity }
 }

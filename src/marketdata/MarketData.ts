@@ -7,6 +7,7 @@ import type { ModelList } from "../domain/Market.ts"
 import { Candles, MarketIndex, type MarketSnapshot, type MarketStats } from "../domain/MarketData.ts"
 import { Listings } from "../market/Listings.ts"
 import { ModelCatalog } from "../market/ModelCatalog.ts"
+import { Drain } from "../process/Drain.ts"
 import { type Fanout, makeFanout } from "./Fanout.ts"
 import {
   type ClearRecord,
@@ -154,6 +155,7 @@ export class MarketData extends Context.Service<
       const listings = yield* Listings
       const catalog = yield* ModelCatalog
       const settings = yield* MarketDataConfig
+      const drain = yield* Drain
       const classIds = catalog.classes.map((c) => c.id)
 
       const held = new ClearWindow(STATS_WINDOW_MS, STATS_WINDOW_MS + SERIES_BOUNDS.maxWindowMs / 24)
@@ -245,6 +247,10 @@ export class MarketData extends Context.Service<
         yield* Effect.sleep(settings.minFrameGapMs)
       })
       yield* Effect.forever(publish).pipe(Effect.forkScoped)
+      // A shutdown ends the events streams when it starts draining: they hold connections open but
+      // are not paid work, and the HTTP server's close would otherwise wait for them (up to 20 s) and
+      // then cut them mid-frame. A subscriber reconnects to another instance (new ones here get 503).
+      yield* drain.whenDraining.pipe(Effect.andThen(Effect.sync(fanout.close)), Effect.forkScoped)
 
       const catchUp = Effect.gen(function* () {
         const rows = yield* sql.unsafe<Record<string, unknown>>(

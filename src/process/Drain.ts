@@ -1,4 +1,4 @@
-import { Context, Effect, Layer } from "effect"
+import { Context, Deferred, Effect, Layer } from "effect"
 
 /**
  * Whether this instance still admits paid work, and how much admitted work is still in its handlers.
@@ -11,6 +11,8 @@ export class Drain extends Context.Service<
   {
     readonly isDraining: () => boolean
     readonly begin: Effect.Effect<void>
+    /** Waits until the drain begins: what holds a connection open without paid work ends it then. */
+    readonly whenDraining: Effect.Effect<void>
     /** Runs admitted paid work, counted in `inFlight` until its handler returns. */
     readonly track: <A, E, R>(work: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
     readonly inFlight: Effect.Effect<number>
@@ -19,11 +21,14 @@ export class Drain extends Context.Service<
   static readonly layer = Layer.sync(Drain, () => {
     let draining = false
     let inFlight = 0
+    const began = Deferred.makeUnsafe<void>()
     return Drain.of({
       isDraining: () => draining,
       begin: Effect.sync(() => {
         draining = true
+        Deferred.doneUnsafe(began, Effect.void)
       }),
+      whenDraining: Deferred.await(began),
       track: (work) =>
         Effect.acquireUseRelease(
           Effect.sync(() => {

@@ -94,6 +94,14 @@ describe("graceful shutdown of a real `npm start`", () => {
           )
         ])
 
+        // A market events subscriber holds its connection open with no paid work behind it.
+        const events = await fetch(`${router.base}/v1/market/events`)
+        expect(events.status).toBe(200)
+        const eventsEnd = events.text().then(
+          (body) => ({ ended: "cleanly" as const, body }),
+          (error: unknown) => ({ ended: "cut" as const, body: String(error) })
+        )
+
         router.child.kill("SIGTERM")
         await sleep(300)
         // While it drains: new paid work is refused in the caller's dialect, `/ready` says draining.
@@ -115,6 +123,16 @@ describe("graceful shutdown of a real `npm start`", () => {
         const ready = await fetch(`${router.base}/ready`)
         expect(ready.status).toBe(503)
         expect(((await ready.json()) as { status: string }).status).toBe("draining")
+
+        // The events stream ends, cleanly and at once, when the drain starts (not when the server closes
+        // 20 s later, mid-frame); a new subscriber is told to poll the snapshot elsewhere.
+        const ended = await eventsEnd
+        expect(ended.ended, ended.body.slice(-400)).toBe("cleanly")
+        expect(ended.body).toContain('"object":"market.snapshot"')
+        expect(router.child.exitCode).toBeNull()
+        const lateEvents = await fetch(`${router.base}/v1/market/events`)
+        expect(lateEvents.status).toBe(503)
+        expect(((await lateEvents.json()) as { error: { code: string } }).error.code).toBe("draining")
 
         // The short ones finish during the drain; then a second signal cuts the long ones short.
         const shortBodies = await Promise.all(short.map((s) => s.body))

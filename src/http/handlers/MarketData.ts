@@ -6,6 +6,7 @@ import { Analytics } from "../../marketdata/Analytics.ts"
 import { Feedback } from "../../marketdata/Feedback.ts"
 import { MarketData } from "../../marketdata/MarketData.ts"
 import { MarketPage } from "../../marketdata/MarketPage.ts"
+import { Drain } from "../../process/Drain.ts"
 import { Api } from "../Api.ts"
 import { MARKET_PAGE_POLICY } from "../MarketDataApi.ts"
 import { renderError } from "../Middleware.ts"
@@ -20,6 +21,7 @@ export const MarketDataHandlers = HttpApiBuilder.group(
   "marketData",
   Effect.fn(function* (handlers) {
     const market = yield* MarketData
+    const drain = yield* Drain
     return (
       handlers
         .handle("snapshot", () => market.snapshot)
@@ -33,10 +35,15 @@ export const MarketDataHandlers = HttpApiBuilder.group(
               ? HttpServerResponse.setHeaders(
                   renderError(
                     "openai",
-                    new ServiceUnavailable({
-                      code: "subscriber_capacity",
-                      message: `The market events stream is at its subscriber capacity; poll GET /v1/market/snapshot and retry the events in ${EVENTS_RETRY_AFTER_SECONDS} s`
-                    })
+                    drain.isDraining()
+                      ? new ServiceUnavailable({
+                          code: "draining",
+                          message: `This instance is shutting down; poll GET /v1/market/snapshot and retry the events in ${EVENTS_RETRY_AFTER_SECONDS} s (another instance will serve them)`
+                        })
+                      : new ServiceUnavailable({
+                          code: "subscriber_capacity",
+                          message: `The market events stream is at its subscriber capacity; poll GET /v1/market/snapshot and retry the events in ${EVENTS_RETRY_AFTER_SECONDS} s`
+                        })
                   ),
                   { "retry-after": String(EVENTS_RETRY_AFTER_SECONDS) }
                 )
