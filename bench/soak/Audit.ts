@@ -93,6 +93,8 @@ export interface Money {
   readonly unknownAuthorizations: number
   /** Calls a client saw served (a request id) that the ledger does not know. */
   readonly unknownRequests: number
+  /** Whole answers the ledger holds no charge for. */
+  readonly servedFree: number
   readonly notes: ReadonlyArray<string>
 }
 
@@ -119,6 +121,7 @@ export const audit = async (options: {
   readonly signed: ReadonlyArray<SignedAuthorization>
   readonly keys: ReadonlyArray<FundedKey>
   readonly requestIdsSeen: ReadonlyArray<string>
+  readonly requestIdsServedWhole: ReadonlyArray<string>
   readonly before: Balances
 }): Promise<Money> => {
   const { query, client, token } = options
@@ -326,6 +329,17 @@ export const audit = async (options: {
     `)
   )
   const seen = [...new Set(options.requestIdsSeen)]
+  const charged = new Map(
+    (
+      await query(
+        rows<{ request_id: string; charged: string }>(
+          `SELECT request_id, coalesce(charged, 0)::text AS charged FROM requests
+           WHERE request_id = ANY($1::text[]) AND status = 'captured'`,
+          [seen]
+        )
+      )
+    ).map((r) => [r.request_id, BigInt(r.charged)])
+  )
   const known = new Set(
     (
       await query(
@@ -336,6 +350,11 @@ export const audit = async (options: {
     ).map((r) => r.request_id)
   )
   const unknownRequests = seen.filter((id) => !known.has(id)).length
+  // A whole answer was served: the ledger captured a charge for it (a release would serve it free).
+  const servedFree = [...new Set(options.requestIdsServedWhole)].filter(
+    (id) => (charged.get(id) ?? 0n) === 0n
+  )
+  for (const id of servedFree.slice(0, 3)) note(`${id}: a whole answer, captured no charge`)
   return {
     lost,
     doubleSpent,
@@ -344,6 +363,7 @@ export const audit = async (options: {
     nonceReuse: reuse?.n ?? 0,
     unknownAuthorizations,
     unknownRequests,
+    servedFree: servedFree.length,
     notes
   }
 }

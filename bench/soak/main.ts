@@ -230,7 +230,9 @@ const main = async () => {
         while (done < step.at * REQUESTS && Date.now() < trafficDeadline) await sleep(100)
         if (Date.now() >= trafficDeadline) return
         log(`${step.name} at ${done} calls done`)
-        events.push(`${step.name} at call ${done}: ${await step.run()}`)
+        const at = done
+        const what = await step.run().catch((error) => `FAILED: ${String(error).slice(0, 200)}`)
+        events.push(`${step.name} at call ${at}: ${what}`)
       }
     })()
     const client = async () => {
@@ -288,6 +290,7 @@ const main = async () => {
       signed: [...setupSigned, ...outcomes.flatMap((o) => o.signed)],
       keys,
       requestIdsSeen: outcomes.filter((o) => o.status === 200 && o.requestId).map((o) => o.requestId!),
+      requestIdsServedWhole: outcomes.filter((o) => o.complete && o.requestId).map((o) => o.requestId!),
       before
     })
 
@@ -320,6 +323,7 @@ const main = async () => {
       money.nonceReuse !== 0 ||
       money.unknownAuthorizations !== 0 ||
       money.unknownRequests !== 0 ||
+      money.servedFree !== 0 ||
       !isSettled(open) ||
       left.length > 0 ||
       reconciliation.status !== "ok"
@@ -395,6 +399,7 @@ const printTable = (r: {
     row("nonces used twice", r.money.nonceReuse),
     row("authorizations no client signed", r.money.unknownAuthorizations),
     row("served calls unknown to the ledger", r.money.unknownRequests),
+    row("whole answers charged nothing", r.money.servedFree),
     row("reservations left open", r.open.reserved),
     row("capacity leases left", r.open.leases),
     row(
