@@ -15,8 +15,8 @@ const HEARTBEAT = "5 seconds"
 
 /**
  * The router instances on this database (D154): each registers itself at start, beats every five
- * seconds and marks itself stopped at its end. An instance whose heartbeat is older than
- * `INSTANCE_DEAD_AFTER_SECONDS` (30 s) or that stopped is dead: its capacity leases are released
+ * seconds and marks itself stopped at its end. An instance that stopped, or whose heartbeat lags this
+ * instance's own by `INSTANCE_DEAD_AFTER_SECONDS` (30 s; D252), is dead: its capacity leases are released
  * at once and its open reservations settled by a survivor (`inference/Reaper.ts`), instead of
  * waiting out the 20-minute lease TTL and reaping age.
  */
@@ -29,7 +29,10 @@ export class Instances extends Context.Service<
     readonly dead: Effect.Effect<ReadonlyArray<string>>
     /** Deletes the capacity leases the given instances hold; returns how many. */
     readonly releaseLeases: (instanceIds: ReadonlyArray<string>) => Effect.Effect<number>
-    /** Records that nothing of these instances is left open. */
+    /**
+     * Records that nothing of these instances is left open, for those still dead: one that beat meanwhile is
+     * visited again when it dies for good, with what it opened since.
+     */
     readonly markSettled: (instanceIds: ReadonlyArray<string>) => Effect.Effect<void>
   }
 >()("router/db/Instances") {
@@ -55,10 +58,15 @@ export class Instances extends Context.Service<
         level: "warning"
       })
 
+      // Dead: stopped, or silent for `deadAfterSeconds` while this instance's own beats got through. Not
+      // "older than now() - deadAfter": after a stall of the database itself (or of this process) every
+      // heartbeat is that old, and the survivors would settle each other's requests in flight.
+      const isDead = sql`(stopped_at IS NOT NULL OR heartbeat_at < (
+        SELECT self.heartbeat_at - make_interval(secs => ${deadAfterSeconds})
+        FROM router_instances self WHERE self.instance_id = ${INSTANCE_ID}))`
       const dead = sql<{ instance_id: string }>`
         SELECT instance_id FROM router_instances
-        WHERE instance_id <> ${INSTANCE_ID} AND settled_at IS NULL
-          AND (stopped_at IS NOT NULL OR heartbeat_at < now() - make_interval(secs => ${deadAfterSeconds}))
+        WHERE instance_id <> ${INSTANCE_ID} AND settled_at IS NULL AND ${isDead}
         ORDER BY heartbeat_at LIMIT 20
       `.pipe(
         Effect.map((rows) => rows.map((r) => r.instance_id)),
@@ -76,7 +84,7 @@ export class Instances extends Context.Service<
       const markSettled = (instanceIds: ReadonlyArray<string>) =>
         sql`
           UPDATE router_instances SET settled_at = now()
-          WHERE instance_id IN ${sql.in(instanceIds)} AND settled_at IS NULL
+          WHERE instance_id IN ${sql.in(instanceIds)} AND settled_at IS NULL AND ${isDead}
         `.pipe(Effect.asVoid, Effect.orDie)
 
       return Instances.of({ self: INSTANCE_ID, deadAfterSeconds, dead, releaseLeases, markSettled })

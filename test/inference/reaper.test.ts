@@ -342,5 +342,59 @@ describe("reservations left by a dead request", () => {
           yield* sql`DELETE FROM requests WHERE payer = '0xclaims'`
         })
     )
+
+    it.effect(
+      "a stall of the database is no death: an instance as silent as this one keeps its requests",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const reaper = yield* Reaper
+          const ledger = yield* Ledger
+          const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
+          yield* ledger.reserveCredit(
+            {
+              requestId: "req_of_stalled",
+              dialect: "openai",
+              payer: key.wallet,
+              requestedModel: "auto",
+              modelClass: "chat-small",
+              providerId: "p",
+              authorized: 2_000,
+              agent: {}
+            },
+            key.keyId
+          )
+          // The database answered nobody for 40 s: every heartbeat, this instance's own too, is 40 s old when
+          // it answers again. One transaction, so this instance's own beat waits (on its row) until the pass
+          // has looked; the pass's statements run on this transaction's connection.
+          const pass = Effect.gen(function* () {
+            yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
+                       VALUES ('i_stalled', now() - interval '40 seconds')`
+            yield* sql`UPDATE router_instances SET heartbeat_at = now() - interval '40 seconds'
+                       WHERE instance_id = ${INSTANCE_ID}`
+            yield* sql`UPDATE requests SET instance_id = 'i_stalled' WHERE request_id = 'req_of_stalled'`
+            const released = yield* reaper.settleDeadInstances
+            const state = yield* sql<{ status: string; settled: boolean }>`
+              SELECT q.status, i.settled_at IS NOT NULL AS settled
+              FROM requests q JOIN router_instances i ON i.instance_id = q.instance_id
+              WHERE q.request_id = 'req_of_stalled'`
+            // Back to a live heartbeat before the other passes of this router can look.
+            yield* sql`UPDATE router_instances SET heartbeat_at = now() WHERE instance_id IN (${INSTANCE_ID}, 'i_stalled')`
+            return { released, state }
+          }).pipe(sql.withTransaction)
+          const { released, state } = yield* pass
+          assert.strictEqual(released, 0)
+          assert.deepStrictEqual(state, [{ status: "reserved", settled: false }])
+
+          // Silent while this instance's beats got through: dead, and its request is settled.
+          yield* sql`UPDATE router_instances SET heartbeat_at = now() - interval '40 seconds' WHERE instance_id = 'i_stalled'`
+          // (This router's own pass may settle it first: either way, it is settled.)
+          yield* reaper.settleDeadInstances
+          const after = yield* sql<{
+            status: string
+          }>`SELECT status FROM requests WHERE request_id = 'req_of_stalled'`
+          assert.strictEqual(after[0]!.status, "released")
+        })
+    )
   })
 })
