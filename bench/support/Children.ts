@@ -52,7 +52,10 @@ export class Children {
   private readonly planned = new Set<ChildProcess>()
   stopping = false
 
-  constructor(private readonly log: (line: string) => void) {
+  private readonly log: (line: string) => void
+
+  constructor(log: (line: string) => void) {
+    this.log = log
     process.on("exit", () => this.signalAll("SIGTERM"))
   }
 

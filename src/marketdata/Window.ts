@@ -65,12 +65,15 @@ export class ClearWindow {
   maxId = 0
   version = 0
 
-  constructor(
-    /** The stats window (24 h). */
-    private readonly statsMs: number,
-    /** How long raw clears are kept (at least the longest series window plus a bucket). */
-    private readonly keepMs: number
-  ) {}
+  /** The stats window (24 h). */
+  private readonly statsMs: number
+  /** How long raw clears are kept (at least the longest series window plus a bucket). */
+  private readonly keepMs: number
+
+  constructor(statsMs: number, keepMs: number) {
+    this.statsMs = statsMs
+    this.keepMs = keepMs
+  }
 
   get size() {
     return this.clears.length
@@ -257,7 +260,11 @@ export interface CachedAnswer<A> {
 export class SeriesCache {
   private readonly entries = new Map<string, { readonly version: number; readonly answer: unknown }>()
 
-  constructor(private readonly size: number) {}
+  private readonly size: number
+
+  constructor(size: number) {
+    this.size = size
+  }
 
   get<A>(key: string, version: number, compute: () => A, encode: (value: A) => Uint8Array): CachedAnswer<A> {
     const hit = this.entries.get(key)
