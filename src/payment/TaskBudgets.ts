@@ -103,11 +103,14 @@ export class TaskBudgets extends Context.Service<
       const settle = (requestId: string) =>
         Effect.gen(function* () {
           const now = yield* Clock.currentTimeMillis
-          // A call that was never funded (no receipt) was no step: its hold and its step go back.
+          // A call that was never funded (no receipt) was no step: its hold and its step go back. One
+          // whose request is still `reserved` (its capture deferred to the background retry, D211) keeps
+          // its hold until the request settles; the stale pass settles it then.
           yield* sql`
             WITH c AS (
               DELETE FROM task_calls WHERE request_id = ${requestId} AND settled_at IS NULL
                 AND NOT EXISTS (SELECT 1 FROM receipts WHERE request_id = ${requestId})
+                AND NOT EXISTS (SELECT 1 FROM requests WHERE request_id = ${requestId} AND status = 'reserved')
               RETURNING task_id, held
             )
             UPDATE tasks t SET held = t.held - c.held, steps = t.steps - 1 FROM c WHERE t.task_id = c.task_id
@@ -117,6 +120,7 @@ export class TaskBudgets extends Context.Service<
               UPDATE task_calls SET settled_at = ${now},
                 charged = (SELECT (body->>'charged')::bigint FROM receipts WHERE request_id = ${requestId})
               WHERE request_id = ${requestId} AND settled_at IS NULL
+                AND EXISTS (SELECT 1 FROM receipts WHERE request_id = ${requestId})
               RETURNING task_id, held, charged
             )
             UPDATE tasks t SET held = t.held - c.held, spent = t.spent + c.charged FROM c WHERE t.task_id = c.task_id

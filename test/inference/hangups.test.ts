@@ -1,6 +1,7 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect, Fiber } from "effect"
 import { SqlClient } from "effect/sql"
+import { faultFor } from "../support/Faults.ts"
 import { fundedKey, keyState } from "../support/Keys.ts"
 import { waitFor, waitForBook } from "../support/Pay.ts"
 import { call, RouterUrl, routerWithFleet } from "../support/Router.ts"
@@ -137,27 +138,16 @@ describe("hang-ups leave nothing behind; a cut reply says so (issue 11)", () => 
     it.effect("a database fault while reserving is a 503 to retry, not a 402; nothing is charged", () =>
       Effect.gen(function* () {
         yield* waitForBook
-        const sql = yield* SqlClient.SqlClient
         const key = yield* fundedKey({ budget: 10_000_000, balance: 10_000_000 })
         // A real serialization failure, raised by Postgres for this payer's reservations only.
-        yield* sql.unsafe(`
-          CREATE FUNCTION fault_for_payer() RETURNS trigger LANGUAGE plpgsql AS $$
-          BEGIN
-            IF NEW.payer = '${key.wallet}' THEN
-              RAISE EXCEPTION 'injected fault' USING ERRCODE = 'serialization_failure';
-            END IF;
-            RETURN NEW;
-          END $$`)
-        yield* sql.unsafe(
-          "CREATE TRIGGER fault_for_payer BEFORE INSERT ON requests FOR EACH ROW EXECUTE FUNCTION fault_for_payer()"
-        )
+        const lift = yield* faultFor(key.wallet, "reserve")
         const refused = yield* keyCall(key.secret, "/v1/chat/completions", chat("the database fails"))
         const anthropic = yield* keyCall(key.secret, "/v1/messages", {
           model: "chat-medium",
           max_tokens: 64,
           messages: [{ role: "user", content: "the database fails" }]
         })
-        yield* sql.unsafe("DROP TRIGGER fault_for_payer ON requests")
+        yield* lift
         // Each dialect says it is the database, to retry: `retryable` in the body, `Retry-After` in the headers.
         assert.strictEqual(refused.status, 503)
         assert.deepInclude((JSON.parse(refused.text) as { error: object }).error, {
@@ -196,17 +186,7 @@ describe("hang-ups leave nothing behind; a cut reply says so (issue 11)", () => 
           }
           // Every settlement of this payer's requests fails in Postgres (a real error, raised by the server);
           // what leaves the request `reserved` (the meter's record) still goes through.
-          yield* sql.unsafe(`
-          CREATE FUNCTION settle_fault() RETURNS trigger LANGUAGE plpgsql AS $$
-          BEGIN
-            IF NEW.payer = '${key.wallet}' AND NEW.status <> 'reserved' THEN
-              RAISE EXCEPTION 'injected fault' USING ERRCODE = 'serialization_failure';
-            END IF;
-            RETURN NEW;
-          END $$`)
-          yield* sql.unsafe(
-            "CREATE TRIGGER settle_fault BEFORE UPDATE ON requests FOR EACH ROW EXECUTE FUNCTION settle_fault()"
-          )
+          const lift = yield* faultFor(key.wallet, "settle")
           const reply = yield* keyCall(key.secret, "/v1/chat/completions", chat("settle me"))
           assert.strictEqual(reply.status, 200)
           // `usage.cost` is the charge in whole units (6 decimals).
@@ -231,7 +211,7 @@ describe("hang-ups leave nothing behind; a cut reply says so (issue 11)", () => 
           assert.deepInclude(recorded.metered!, { charged, final: true, status: "ok" })
           assert.isAbove(yield* counter("svc_settle_retries_total"), before.retries)
           // Once the database takes it, the retry captures exactly what the answer said it charged.
-          yield* sql.unsafe("DROP TRIGGER settle_fault ON requests")
+          yield* lift
           const settled = yield* waitFor(
             "the background retry to capture",
             Effect.map(

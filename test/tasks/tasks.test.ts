@@ -2,8 +2,11 @@ import { assert, describe, layer } from "@effect/vitest"
 import { Effect, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import { OtlpTrace, TaskView, Verdict } from "../../src/domain/Tasks.ts"
+import { TaskBudgets } from "../../src/payment/TaskBudgets.ts"
 import { adaptersRouter, OPENAI_CLASS, providerRequests, waitForBook } from "../adapters/support.ts"
+import { faultFor } from "../support/Faults.ts"
 import { fundedKey } from "../support/Keys.ts"
+import { waitFor } from "../support/Pay.ts"
 import { call, postJson } from "../support/Router.ts"
 
 interface Created {
@@ -152,6 +155,45 @@ describe("durable tasks over HTTP (spec 4.3)", () => {
           assert.strictEqual(view.spent, money.spent)
           const badToken = yield* chat({ "x-credit-key": key.secret, "x-task-token": "svc_tt_nope" })
           assert.strictEqual(badToken.status, 401)
+        })
+    )
+
+    it.effect(
+      "a task's call whose capture a database fault deferred keeps its hold, and is charged once the capture lands",
+      () =>
+        Effect.gen(function* () {
+          yield* waitForBook
+          const sql = yield* SqlClient.SqlClient
+          const key = yield* fundedKey({ budget: 1_000_000_000, balance: 1_000_000_000 })
+          const { task, token } = yield* createTask({ budget: 10_000_000 })
+          // Every settlement of this payer's requests fails in Postgres until the trigger goes.
+          const lift = yield* faultFor(key.wallet, "settle")
+          const reply = yield* chat({ "x-credit-key": key.secret, "x-task-token": token })
+          assert.strictEqual(reply.status, 200, reply.text)
+          // Still reserved: the call is a step of the task and its worst case stays held.
+          const pending = yield* taskMoney(task.id)
+          assert.deepStrictEqual([pending.calls, pending.steps, pending.spent], [1, 1, 0])
+          assert.isAbove(pending.held, 0)
+          yield* lift
+          yield* waitFor(
+            "the deferred capture",
+            Effect.map(
+              sql<{ n: number }>`
+                SELECT count(*)::int AS n FROM requests WHERE payer = ${key.wallet} AND status = 'captured'`.pipe(
+                Effect.orDie
+              ),
+              (rows) => (rows[0]!.n === 1 ? true : undefined)
+            ),
+            60_000
+          )
+          // The stale pass (or the hold's own release, had it come later) charges what the receipt says.
+          yield* (yield* TaskBudgets).settleStale(0)
+          const settled = yield* taskMoney(task.id)
+          assert.deepStrictEqual(
+            [settled.held, settled.steps, settled.receipts, settled.spent],
+            [0, 1, 1, settled.receiptsTotal]
+          )
+          assert.isAbove(settled.spent, 0)
         })
     )
 
