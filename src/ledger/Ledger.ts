@@ -38,6 +38,8 @@ export const StaleReservation = Schema.Struct({
   payment_kind: Schema.Literals(["x402", "credit", "session"]),
   /** An x402 authorization's scheme (`upto` settles the charge itself); null for keys and sessions. */
   scheme: Schema.NullOr(Schema.Literals(["exact", "upto"])),
+  /** Unix seconds after which an x402 authorization can no longer be settled; null for keys and sessions. */
+  valid_before: Schema.NullOr(Schema.String),
   payer: Schema.String,
   authorized: Schema.NumberFromString,
   key_id: Schema.NullOr(Schema.String),
@@ -133,7 +135,7 @@ export class Ledger extends Context.Service<
       /** What settling an open reservation from its durable record reads. */
       const openColumns = sql`
         SELECT r.request_id, r.payment_kind, r.payer, r.authorized::text, r.key_id, r.session_id,
-               (SELECT a.scheme FROM x402_authorizations a WHERE a.request_id = r.request_id LIMIT 1) AS scheme,
+               a.scheme, a.valid_before::text AS valid_before,
                EXISTS (SELECT 1 FROM sessions s WHERE s.funding_request_id = r.request_id) AS opens_session,
                r.model_class, r.provider_id, (extract(epoch from r.created_at) * 1000)::float8 AS created_at,
                r.metered
@@ -143,6 +145,9 @@ export class Ledger extends Context.Service<
         sql`
           ${openColumns}
           FROM requests r
+          LEFT JOIN LATERAL (
+            SELECT scheme, valid_before FROM x402_authorizations WHERE request_id = r.request_id LIMIT 1
+          ) a ON true
           WHERE r.status = 'reserved' AND r.created_at < now() - make_interval(secs => ${afterSeconds})
           ORDER BY r.created_at LIMIT 100
         `.pipe(Effect.flatMap(decodeStale), Effect.orDie)
@@ -151,6 +156,9 @@ export class Ledger extends Context.Service<
         sql`
           ${openColumns}
           FROM requests r
+          LEFT JOIN LATERAL (
+            SELECT scheme, valid_before FROM x402_authorizations WHERE request_id = r.request_id LIMIT 1
+          ) a ON true
           WHERE r.status = 'reserved' AND r.instance_id IN ${sql.in(instanceIds)}
           ORDER BY r.created_at LIMIT 100
         `.pipe(Effect.flatMap(decodeStale), Effect.orDie)

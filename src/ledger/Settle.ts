@@ -1,4 +1,4 @@
-import { Context, Duration, Effect, Layer, Metric, Schedule } from "effect"
+import { Clock, Context, Duration, Effect, Layer, Metric, Schedule } from "effect"
 import type { SqlError } from "effect/sql"
 import type { TokenCounts } from "../domain/Billing.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
@@ -46,6 +46,9 @@ export const settledFromRecord = Metric.counter("svc_settled_from_record_total",
     "Reservations settled from their recorded meter (dead instance or reaper): delivered charge captured",
   incremental: true
 })
+
+/** An x402 authorization settled from a record needs this long before its `validBefore` to land. */
+const COLLECT_RUNWAY_S = 60
 
 /** Tries on the reply's path (then the background takes over), and the bound on all of them. */
 const INLINE_RETRY = Schedule.exponential("50 millis")
@@ -276,41 +279,47 @@ export class Settle extends Context.Service<
         )
       }
 
-      const fromRecord = (row: StaleReservation) => {
-        const metered = row.metered
-        const delivered = metered !== null && metered.status !== "released"
-        const tokens = delivered ? metered.tokens : { input: 0, cachedInput: 0, output: 0 }
-        const { paidBy, source } = paymentOf(row, tokens.input + tokens.output)
-        const status: ReceiptBody["status"] = !delivered
-          ? "released"
-          : metered.final && metered.status === "ok"
-            ? "ok"
-            : "partial"
-        const receipt = receiptFor({
-          requestId: row.request_id,
-          createdAt: Math.floor(row.created_at),
-          payer: row.payer,
-          providerId: delivered ? metered.provider_id : row.provider_id,
-          modelClass: delivered ? metered.model_class : row.model_class,
-          tokens,
-          // Released: zero tokens at no tariff, nothing anyone can prove was served.
-          tariff: delivered ? metered.tariff : { price_in: 0, price_out: 0 },
-          charged: delivered ? Math.min(metered.charged, row.authorized) : 0,
-          authorized: row.authorized,
-          status,
-          ttftMs: delivered ? metered.ttft_ms : 0,
-          paidBy,
-          source,
-          sessionId: row.session_id,
-          quotesCompeting: 0
+      const fromRecord = (row: StaleReservation) =>
+        Effect.flatMap(Clock.currentTimeMillis, (now) => {
+          const metered = row.metered
+          // An x402 authorization that expires before a transfer could land collects nothing: released
+          // whole, as before there was a record (its signature erased, no refund owed).
+          const collectable =
+            row.valid_before === null ||
+            BigInt(row.valid_before) > BigInt(Math.floor(now / 1000) + COLLECT_RUNWAY_S)
+          const delivered = collectable && metered !== null && metered.status !== "released"
+          const tokens = delivered ? metered.tokens : { input: 0, cachedInput: 0, output: 0 }
+          const { paidBy, source } = paymentOf(row, tokens.input + tokens.output)
+          const status: ReceiptBody["status"] = !delivered
+            ? "released"
+            : metered.final && metered.status === "ok"
+              ? "ok"
+              : "partial"
+          const receipt = receiptFor({
+            requestId: row.request_id,
+            createdAt: Math.floor(row.created_at),
+            payer: row.payer,
+            providerId: delivered ? metered.provider_id : row.provider_id,
+            modelClass: delivered ? metered.model_class : row.model_class,
+            tokens,
+            // Released: zero tokens at no tariff, nothing anyone can prove was served.
+            tariff: delivered ? metered.tariff : { price_in: 0, price_out: 0 },
+            charged: delivered ? Math.min(metered.charged, row.authorized) : 0,
+            authorized: row.authorized,
+            status,
+            ttftMs: delivered ? metered.ttft_ms : 0,
+            paidBy,
+            source,
+            sessionId: row.session_id,
+            quotesCompeting: 0
+          })
+          // No auction is at hand to state the economics of: the record says it was settled after its request.
+          const record = { receipt, economics: { request_id: row.request_id, reaped: true as const }, source }
+          return (status === "released" ? ledger.release(record) : ledger.capture(record)).pipe(
+            Effect.andThen(delivered ? Metric.update(settledFromRecord, 1) : Effect.void),
+            Effect.withSpan("Settle.fromRecord", { attributes: { request_id: row.request_id, status } })
+          )
         })
-        // No auction is at hand to state the economics of: the record says it was settled after its request.
-        const record = { receipt, economics: { request_id: row.request_id, reaped: true as const }, source }
-        return (status === "released" ? ledger.release(record) : ledger.capture(record)).pipe(
-          Effect.andThen(delivered ? Metric.update(settledFromRecord, 1) : Effect.void),
-          Effect.withSpan("Settle.fromRecord", { attributes: { request_id: row.request_id, status } })
-        )
-      }
 
       return Settle.of({ request, recordMeter: ledger.recordMeter, fromRecord })
     })

@@ -226,13 +226,21 @@ describe("reservations left by a dead request", () => {
             status: "partial",
             final: false
           })
+          // Its authorization expires before any transfer could land: nothing can be collected for it.
+          yield* ledger.reserveX402(reservation(payer, "req_lapsing", 9_000), {
+            ...hold,
+            validBefore: BigInt(Math.floor(Date.now() / 1000) + 30),
+            nonce: randomAuthorizationNonce()
+          })
           yield* ledger.recordMeter("req_exact", metered)
           yield* ledger.recordMeter("req_upto", metered)
+          yield* ledger.recordMeter("req_lapsing", metered)
           yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
                    VALUES ('i_died_paying', now() - interval '40 seconds')`
-          yield* sql`UPDATE requests SET instance_id = 'i_died_paying' WHERE request_id IN ('req_exact', 'req_upto')`
+          yield* sql`UPDATE requests SET instance_id = 'i_died_paying'
+                   WHERE request_id IN ('req_exact', 'req_upto', 'req_lapsing')`
 
-          assert.strictEqual(yield* reaper.settleDeadInstances, 2)
+          assert.strictEqual(yield* reaper.settleDeadInstances, 3)
           const rows = yield* sql<{
             request_id: string
             status: string
@@ -242,12 +250,14 @@ describe("reservations left by a dead request", () => {
           }>`
             SELECT r.request_id, r.status, r.charged::text, a.status AS auth, a.value::text AS value
             FROM requests r JOIN x402_authorizations a USING (request_id)
-            WHERE r.request_id IN ('req_exact', 'req_upto') ORDER BY r.request_id`
+            WHERE r.request_id IN ('req_exact', 'req_upto', 'req_lapsing') ORDER BY r.request_id`
           assert.deepStrictEqual(
             rows.map((r) => [r.request_id, r.status, Number(r.charged), r.auth, Number(r.value)]),
             [
               // exact: the whole authorization is submitted; what it did not deliver is a refund due.
               ["req_exact", "captured", 1_200, "pending", 9_000],
+              // Lapsing before a transfer could land: released whole, its signature erased, nothing owed.
+              ["req_lapsing", "released", 0, "released", 9_000],
               // upto: the proxy moves exactly the charge; the unused ceiling is never taken.
               ["req_upto", "captured", 1_200, "pending", 1_200]
             ]
