@@ -27,6 +27,12 @@ export class Reaper extends Context.Service<
      * as their heartbeat stops. Returns how many reservations it settled.
      */
     readonly settleDeadInstances: Effect.Effect<number>
+    /**
+     * Settles from their final records this instance's requests whose settlement the background retry
+     * gave up on (D211): the retry goes on from the durable record, every 5 s, instead of waiting for
+     * the reaping age. Returns how many it settled.
+     */
+    readonly settleGivenUp: Effect.Effect<number>
   }
 >()("router/inference/Reaper") {
   static readonly make = Effect.gen(function* () {
@@ -78,7 +84,15 @@ export class Reaper extends Context.Service<
       return orphaned.length
     }).pipe(Effect.withSpan("Reaper.settleDeadInstances"))
 
-    return Reaper.of({ runOnce, settleDeadInstances })
+    const settleGivenUp = Effect.gen(function* () {
+      const rows = yield* ledger.finalRecordsOf(instances.self)
+      // A final record is written while serving has ended; one the background retry still holds is its own.
+      const givenUp = rows.filter((row) => !settle.inRetry(row.request_id))
+      yield* Effect.forEach(givenUp, settle.fromRecord, { discard: true })
+      return givenUp.length
+    }).pipe(Effect.withSpan("Reaper.settleGivenUp"))
+
+    return Reaper.of({ runOnce, settleDeadInstances, settleGivenUp })
   })
 
   static readonly layer = Layer.effect(
@@ -86,9 +100,9 @@ export class Reaper extends Context.Service<
     Effect.gen(function* () {
       const reaper = yield* Reaper.make
       yield* repeatInBackground(reaper.runOnce, { every: "1 minute", failure: "reaper pass failed" })
-      yield* repeatInBackground(reaper.settleDeadInstances, {
+      yield* repeatInBackground(Effect.andThen(reaper.settleDeadInstances, reaper.settleGivenUp), {
         every: "5 seconds",
-        failure: "settling dead instances failed",
+        failure: "settling dead instances and given-up settlements failed",
         level: "warning"
       })
       return reaper

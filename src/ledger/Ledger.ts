@@ -1,5 +1,5 @@
 import { Context, Effect, Layer, Schema } from "effect"
-import { SqlClient, type SqlError } from "effect/sql"
+import { SqlClient, type SqlError, type Statement } from "effect/sql"
 import type { Hex } from "viem"
 import { Chain } from "../chain/Chain.ts"
 import type { ServiceUnavailable } from "../domain/Errors.ts"
@@ -121,6 +121,8 @@ export class Ledger extends Context.Service<
     readonly reservationsOf: (
       instanceIds: ReadonlyArray<string>
     ) => Effect.Effect<ReadonlyArray<StaleReservation>>
+    /** An instance's reservations still open with a final meter on record: settlements it could not write. */
+    readonly finalRecordsOf: (instanceId: string) => Effect.Effect<ReadonlyArray<StaleReservation>>
   }
 >()("router/ledger/Ledger") {
   static readonly layer = Layer.effect(
@@ -141,27 +143,26 @@ export class Ledger extends Context.Service<
                r.metered
       `
 
-      const staleReservations = (afterSeconds: number) =>
+      /** Open reservations matching `where`, oldest first, 100 at a time, with their durable records. */
+      const openWhere = (where: Statement.Fragment) =>
         sql`
           ${openColumns}
           FROM requests r
           LEFT JOIN LATERAL (
             SELECT scheme, valid_before FROM x402_authorizations WHERE request_id = r.request_id LIMIT 1
           ) a ON true
-          WHERE r.status = 'reserved' AND r.created_at < now() - make_interval(secs => ${afterSeconds})
+          WHERE r.status = 'reserved' AND ${where}
           ORDER BY r.created_at LIMIT 100
         `.pipe(Effect.flatMap(decodeStale), Effect.orDie)
 
+      const staleReservations = (afterSeconds: number) =>
+        openWhere(sql`r.created_at < now() - make_interval(secs => ${afterSeconds})`)
+
       const reservationsOf = (instanceIds: ReadonlyArray<string>) =>
-        sql`
-          ${openColumns}
-          FROM requests r
-          LEFT JOIN LATERAL (
-            SELECT scheme, valid_before FROM x402_authorizations WHERE request_id = r.request_id LIMIT 1
-          ) a ON true
-          WHERE r.status = 'reserved' AND r.instance_id IN ${sql.in(instanceIds)}
-          ORDER BY r.created_at LIMIT 100
-        `.pipe(Effect.flatMap(decodeStale), Effect.orDie)
+        openWhere(sql`r.instance_id IN ${sql.in(instanceIds)}`)
+
+      const finalRecordsOf = (instanceId: string) =>
+        openWhere(sql`r.instance_id = ${instanceId} AND (r.metered->>'final')::boolean`)
 
       return Ledger.of({
         ...reservations,
@@ -173,7 +174,8 @@ export class Ledger extends Context.Service<
         economics: receipts.economics,
         closeSession: makeSessionClose(sql),
         staleReservations,
-        reservationsOf
+        reservationsOf,
+        finalRecordsOf
       })
     })
   )

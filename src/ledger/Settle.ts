@@ -144,6 +144,8 @@ export class Settle extends Context.Service<
      * receipt is issued either way.
      */
     readonly fromRecord: (row: StaleReservation) => Effect.Effect<void>
+    /** Whether this instance is retrying the request's settlement in the background now. */
+    readonly inRetry: (requestId: string) => boolean
   }
 >()("router/ledger/Settle") {
   static readonly layer = Layer.effect(
@@ -152,6 +154,8 @@ export class Settle extends Context.Service<
       const ledger = yield* Ledger
       const { epochSeconds } = yield* RouterConfig
       const background = yield* Effect.scope
+      /** Requests whose settlement this instance is retrying in the background now. */
+      const retrying = new Set<string>()
 
       const receiptFor = (facts: SettleFacts) => {
         // An `upto` authorization charged zero is released unsubmitted: there is nothing to settle.
@@ -209,16 +213,22 @@ export class Settle extends Context.Service<
           Effect.catch((cause) =>
             Effect.andThen(
               Metric.update(settleAbandoned, 1),
-              Effect.logError("settlement given up after retries; the reaper settles it from its record", {
+              Effect.logError("settlement given up after retries; it is settled from its record", {
                 request_id: served.requestId,
                 status: served.status,
                 cause: String(cause)
               })
             )
           ),
+          Effect.ensuring(Effect.sync(() => retrying.delete(served.requestId))),
           Effect.withSpan("Settle.retry", { attributes: { request_id: served.requestId } }),
           Effect.forkIn(background),
-          Effect.asVoid
+          Effect.asVoid,
+          (fork) =>
+            Effect.andThen(
+              Effect.sync(() => retrying.add(served.requestId)),
+              fork
+            )
         )
 
       const request = (served: Served) => {
@@ -321,7 +331,12 @@ export class Settle extends Context.Service<
           )
         })
 
-      return Settle.of({ request, recordMeter: ledger.recordMeter, fromRecord })
+      return Settle.of({
+        request,
+        recordMeter: ledger.recordMeter,
+        fromRecord,
+        inRetry: (requestId) => retrying.has(requestId)
+      })
     })
   )
 
@@ -332,7 +347,8 @@ export class Settle extends Context.Service<
       Settle.of({
         request: (served) => Effect.as(record(served), true),
         recordMeter: () => Effect.void,
-        fromRecord: () => Effect.void
+        fromRecord: () => Effect.void,
+        inRetry: () => false
       })
     )
 }

@@ -277,6 +277,52 @@ describe("reservations left by a dead request", () => {
     )
 
     it.effect(
+      "a settlement this instance gave up on is settled from its final record; one still serving is left alone",
+      () =>
+        Effect.gen(function* () {
+          const ledger = yield* Ledger
+          const sql = yield* SqlClient.SqlClient
+          const reaper = yield* Reaper
+          const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
+          yield* ledger.reserveCredit(reservation(key.wallet, "req_given_up", 6_000), key.keyId)
+          yield* ledger.reserveCredit(reservation(key.wallet, "req_still_serving", 6_000), key.keyId)
+          const meter = (final: boolean) =>
+            meterRecordOf({
+              charged: 900,
+              tokens: { input: 30, cachedInput: 0, output: 12 },
+              providerId: "p",
+              modelClass: "chat-small",
+              tariff: { price_in: 5_000, price_out: 60_000 },
+              ttftMs: 75,
+              status: final ? "ok" : "partial",
+              final
+            })
+          // The background retry recorded the final meter and then gave up; the other only has a checkpoint.
+          yield* ledger.recordMeter("req_given_up", meter(true))
+          yield* ledger.recordMeter("req_still_serving", meter(false))
+
+          assert.strictEqual(yield* reaper.settleGivenUp, 1)
+          const rows = yield* sql<{ request_id: string; status: string; charged: string | null }>`
+            SELECT request_id, status, charged::text FROM requests WHERE payer = ${key.wallet} ORDER BY request_id`
+          assert.deepStrictEqual(
+            rows.map((r) => [r.request_id, r.status, r.charged === null ? null : Number(r.charged)]),
+            [
+              ["req_given_up", "captured", 900],
+              ["req_still_serving", "reserved", null]
+            ]
+          )
+          const receipt = (yield* call("/v1/receipts/req_given_up")).json as {
+            receipt: { status: string; charged: number }
+          }
+          assert.deepInclude(receipt.receipt, { status: "ok", charged: 900 })
+          assert.strictEqual(yield* reaper.settleGivenUp, 0)
+          // Leaves nothing of this instance open for the tests after it.
+          yield* sql`UPDATE requests SET created_at = now() - interval '2 hours' WHERE request_id = 'req_still_serving'`
+          yield* reaper.runOnce
+        })
+    )
+
+    it.effect(
       "an expired session nobody closed is settled: its key reservation goes back, less what it spent",
       () =>
         Effect.gen(function* () {
