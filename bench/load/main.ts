@@ -319,19 +319,21 @@ const main = async () => {
       await sleep(1_000)
     }
 
-    // x402: signed payments made up front (the paying client's work is not the router's).
-    const x402Count = Math.round(OPEN_RATE * OPEN_SECONDS) * ROUNDS
-    let x402Target: Target | undefined
-    if (only.has("router")) {
-      log(`signing ${x402Count} x402 payments`)
-      const payments = await x402Payments(router, body, x402Count)
-      let next = 0
-      x402Target = {
-        name: "router, x402",
-        url: `${router}/v1/chat/completions`,
-        headers: () => payments[next++ % payments.length]!,
-        body
-      }
+    // x402: signed payments made before each round's timed section (the paying client's work is not the
+    // router's), per round: a payment signed for the first round is too close to its `validBefore` by the
+    // last on a slow machine, and the router refuses it (402).
+    const x402Count = Math.round(OPEN_RATE * OPEN_SECONDS)
+    let payments: Array<Record<string, string>> = []
+    let next = 0
+    const x402Target: Target | undefined = only.has("router")
+      ? {
+          name: "router, x402",
+          url: `${router}/v1/chat/completions`,
+          headers: () => payments[next++ % payments.length]!,
+          body
+        }
+      : undefined
+    if (x402Target) {
       targets.x402 = x402Target
       pids.x402 = routerProcess.pid
     }
@@ -342,6 +344,11 @@ const main = async () => {
         for (const name of order) {
           await measure(name, `closed ${connections}`, () => closedLoop(targets[name]!, connections, SECONDS))
         }
+      }
+      if (x402Target) {
+        log(`signing ${x402Count} x402 payments`)
+        payments = await x402Payments(router, body, x402Count)
+        next = 0
       }
       for (const name of [...order, ...(x402Target ? ["x402"] : [])]) {
         await measure(name, `open ${OPEN_RATE}/s`, () => openLoop(targets[name]!, OPEN_RATE, OPEN_SECONDS))
