@@ -15,7 +15,9 @@
  *
  * Knobs (env or `--name=value`): SOAK_REQUESTS (3000), SOAK_CONCURRENCY (24), SOAK_SECONDS (traffic
  * bound, 300), SOAK_EPOCH_SECONDS (20), SOAK_SETTLE_SECONDS (bound on the wait for settlement, 240),
- * SOAK_STALL_MS (each stall, 4000), SOAK_SEED (the plan's random seed), SOAK_KEEP (keep the folder).
+ * SOAK_DB_STALL_MS (12000: longer than the instances' 10 s INSTANCE_DEAD_AFTER_SECONDS, so a stall of the
+ * database must not pass for a death, D252), SOAK_CHAIN_STALL_MS (5000), SOAK_SEED (the plan's random seed),
+ * SOAK_KEEP (keep the folder and database).
  */
 import { chmodSync, mkdtempSync, rmSync } from "node:fs"
 import { availableParallelism, loadavg, tmpdir } from "node:os"
@@ -44,7 +46,8 @@ const CONCURRENCY = Math.max(1, knob("SOAK_CONCURRENCY", 24))
 const TRAFFIC_SECONDS = knob("SOAK_SECONDS", 300)
 const EPOCH_SECONDS = Math.max(4, knob("SOAK_EPOCH_SECONDS", 20))
 const SETTLE_SECONDS = knob("SOAK_SETTLE_SECONDS", 240)
-const STALL_MS = knob("SOAK_STALL_MS", 4000)
+const DB_STALL_MS = knob("SOAK_DB_STALL_MS", 12_000)
+const CHAIN_STALL_MS = knob("SOAK_CHAIN_STALL_MS", 5_000)
 const SEED = knob("SOAK_SEED", Date.now() % 1_000_000)
 const TOKEN = "soak-operator"
 const log = (line: string) =>
@@ -198,7 +201,7 @@ const main = async () => {
     const events: Array<string> = []
     let restart: Promise<void> = Promise.resolve()
     const chaos: Array<Chaos> = [
-      { at: 0.2, name: "database stall", run: () => shared.stallDatabase(STALL_MS) },
+      { at: 0.2, name: "database stall", run: () => shared.stallDatabase(DB_STALL_MS) },
       {
         at: 0.4,
         name: "SIGKILL of router b",
@@ -220,7 +223,7 @@ const main = async () => {
           return "SIGKILL, restarted on the same port and DATA_DIR"
         }
       },
-      { at: 0.65, name: "chain stall", run: () => shared.stallChain(STALL_MS) }
+      { at: 0.65, name: "chain stall", run: () => shared.stallChain(CHAIN_STALL_MS) }
     ]
     let next = 0
     let done = 0
