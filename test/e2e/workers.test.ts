@@ -49,13 +49,20 @@ describe("WORKERS=2: two router processes on one port", () => {
     primary.stderr!.on("data", (b) => {
       output += b
     })
+    // Each worker syncs the book from the database once a second, so one worker showing quotes says
+    // little of the other: wait until six fresh connections in a row (handed to the workers in turn)
+    // all see depth.
     const started = Date.now()
+    let seen = 0
     while (Date.now() - started < 270_000) {
-      const depth = await fetch(`http://127.0.0.1:${port}/v1/market/book`)
+      const depth = await fetch(`http://127.0.0.1:${port}/v1/market/book`, {
+        headers: { connection: "close" }
+      })
         .then((r) => r.json() as Promise<{ classes: Array<{ model_class: string; depth: number }> }>)
         .then((b) => b.classes.find((c) => c.model_class === "chat-small")?.depth ?? 0)
         .catch(() => 0)
-      if (depth > 0) return
+      seen = depth > 0 ? seen + 1 : 0
+      if (seen >= 6) return
       await new Promise((r) => setTimeout(r, 250))
     }
     throw new Error(`WORKERS=2 did not start:\n${output.slice(-3000)}`)
