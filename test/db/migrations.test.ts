@@ -3,6 +3,7 @@ import { PgMigrator } from "@effect/sql-pg"
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { Migrator, SqlClient } from "effect/sql"
+import { skippedMigrations } from "../../src/db/Database.ts"
 import { migrations } from "../../src/db/migrations.ts"
 import { TestDatabase } from "../support/Database.ts"
 
@@ -32,6 +33,24 @@ describe("migrations", () => {
         )
         assert.strictEqual(again.length, 0)
         assert.deepStrictEqual(yield* schemaFingerprint, before)
+      })
+    )
+
+    it.effect("a migration id below the latest applied one is named as skipped, not passed over", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        assert.deepStrictEqual(yield* skippedMigrations(Object.keys(migrations)), [])
+        // A migration a branch adds below what this database already ran: the migrator never runs it.
+        const below = { ...migrations, "0018_landed_late": Effect.void }
+        const ran = yield* PgMigrator.run({ loader: Migrator.fromRecord(below) }).pipe(
+          Effect.provide(NodeServices.layer)
+        )
+        assert.strictEqual(ran.length, 0)
+        assert.deepStrictEqual(yield* skippedMigrations(Object.keys(below)), ["0018_landed_late"])
+        assert.strictEqual(
+          (yield* sql`SELECT 1 FROM effect_sql_migrations WHERE migration_id = 18`).length,
+          0
+        )
       })
     )
 
