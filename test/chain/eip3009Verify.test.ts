@@ -1,0 +1,49 @@
+import { assert, describe, it } from "@effect/vitest"
+import { privateKeyToAccount } from "viem/accounts"
+import {
+  randomAuthorizationNonce,
+  signTransferAuthorization,
+  verifyTransferAuthorization
+} from "../../src/chain/Eip3009.ts"
+
+const payer = privateKeyToAccount("0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d")
+const params = {
+  token: "0x0000000000000000000000000000000000000a11" as const,
+  chainId: 31337,
+  domain: { name: "USD Coin", version: "2" },
+  to: "0x0000000000000000000000000000000000000b0b" as const,
+  value: 1_000_000n,
+  validAfter: 0n,
+  validBefore: 2_000_000_000n
+}
+
+describe("verifyTransferAuthorization", () => {
+  it("checks an authorization once: the second check of the same inputs reuses the first's answer", async () => {
+    const nonce = randomAuthorizationNonce()
+    const signature = await signTransferAuthorization(payer, { ...params, nonce })
+    const signed = { ...params, nonce, from: payer.address, signature }
+    const first = verifyTransferAuthorization(signed)
+    // The same answer object: no second public-key recovery (an x402 call checks twice).
+    assert.strictEqual(verifyTransferAuthorization({ ...signed }), first)
+    assert.isTrue(await first)
+    // Any field changed is a check of its own, with its own answer.
+    assert.isFalse(await verifyTransferAuthorization({ ...signed, value: 1_000_001n }))
+    assert.isFalse(await verifyTransferAuthorization({ ...signed, to: payer.address }))
+    assert.isFalse(
+      await verifyTransferAuthorization({ ...signed, domain: { name: "USD Coin", version: "1" } })
+    )
+    assert.isTrue(await verifyTransferAuthorization({ ...signed }))
+  })
+
+  it("keeps a bounded number of answers: an old one is checked again, with the same result", async () => {
+    const nonce = randomAuthorizationNonce()
+    const signature = await signTransferAuthorization(payer, { ...params, nonce })
+    const signed = { ...params, nonce, from: payer.address, signature }
+    const first = verifyTransferAuthorization(signed)
+    for (let i = 0; i < 1100; i++)
+      void verifyTransferAuthorization({ ...signed, value: BigInt(i) }).catch(() => {})
+    const again = verifyTransferAuthorization(signed)
+    assert.notStrictEqual(again, first)
+    assert.isTrue(await again)
+  })
+})
