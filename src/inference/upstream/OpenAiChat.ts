@@ -40,7 +40,65 @@ export const chatRequestToUpstream = (
 type OpenAiUsage = ChatUsage
 type OpenAiChunk = ChatCompletionChunk
 
-const decodeChunk = Schema.decodeUnknownResult(Schema.fromJsonString(ChatCompletionChunk))
+const decodeChunkSchema = Schema.decodeUnknownResult(ChatCompletionChunk)
+
+type Json = Record<string, unknown>
+const isObject = (value: unknown): value is Json =>
+  typeof value === "object" && value !== null && !Array.isArray(value)
+const absentOr = (value: unknown, is: (present: unknown) => boolean) =>
+  value === undefined || value === null || is(value)
+const isString = (value: unknown) => typeof value === "string"
+const isInt = (value: unknown) => Number.isSafeInteger(value)
+const DELTA_TEXT_FIELDS = ["role", "content", "reasoning_content", "reasoning", "refusal"] as const
+const isPlainDelta = (delta: unknown) =>
+  isObject(delta) &&
+  (delta.tool_calls === undefined || delta.tool_calls === null) &&
+  DELTA_TEXT_FIELDS.every((field) => absentOr(delta[field], isString))
+const isPlainChoice = (choice: unknown) =>
+  isObject(choice) &&
+  isInt(choice.index) &&
+  absentOr(choice.delta, isPlainDelta) &&
+  absentOr(choice.finish_reason, isString)
+const isPlainUsage = (usage: unknown) =>
+  isObject(usage) &&
+  absentOr(usage.prompt_tokens, isInt) &&
+  absentOr(usage.completion_tokens, isInt) &&
+  absentOr(usage.total_tokens, isInt) &&
+  absentOr(usage.prompt_tokens_details, (d) => isObject(d) && absentOr(d.cached_tokens, isInt)) &&
+  absentOr(usage.completion_tokens_details, (d) => isObject(d) && absentOr(d.reasoning_tokens, isInt)) &&
+  (usage.cost === undefined || typeof usage.cost === "number") &&
+  usage.svc_estimates === undefined
+
+/**
+ * Whether a parsed chunk is one of the common shapes (text, role, reasoning, finish, usage) that
+ * `ChatCompletionChunk` accepts exactly as it stands: every field it checks holds what the schema
+ * declares (fields the schema does not declare are ignored by both). Anything else (tool calls,
+ * sources, `svc`, errors, a field of the wrong type) goes through the schema. Checking these by hand
+ * is a fraction of the schema's cost on the hottest loop of a paid call (every upstream frame);
+ * test/inference/upstream/openAiChunk.test.ts holds the two to the same answers.
+ */
+export const isPlainChunk = (chunk: unknown): chunk is OpenAiChunk =>
+  isObject(chunk) &&
+  absentOr(chunk.id, isString) &&
+  absentOr(chunk.object, isString) &&
+  absentOr(chunk.created, isInt) &&
+  absentOr(chunk.model, isString) &&
+  absentOr(chunk.choices, (choices) => Array.isArray(choices) && choices.every(isPlainChoice)) &&
+  absentOr(chunk.usage, isPlainUsage) &&
+  chunk.svc_sources === undefined &&
+  chunk.svc === undefined &&
+  (chunk.error === undefined || chunk.error === null)
+
+/** One frame's JSON as a chunk: the common shapes checked by hand, the rest by the schema. */
+export const decodeChunk = (data: string): Result.Result<OpenAiChunk, unknown> => {
+  let parsed: unknown
+  try {
+    parsed = JSON.parse(data)
+  } catch (error) {
+    return Result.fail(error)
+  }
+  return isPlainChunk(parsed) ? Result.succeed(parsed) : decodeChunkSchema(parsed)
+}
 export const openAiFinishReason = (reason: string): FinishReason => {
   switch (reason) {
     case "length":
