@@ -1,4 +1,4 @@
-import { Effect, Option, Schema } from "effect"
+import { Clock, Effect, Metric, Option, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import { getAddress, type Hex } from "viem"
 import { Ledger } from "./Ledger.ts"
@@ -10,6 +10,16 @@ const DueGroup = Schema.Struct({
   request_ids: Schema.Array(Schema.String)
 })
 const decodeGroups = Schema.decodeUnknownEffect(Schema.Array(DueGroup))
+
+/** Base units of refunds due whose batch the treasury could not send; retried with a backoff. */
+export const refundsUnpayable = Metric.gauge("svc_refunds_unpayable_base_units", {
+  description: "Base units of refunds due that the treasury could not pay (a failed batch awaiting its retry)"
+})
+
+/** The wait before a payer's failed refund batch is tried again: 1 s, doubling per failure, at most this. */
+export const REFUND_RETRY_MAX_MS = 60_000
+export const refundRetryDelayMs = (failures: number) =>
+  Math.min(REFUND_RETRY_MAX_MS, 1_000 * 2 ** Math.min(16, Math.max(0, failures - 1)))
 
 /**
  * Step 1 of the epoch close: the overage of every captured request whose payment landed is refunded
@@ -26,6 +36,24 @@ export const makeRefunds = (options: {
     const ledger = yield* Ledger
     const treasury = yield* Treasury
     const { payoutFloor, currentEpoch } = options
+    // Payers whose last batch was not sent or moved nothing (a treasury that cannot cover it): when it
+    // is tried again and what it held. In memory: a restarted instance simply tries once more at once.
+    const unpayable = new Map<string, { failures: number; retryAt: number; amount: bigint }>()
+    const publishUnpayable = Effect.suspend(() =>
+      Metric.update(refundsUnpayable, Number([...unpayable.values()].reduce((sum, u) => sum + u.amount, 0n)))
+    )
+    const failed = (payer: string, amount: bigint, reason: string) =>
+      Effect.gen(function* () {
+        const failures = (unpayable.get(payer)?.failures ?? 0) + 1
+        const delay = refundRetryDelayMs(failures)
+        unpayable.set(payer, { failures, retryAt: (yield* Clock.currentTimeMillis) + delay, amount })
+        yield* Effect.logWarning("refund batch not paid; back to due", {
+          reason,
+          payer,
+          failures,
+          retry_in_ms: delay
+        })
+      })
 
     /**
      * Writes the refund into the receipts it belongs to. A receipt already in an anchored (or closing)
@@ -80,19 +108,23 @@ export const makeRefunds = (options: {
       Effect.gen(function* () {
         const sent = yield* treasury
           .send({ _tag: "RefundBatch", to: getAddress(payer), amount: total, requestIds })
-          .pipe(
-            Effect.tapError((e) => Effect.logWarning("refund batch not sent; back to due", e.message)),
-            Effect.option
-          )
-        if (Option.isNone(sent)) return yield* backToDue(requestIds)
-        const hash = sent.value
+          .pipe(Effect.result)
+        if (sent._tag === "Failure") {
+          yield* failed(payer, total, sent.failure.message)
+          return yield* backToDue(requestIds)
+        }
+        unpayable.delete(payer)
+        const hash = sent.success
         yield* sql`UPDATE refunds SET tx_hash = ${hash} WHERE request_id IN ${sql.in(requestIds)}`.pipe(
           Effect.orDie
         )
         const outcome = yield* treasury.confirm(hash).pipe(Effect.option)
         if (Option.isNone(outcome)) return
         if (outcome.value.status === "success") yield* markPaid(payer, hash, requestIds)
-        else yield* backToDue(requestIds)
+        else {
+          yield* failed(payer, total, "the transfer moved nothing")
+          yield* backToDue(requestIds)
+        }
       })
 
     /** Batches a crashed or failed pass left `paying` (with or without a hash) are sent again: the same transaction. */
@@ -106,6 +138,7 @@ export const makeRefunds = (options: {
 
     const settleRefunds = Effect.gen(function* () {
       const epoch = yield* currentEpoch
+      const now = yield* Clock.currentTimeMillis
       yield* resumePaying
       // Claim due refunds of ended epochs whose payment landed; credit small ones in the same step.
       const groups = yield* sql
@@ -117,7 +150,12 @@ export const makeRefunds = (options: {
             WHERE r.status = 'due' AND r.epoch_id < ${epoch} AND a.status = 'landed'
             GROUP BY r.payer
           `.pipe(Effect.flatMap(decodeGroups))
-            for (const group of due) {
+            // A payer whose batch failed waits out its backoff before its refunds are claimed again.
+            const ready = due.filter(
+              (group) =>
+                Number(group.total) < payoutFloor || (unpayable.get(group.payer)?.retryAt ?? 0) <= now
+            )
+            for (const group of ready) {
               if (Number(group.total) >= payoutFloor) {
                 yield* sql`UPDATE refunds SET status = 'paying' WHERE request_id IN ${sql.in(group.request_ids)}`
               } else {
@@ -133,7 +171,7 @@ export const makeRefunds = (options: {
                          WHERE request_id IN ${sql.in(group.request_ids)}`
               }
             }
-            return due
+            return ready
           })
         )
         .pipe(Effect.orDie)
@@ -148,6 +186,7 @@ export const makeRefunds = (options: {
         // (the next pass retries them) and the other payers' batches still go out.
         yield* payBatch(group.payer, BigInt(group.total), group.request_ids)
       }
+      yield* publishUnpayable
       return settled
     }).pipe(Effect.withSpan("Epochs.settleRefunds"))
 
