@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto"
 import type { Address, Hex, LocalAccount } from "viem"
-import { bytesToHex, verifyTypedData } from "viem"
+import { bytesToHex, hashTypedData } from "viem"
+import { signedBy } from "./SignerKeys.ts"
 
 /** The token's EIP-712 domain, minus the chain id and verifying contract (USDC: "USD Coin", "2"). */
 export interface TokenDomain {
@@ -87,11 +88,8 @@ export const verifyTransferAuthorization = (
   ].join("|")
   const known = recentVerifications.get(key)
   if (known !== undefined) return known
-  const verified = verifyTypedData({
-    address: params.from,
-    signature: params.signature,
-    ...typedData(params.from, params)
-  })
+  const verified = (async () =>
+    signedBy(params.from, hashTypedData(typedData(params.from, params)), params.signature))()
   recentVerifications.set(key, verified)
   if (recentVerifications.size > RECENT_VERIFICATIONS) {
     recentVerifications.delete(recentVerifications.keys().next().value!)
