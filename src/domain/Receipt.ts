@@ -109,6 +109,23 @@ const putUint = (view: DataView, word: number, n: number) => {
 const putString = (out: Uint8Array, word: number, text: string) =>
   out.set(keccak(utf8.encode(text)), word * 32)
 
+/**
+ * The hashes of the fields that repeat from receipt to receipt (provider, model class, status,
+ * settlement, an empty reference or session): each keccak is pure JS, and these are 7 of a
+ * receipt's 11. Bounded: past `REPEATED_LIMIT` distinct values the map starts over.
+ */
+const repeatedHashes = new Map<string, Uint8Array>()
+const REPEATED_LIMIT = 512
+const putRepeatedString = (out: Uint8Array, word: number, text: string) => {
+  let hash = repeatedHashes.get(text)
+  if (hash === undefined) {
+    if (repeatedHashes.size >= REPEATED_LIMIT) repeatedHashes.clear()
+    hash = keccak(utf8.encode(text))
+    repeatedHashes.set(text, hash)
+  }
+  out.set(hash, word * 32)
+}
+
 const domainSeparator = (chainId: number) => {
   let separator = domainSeparators.get(chainId)
   if (separator === undefined) {
@@ -137,23 +154,23 @@ export const receiptDigest = (receipt: ReceiptBody, chainId: number): Hex => {
   const wallet = hexToBytes(receipt.wallet as Hex)
   if (wallet.length !== 20) throw new RangeError("receipt wallet is not a 20-byte address")
   out.set(wallet, 2 * 32 + 12)
-  putString(out, 3, receipt.provider_id)
-  putString(out, 4, receipt.model_class)
+  putRepeatedString(out, 3, receipt.provider_id)
+  putRepeatedString(out, 4, receipt.model_class)
   putUint(view, 5, receipt.in_tokens)
   putUint(view, 6, receipt.out_tokens)
   putUint(view, 7, receipt.cached_tokens)
   putUint(view, 8, receipt.price_in)
   putUint(view, 9, receipt.price_out)
-  putString(out, 10, receipt.price_in_cached === null ? "" : String(receipt.price_in_cached))
+  putRepeatedString(out, 10, receipt.price_in_cached === null ? "" : String(receipt.price_in_cached))
   putUint(view, 11, receipt.charged)
   putUint(view, 12, receipt.authorized)
   putString(out, 13, receipt.payment_ref)
-  putString(out, 14, receipt.refund_ref ?? "")
+  putRepeatedString(out, 14, receipt.refund_ref ?? "")
   putUint(view, 15, receipt.ttft_ms)
-  putString(out, 16, receipt.status)
-  putString(out, 17, receipt.settlement)
+  putRepeatedString(out, 16, receipt.status)
+  putRepeatedString(out, 17, receipt.settlement)
   putUint(view, 18, receipt.epoch_id)
-  putString(out, 19, receipt.session_id ?? "")
+  putRepeatedString(out, 19, receipt.session_id ?? "")
   putUint(view, 20, receipt.quotes_competing)
   putUint(view, 21, receipt.created_at)
   const envelope = new Uint8Array(2 + 64)

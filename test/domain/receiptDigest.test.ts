@@ -46,6 +46,15 @@ describe("receipt digest (properties)", () => {
     )
   })
 
+  it("is viem's hashTypedData for repeated field values, past the bound of kept field hashes too", () => {
+    // Few providers and statuses (as in real traffic), then more distinct values than are kept.
+    const few = fc.sample(receipts, 200).map((r, i) => ({ ...r, provider_id: `p${i % 3}`, session_id: null }))
+    const many = fc.sample(receipts, 700).map((r, i) => ({ ...r, provider_id: `provider ${i}` }))
+    for (const receipt of [...few, ...many, ...few]) {
+      assert.strictEqual(receiptDigest(receipt, 8453), hashTypedData(receiptTypedData(receipt, 8453)))
+    }
+  })
+
   it("signed as a digest, it is byte for byte viem's signTypedData, and viem recovers the signer", async () => {
     await fc.assert(
       fc.asyncProperty(
