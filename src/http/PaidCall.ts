@@ -19,6 +19,7 @@ import { Pipeline } from "../inference/Pipeline.ts"
 import { bodyHash, Idempotency } from "../payment/Idempotency.ts"
 import { decodePaymentSignature } from "../payment/X402.ts"
 import { RouterConfig } from "../RouterConfig.ts"
+import { keptReply, keptResponse, type Reply, respondLive } from "./Replies.ts"
 
 export interface Original<P> {
   readonly admitted: Admitted
@@ -26,21 +27,8 @@ export interface Original<P> {
   readonly payload: P
 }
 
-/** Encodes a served request in its caller's dialect, from event index `from` on (0: from the start). */
-export type Respond<P> = (
-  original: Original<P>,
-  from: number
-) => Effect.Effect<HttpServerResponse.HttpServerResponse>
-
-/**
- * What a replay keeps for as long as its stream is kept (minutes): the encoder and the call's record.
- * Built outside the serving closure, whose scope holds the HTTP request (V8 keeps a closure's whole
- * enclosing scope, so a replay closure made inside it would keep the request and its response too).
- */
-const replayOf =
-  <P>(respond: Respond<P>, original: Original<P>) =>
-  (from: number) =>
-    respond(original, from)
+/** The served request's reply in its caller's dialect (the handler's part). */
+export type ReplyOf<P> = (original: Original<P>) => Reply
 
 export const agentHeadersOf = (request: HttpServerRequest): AgentHeaders => ({
   role: request.headers["x-routing-agent-role"],
@@ -78,7 +66,7 @@ export class PaidCalls extends Context.Service<
       readonly payload: P
       readonly chat: ChatCompletionRequest
       readonly request: HttpServerRequest
-      readonly respond: Respond<P>
+      readonly reply: ReplyOf<P>
     }) => Effect.Effect<HttpServerResponse.HttpServerResponse, CompletionError | Conflict>
     /** Reconnects to a stream from the event after `lastEventId` (x-stream-token). */
     readonly resume: (
@@ -124,10 +112,18 @@ export class PaidCalls extends Context.Service<
           return signed ? `payer:${authorization.from.toLowerCase()}` : undefined
         })
 
-      const served = new WeakMap<
-        LiveStream<ServeEvent>,
-        (from: number) => Effect.Effect<HttpServerResponse.HttpServerResponse>
-      >()
+      /**
+       * A served stream's reply from event `from` on: its kept bytes once it finished, else written live.
+       * The reply (which holds the call's record: the parsed request, the auction) is reachable only from
+       * the stream's keeper and the response being written, so it goes when the stream finishes (D270).
+       */
+      const replay = (stream: LiveStream<ServeEvent>, from: number) =>
+        Effect.suspend(() => {
+          if (stream.kept !== undefined) return Effect.succeed(keptResponse(stream.kept, from))
+          const reply = replies.get(stream)
+          return reply === undefined ? Effect.succeed(undefined) : respondLive(live, reply, from)
+        })
+      const replies = new WeakMap<LiveStream<ServeEvent>, Reply>()
 
       const serve = <P>(options: {
         readonly path: string
@@ -135,7 +131,7 @@ export class PaidCalls extends Context.Service<
         readonly payload: P
         readonly chat: ChatCompletionRequest
         readonly request: HttpServerRequest
-        readonly respond: Respond<P>
+        readonly reply: ReplyOf<P>
       }) =>
         Effect.gen(function* () {
           const { request } = options
@@ -155,15 +151,15 @@ export class PaidCalls extends Context.Service<
             )
             if (claim._tag === "Replay") {
               const stream = live.get<ServeEvent>(claim.requestId)
-              const replay = stream === undefined ? undefined : served.get(stream)
-              if (replay === undefined) {
+              const replayed = stream === undefined ? undefined : yield* replay(stream, 0)
+              if (replayed === undefined) {
                 return yield* new Conflict({
                   code: "idempotency_replay",
                   param: "Idempotency-Key",
                   message: `This Idempotency-Key already produced request ${claim.requestId}; read its result at /v1/receipts/${claim.requestId}`
                 })
               }
-              return yield* replay(0)
+              return replayed
             }
           }
           // Admission is uninterruptible but for the wait for the first token; once it returns, the
@@ -176,20 +172,23 @@ export class PaidCalls extends Context.Service<
               )
             )
           )
-          const original: Original<P> = { admitted, agent: context.agent, payload: options.payload }
-          served.set(admitted.stream, replayOf(options.respond, original))
-          return yield* options.respond(original, 0)
+          const reply = options.reply({ admitted, agent: context.agent, payload: options.payload })
+          replies.set(admitted.stream, reply)
+          live.keep(admitted.stream, (events) => {
+            replies.delete(admitted.stream)
+            return keptReply(reply, events)
+          })
+          return yield* respondLive(live, reply, 0)
         }).pipe(Effect.scoped)
+
+      const notFound = (id: string) =>
+        new NotFound({ code: "stream_not_found", message: `No live or recent stream ${id}` })
 
       const find = (id: string, token: string | undefined) =>
         Effect.gen(function* () {
           const stream = live.get<ServeEvent>(id)
-          const respond = stream === undefined ? undefined : served.get(stream)
-          if (stream === undefined || respond === undefined) {
-            return yield* new NotFound({
-              code: "stream_not_found",
-              message: `No live or recent stream ${id}`
-            })
+          if (stream === undefined || (stream.kept === undefined && !replies.has(stream))) {
+            return yield* notFound(id)
           }
           if (!live.verify(stream, token)) {
             return yield* new Unauthorized({
@@ -197,16 +196,18 @@ export class PaidCalls extends Context.Service<
               message: "Missing or invalid x-stream-token"
             })
           }
-          return { stream, respond }
+          return stream
         })
 
       return PaidCalls.of({
         serve,
         resume: (id, token, lastEventId) =>
-          Effect.flatMap(find(id, token), ({ respond }) =>
-            respond(lastEventId === undefined ? 0 : lastEventId + 1)
+          Effect.flatMap(find(id, token), (stream) =>
+            Effect.flatMap(replay(stream, lastEventId === undefined ? 0 : lastEventId + 1), (response) =>
+              response === undefined ? Effect.fail(notFound(id)) : Effect.succeed(response)
+            )
           ),
-        stop: (id, token) => Effect.flatMap(find(id, token), ({ stream }) => live.stop(stream))
+        stop: (id, token) => Effect.flatMap(find(id, token), (stream) => live.stop(stream))
       })
     })
   )

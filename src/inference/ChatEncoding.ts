@@ -165,20 +165,26 @@ export const chatCompletionBody = (admitted: Admitted, assembled: Assembled, inc
   }
 }
 
-/** `svc.rich` over the events before `upTo`: the live stream's buffer holds every event by its index. */
-const richBefore = (admitted: Admitted, upTo: number): RichEnvelope | undefined => {
-  const { text, sources } = assemble(admitted.stream.events.slice(0, upTo))
-  return richEnvelope(text, { sources })
+/** The text and sources an encoder has seen so far: what `svc.rich` is computed over. */
+interface Seen {
+  text: string
+  readonly sources: Array<UpstreamSource>
 }
+
+const richOf = (seen: Seen): RichEnvelope | undefined => richEnvelope(seen.text, { sources: seen.sources })
 
 const frame = (data: unknown, id?: number) =>
   `${id === undefined ? "" : `id: ${id}\n`}data: ${JSON.stringify(data)}\n\n`
 
-/** SSE frames for one served event; `index` is the event's position, the resume cursor. */
-export const chatChunkFrames = (
+/**
+ * SSE frames for one served event; `index` is the event's position, the resume cursor. `seen` is what
+ * came before it, and takes this event in (every event is pushed in order, from the first).
+ */
+const chatChunkFrames = (
   admitted: Admitted,
   indexed: Indexed<ServeEvent>,
-  includeReasoning: boolean
+  includeReasoning: boolean,
+  seen: Seen
 ): string => {
   const base = {
     id: `chatcmpl-${admitted.requestId.slice(4)}`,
@@ -201,7 +207,7 @@ export const chatChunkFrames = (
     const summary = event.summary
     const frames: Array<string> = []
     // The complete envelope, over the whole text, before the stream says it is finished.
-    const rich = richBefore(admitted, index)
+    const rich = richOf(seen)
     if (rich !== undefined) frames.push(richFrame(rich))
     // A cut stream ends with its error chunk, which carries `finish_reason: "error"` (as the
     // OpenAI-compatible routers' mid-stream error does): no `stop` follows it (the usage frame still
@@ -249,6 +255,8 @@ export const chatChunkFrames = (
     return frames.join("")
   }
   const e = event.event
+  if (e._tag === "TextDelta") seen.text += e.text
+  if (e._tag === "Sources") seen.sources.push(...e.sources)
   if (e._tag === "TextDelta") {
     return frame({ ...base, choices: [{ index: 0, delta: { content: e.text }, finish_reason: null }] }, index)
   }
@@ -261,7 +269,7 @@ export const chatChunkFrames = (
     )
   }
   if (e._tag === "Sources") {
-    const rich = richBefore(admitted, index + 1)
+    const rich = richOf(seen)
     return rich === undefined ? "" : richFrame(rich, index, e.sources)
   }
   const toolCall: Record<string, unknown> = { index: e.index, function: { arguments: e.argumentsDelta } }
@@ -272,6 +280,18 @@ export const chatChunkFrames = (
     { ...base, choices: [{ index: 0, delta: { tool_calls: [toolCall] }, finish_reason: null }] },
     index
   )
+}
+
+/** The chat-completions SSE of one reply: the `auction_cleared` chunk, then each event's chunks in order. */
+export const makeChatEncoder = (admitted: Admitted, includeReasoning: boolean) => {
+  const seen: Seen = { text: "", sources: [] }
+  return {
+    start: () => [auctionClearedFrame(admitted)],
+    push: (event: ServeEvent, index: number) => {
+      const frames = chatChunkFrames(admitted, { index, event }, includeReasoning, seen)
+      return frames.length > 0 ? [frames] : []
+    }
+  }
 }
 
 /** The first SSE chunk: the auction that cleared, with the executable quotes that competed. */

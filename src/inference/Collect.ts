@@ -17,7 +17,9 @@ export const collect = (live: LiveStreams["Service"], admitted: Admitted) =>
     let text = ""
     const toolCalls: Array<{ name: string; arguments: string }> = []
     let summary: ServeSummary | undefined
+    // The router's own calls register no keeper, so their events are never compacted away.
     yield* live.follow(admitted.stream, 0).pipe(
+      Stream.orDie,
       Stream.runForEach(({ event }) =>
         Effect.sync(() => {
           if (event._tag === "End") {

@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from "node:crypto"
-import { type Cause, Clock, Context, Deferred, Effect, Fiber, Layer, Queue, Schedule, Stream } from "effect"
+import { Cause, Clock, Context, Data, Deferred, Effect, Fiber, Layer, Queue, Schedule, Stream } from "effect"
 
 /**
  * Served work runs detached from the HTTP connection, in a fiber this registry owns, and
@@ -19,15 +19,43 @@ export interface Indexed<E> {
   readonly event: E
 }
 
+/**
+ * A finished reply as its caller's encoder wrote it: what a finished stream keeps for replay in place
+ * of its events and the request they answered (D270).
+ */
+export interface KeptReply {
+  readonly contentType: string
+  readonly headers: Readonly<Record<string, string>>
+  readonly body: Uint8Array
+  /** Byte offset in `body` of each event's frames, and the body's length last (SSE); none for a whole body. */
+  readonly offsets: Uint32Array | undefined
+}
+
+/** A reader came after the stream's events were replaced by its kept reply: read `stream.kept` instead. */
+export class Compacted extends Data.TaggedError("Compacted")<{}> {}
+
 export interface LiveStream<E> {
   readonly id: string
   readonly tokenHash: string
-  readonly events: Array<E>
+  /** Every event while the work runs; emptied when it finishes and a keeper turned them into `kept`. */
+  events: Array<E>
   readonly done: Deferred.Deferred<void>
-  readonly readers: Set<Queue.Queue<Indexed<E>, Cause.Done>>
+  readonly readers: Set<Queue.Queue<Indexed<E>, Cause.Done | Compacted>>
   fiber: Fiber.Fiber<void> | undefined
   finishedAt: number | undefined
   stopRequested: boolean
+  /** Turns the events into the kept reply when the work finishes (registered by `keep`). */
+  keeper: ((events: ReadonlyArray<E>) => KeptReply) | undefined
+  kept: KeptReply | undefined
+}
+
+/** Replaces a finished stream's events by its kept reply; the keeper (and what it closed over) goes. */
+const compact = <E>(stream: LiveStream<E>) => {
+  const keeper = stream.keeper
+  if (keeper === undefined || stream.finishedAt === undefined) return
+  stream.keeper = undefined
+  stream.kept = keeper(stream.events)
+  stream.events = []
 }
 
 export const hashToken = (token: string) => createHash("sha256").update(token).digest("hex")
@@ -45,8 +73,16 @@ export class LiveStreams extends Context.Service<
       work: (emit: (event: E) => Effect.Effect<void>) => Effect.Effect<void>
     ) => Effect.Effect<{ readonly stream: LiveStream<E>; readonly token: string }>
     readonly get: <E>(id: string) => LiveStream<E> | undefined
-    /** Events from index `from` on, live until the work ends. */
-    readonly follow: <E>(stream: LiveStream<E>, from: number) => Stream.Stream<Indexed<E>>
+    /**
+     * Events from index `from` on, live until the work ends; fails with `Compacted` (before any event)
+     * once a finished stream's events were replaced by its kept reply.
+     */
+    readonly follow: <E>(stream: LiveStream<E>, from: number) => Stream.Stream<Indexed<E>, Compacted>
+    /**
+     * What a finished stream keeps: when its work ends (at once if it has), `keeper` turns its events
+     * into the kept reply, and the events and `keeper` are let go.
+     */
+    readonly keep: <E>(stream: LiveStream<E>, keeper: (events: ReadonlyArray<E>) => KeptReply) => void
     readonly stop: <E>(stream: LiveStream<E>) => Effect.Effect<void>
     /** How many works are still running (shutdown waits for them to end). */
     readonly running: Effect.Effect<number>
@@ -72,7 +108,9 @@ export class LiveStreams extends Context.Service<
             readers: new Set(),
             fiber: undefined,
             finishedAt: undefined,
-            stopRequested: false
+            stopRequested: false,
+            keeper: undefined,
+            kept: undefined
           }
           streams.set(id, stream as LiveStream<unknown>)
           const emit = (event: E) =>
@@ -92,6 +130,7 @@ export class LiveStreams extends Context.Service<
                 // Kept for replay are the events and this record only: the finished fiber holds the
                 // context it was started in (the caller's HTTP request among it) and `work`'s closure.
                 stream.fiber = undefined
+                compact(stream)
                 yield* Deferred.succeed(stream.done, undefined)
               })
             ),
@@ -109,9 +148,14 @@ export class LiveStreams extends Context.Service<
         })
 
       const follow = <E>(stream: LiveStream<E>, from: number) =>
-        Stream.callback<Indexed<E>>((queue) =>
+        Stream.callback<Indexed<E>, Compacted>((queue) =>
           Effect.acquireRelease(
             Effect.sync(() => {
+              // Checked in the same step that reads the events: nothing can compact in between.
+              if (stream.kept !== undefined) {
+                Queue.failCauseUnsafe(queue, Cause.fail(new Compacted()))
+                return
+              }
               for (let i = Math.max(0, from); i < stream.events.length; i++) {
                 Queue.offerUnsafe(queue, { index: i, event: stream.events[i]! })
               }
@@ -151,6 +195,10 @@ export class LiveStreams extends Context.Service<
         start,
         get: <E>(id: string) => streams.get(id) as LiveStream<E> | undefined,
         follow,
+        keep: (stream, keeper) => {
+          stream.keeper = keeper
+          compact(stream)
+        },
         stop,
         running: Effect.sync(() => unfinished().length),
         stopAll: Effect.suspend(() =>

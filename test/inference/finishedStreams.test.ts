@@ -1,3 +1,4 @@
+import { randomBytes } from "node:crypto"
 import diagnostics from "node:diagnostics_channel"
 import http from "node:http"
 import v8 from "node:v8"
@@ -80,6 +81,29 @@ const streamOnce = (base: string, key: string, body: unknown) =>
       })
   )
 
+/**
+ * Whether a string containing `needle` is alive in this process: a heap snapshot (taken after a full
+ * collection) holds every live string, and only those.
+ */
+const heapHolds = (needle: string) =>
+  Effect.promise(
+    () =>
+      new Promise<boolean>((resolve, reject) => {
+        const snapshot = v8.getHeapSnapshot()
+        let tail = ""
+        let found = false
+        snapshot.setEncoding("utf8")
+        snapshot.on("data", (chunk: string) => {
+          if (found) return
+          const text = tail + chunk
+          if (text.includes(needle)) found = true
+          tail = text.slice(-needle.length)
+        })
+        snapshot.on("end", () => resolve(found))
+        snapshot.on("error", reject)
+      })
+  )
+
 /** Collects until the given objects are gone or a few passes show they are held. */
 const collected = (refs: ReadonlyArray<WeakRef<object>>) =>
   Effect.promise(async () => {
@@ -110,6 +134,9 @@ describe("a finished stream", () => {
         )
         const key = yield* fundedKey({ budget: 100_000_000, balance: 100_000_000 })
 
+        // The prompt carries a mark made here (never a literal in code), so a snapshot finds it only
+        // where the router still holds the parsed request.
+        const mark = `prompt-mark-${randomBytes(8).toString("hex")}`
         const held: Array<WeakRef<object>> = []
         const onStart = (message: unknown) => {
           const { request, response } = message as {
@@ -124,7 +151,7 @@ describe("a finished stream", () => {
         const reply = yield* streamOnce(base, key.secret, {
           model: "chat-small",
           stream: true,
-          messages: [{ role: "user", content: "what does a finished stream keep?" }],
+          messages: [{ role: "user", content: `what does a finished stream keep? ${mark}` }],
           max_tokens: 16
         }).pipe(
           Effect.ensuring(Effect.sync(() => diagnostics.unsubscribe("http.server.request.start", onStart)))
@@ -143,18 +170,27 @@ describe("a finished stream", () => {
         // ...and nothing of it reaches the Node request or response of the call that made it.
         assert.isTrue(yield* collected(held), "a finished stream still holds its call's request or response")
 
-        // The kept record is the events and small metadata: not the finished fiber (its context and exit),
-        // not the readers that followed it.
+        // The kept record is the reply's bytes as the caller got them and small metadata (D270): not the
+        // events, not the finished fiber (its context and exit), not the readers that followed it.
         const kept = (yield* LiveStreams).get(id)
         assert.isDefined(kept)
         assert.isDefined(kept!.finishedAt)
         assert.isUndefined(kept!.fiber)
         assert.strictEqual(kept!.readers.size, 0)
+        assert.strictEqual(kept!.events.length, 0, "a finished stream keeps its events")
+        assert.isUndefined(kept!.keeper)
+        assert.isDefined(kept!.kept, "a finished stream keeps no encoded reply")
+        assert.strictEqual(Buffer.from(kept!.kept!.body).toString("utf8"), reply.text)
+        assert.strictEqual(kept!.kept!.offsets!.at(-1), kept!.kept!.body.length)
 
         // Collection took nothing replay needs.
         const again = yield* call(`/v1/streams/${id}`, { headers: { "x-stream-token": token } })
         assert.strictEqual(again.status, 200, again.text)
         assert.strictEqual(again.text, replay.text)
+
+        // ...and nothing else of the call: the parsed request (its prompt) is gone (last: the snapshot
+        // stops this process for seconds).
+        assert.isFalse(yield* heapHolds(mark), "a finished stream still holds its call's prompt")
       })
     )
   })

@@ -1,5 +1,4 @@
-import { Effect, Stream } from "effect"
-import { HttpServerResponse } from "effect/http"
+import { Effect } from "effect"
 import type { HttpServerRequest } from "effect/http/HttpServerRequest"
 import { HttpApiBuilder } from "effect/http-api"
 import { Chain } from "../../chain/Chain.ts"
@@ -22,11 +21,11 @@ import {
 } from "../../inference/adapters/ResponsesEncoding.ts"
 import { responsesShowsReasoning, responsesToChatRequest } from "../../inference/adapters/ResponsesRequest.ts"
 import { paidHeaders, servedSvc, svcEnvelope } from "../../inference/ChatEncoding.ts"
-import { type LiveStream, LiveStreams } from "../../inference/LiveStreams.ts"
 import type { ServeEvent } from "../../inference/Paid.ts"
 import { estimatePromptTokens } from "../../inference/Tokens.ts"
 import { Api } from "../Api.ts"
 import { type Original, PaidCalls } from "../PaidCall.ts"
+import type { FrameEncoder, Reply } from "../Replies.ts"
 
 /**
  * `/v1/responses` and `/v1/messages`: decode the harness's dialect, translate it to the chat
@@ -34,81 +33,24 @@ import { type Original, PaidCalls } from "../PaidCall.ts"
  * do — same headers, same idempotency — then encode the served events back into the dialect.
  */
 
-const sseResponse = (body: Stream.Stream<string>, headers: Record<string, string>) =>
-  HttpServerResponse.stream(body.pipe(Stream.encodeText), {
-    contentType: "text/event-stream",
-    headers: { ...headers, "cache-control": "no-cache" }
-  })
-
-/** What a stateful dialect encoder needs: opening frames, frames per served event, and the final body. */
-interface DialectEncoding<Options, Frame> {
-  readonly make: (options: Options) => {
-    start(): ReadonlyArray<Frame>
-    push(event: ServeEvent): ReadonlyArray<Frame>
-  }
-  readonly frame: (frame: Frame) => string
-  readonly body: (options: Options, events: ReadonlyArray<ServeEvent>) => unknown
-}
-
-/**
- * Streams a served request in a stateful dialect (from event `from` on), or answers its final
- * body. On a reconnect the encoder replays from the start and sends only what follows the last
- * event the client saw.
- */
-const respondIn = <Options, Frame>(
-  live: LiveStreams["Service"],
-  encoding: DialectEncoding<Options, Frame>,
-  options: Options,
-  stream: LiveStream<ServeEvent>,
-  streaming: boolean,
-  from: number,
-  headers: Record<string, string>
-) =>
-  Effect.gen(function* () {
-    if (streaming || from > 0) {
-      const body = Stream.suspend(() => {
-        const encoder = encoding.make(options)
-        const opening = encoder.start()
-        return Stream.concat(
-          Stream.fromIterable(from === 0 ? opening : []),
-          live.follow(stream, 0).pipe(
-            Stream.map(({ event, index }) => {
-              const frames = encoder.push(event)
-              return index >= from ? frames : []
-            }),
-            Stream.flattenIterable
-          )
-        )
-      })
-      return sseResponse(Stream.map(body, encoding.frame), headers)
+/** A stateful dialect's SSE encoder as the reply's frame encoder (its frames written as SSE text). */
+const framesOf =
+  <Frame>(
+    make: () => { start(): ReadonlyArray<Frame>; push(event: ServeEvent): ReadonlyArray<Frame> },
+    frame: (frame: Frame) => string
+  ) =>
+  (): FrameEncoder => {
+    const encoder = make()
+    return {
+      start: () => encoder.start().map(frame),
+      push: (event) => encoder.push(event).map(frame)
     }
-    const events = yield* Stream.runCollect(live.follow(stream, 0))
-    return HttpServerResponse.jsonUnsafe(
-      encoding.body(
-        options,
-        events.map((e) => e.event)
-      ),
-      { headers }
-    )
-  })
-
-const responsesEncoding: DialectEncoding<ResponsesEncodeOptions, Parameters<typeof responsesSseFrame>[0]> = {
-  make: makeResponsesEncoder,
-  frame: responsesSseFrame,
-  body: responsesBody
-}
-
-const messagesEncoding: DialectEncoding<MessagesEncodeOptions, Parameters<typeof messagesSseFrame>[0]> = {
-  make: makeMessagesEncoder,
-  frame: messagesSseFrame,
-  body: messagesBody
-}
+  }
 
 export const ResponsesHandlers = HttpApiBuilder.group(
   Api,
   "responses",
   Effect.fn(function* (handlers) {
-    const live = yield* LiveStreams
     const chain = yield* Chain
     const paidCalls = yield* PaidCalls
 
@@ -122,16 +64,16 @@ export const ResponsesHandlers = HttpApiBuilder.group(
       svcFinal: (summary) => servedSvc(admitted, summary)
     })
 
-    const respond = (original: Original<ResponsesRequest>, from: number) =>
-      respondIn(
-        live,
-        responsesEncoding,
-        encodeOptions(original),
-        original.admitted.stream,
-        original.payload.stream === true,
-        from,
-        paidHeaders(original.admitted, original.agent, chain.network)
-      )
+    const reply = (original: Original<ResponsesRequest>): Reply => {
+      const options = encodeOptions(original)
+      return {
+        stream: original.admitted.stream,
+        streaming: original.payload.stream === true,
+        headers: paidHeaders(original.admitted, original.agent, chain.network),
+        encoder: framesOf(() => makeResponsesEncoder(options), responsesSseFrame),
+        body: (events) => responsesBody(options, events)
+      }
+    }
 
     const createResponse = Effect.fn("Adapters.responses")(function* (
       payload: ResponsesRequest,
@@ -144,7 +86,7 @@ export const ResponsesHandlers = HttpApiBuilder.group(
         payload,
         chat,
         request,
-        respond
+        reply
       })
     })
 
@@ -156,7 +98,6 @@ export const MessagesHandlers = HttpApiBuilder.group(
   Api,
   "messages",
   Effect.fn(function* (handlers) {
-    const live = yield* LiveStreams
     const chain = yield* Chain
     const paidCalls = yield* PaidCalls
 
@@ -180,20 +121,20 @@ export const MessagesHandlers = HttpApiBuilder.group(
       })
     })
 
-    const respond = (original: Original<MessagesRequest>, from: number) =>
-      respondIn(
-        live,
-        messagesEncoding,
-        encodeOptions(original),
-        original.admitted.stream,
-        original.payload.stream === true,
-        from,
+    const reply = (original: Original<MessagesRequest>): Reply => {
+      const options = encodeOptions(original)
+      return {
+        stream: original.admitted.stream,
+        streaming: original.payload.stream === true,
         // The Anthropic SDK reads `request-id` as the message's request id.
-        {
+        headers: {
           ...paidHeaders(original.admitted, original.agent, chain.network),
           "request-id": original.admitted.requestId
-        }
-      )
+        },
+        encoder: framesOf(() => makeMessagesEncoder(options), messagesSseFrame),
+        body: (events) => messagesBody(options, events)
+      }
+    }
 
     const createMessage = Effect.fn("Adapters.messages")(function* (
       payload: MessagesRequest,
@@ -206,7 +147,7 @@ export const MessagesHandlers = HttpApiBuilder.group(
         payload,
         chat,
         request,
-        respond
+        reply
       })
     })
 

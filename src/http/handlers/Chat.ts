@@ -1,50 +1,30 @@
-import { Effect, Stream } from "effect"
-import { HttpServerResponse } from "effect/http"
+import { Effect } from "effect"
 import { HttpApiBuilder } from "effect/http-api"
 import { Chain } from "../../chain/Chain.ts"
 import type { ChatCompletionRequest } from "../../domain/Chat.ts"
-import {
-  assemble,
-  auctionClearedFrame,
-  chatChunkFrames,
-  chatCompletionBody,
-  paidHeaders
-} from "../../inference/ChatEncoding.ts"
-import { LiveStreams } from "../../inference/LiveStreams.ts"
+import { assemble, chatCompletionBody, makeChatEncoder, paidHeaders } from "../../inference/ChatEncoding.ts"
 import { Api } from "../Api.ts"
 import { type Original, PaidCalls } from "../PaidCall.ts"
+import type { Reply } from "../Replies.ts"
 
 export const ChatHandlers = HttpApiBuilder.group(
   Api,
   "chat",
   Effect.fn(function* (handlers) {
     const paidCalls = yield* PaidCalls
-    const live = yield* LiveStreams
     const chain = yield* Chain
 
-    /** SSE from event `from` on; a fresh read starts with the `auction_cleared` chunk. */
-    const respond = ({ admitted, agent, payload }: Original<ChatCompletionRequest>, from: number) =>
-      Effect.gen(function* () {
-        const includeReasoning = payload.include_reasoning === true
-        const headers = paidHeaders(admitted, agent, chain.network)
-        if (payload.stream === true || from > 0) {
-          const body = live.follow(admitted.stream, from).pipe(
-            Stream.map((indexed) => chatChunkFrames(admitted, indexed, includeReasoning)),
-            Stream.filter((text) => text.length > 0)
-          )
-          return HttpServerResponse.stream(
-            (from === 0 ? Stream.concat(Stream.make(auctionClearedFrame(admitted)), body) : body).pipe(
-              Stream.encodeText
-            ),
-            { contentType: "text/event-stream", headers: { ...headers, "cache-control": "no-cache" } }
-          )
-        }
-        const events = yield* Stream.runCollect(live.follow(admitted.stream, 0))
-        return HttpServerResponse.jsonUnsafe(
-          chatCompletionBody(admitted, assemble(events.map((e) => e.event)), includeReasoning),
-          { headers }
-        )
-      })
+    /** SSE (a fresh read starts with the `auction_cleared` chunk), or the whole completion. */
+    const reply = ({ admitted, agent, payload }: Original<ChatCompletionRequest>): Reply => {
+      const includeReasoning = payload.include_reasoning === true
+      return {
+        stream: admitted.stream,
+        streaming: payload.stream === true,
+        headers: paidHeaders(admitted, agent, chain.network),
+        encoder: () => makeChatEncoder(admitted, includeReasoning),
+        body: (events) => chatCompletionBody(admitted, assemble(events), includeReasoning)
+      }
+    }
 
     const lastEventId = (header: string | undefined) => {
       const id = Number(header)
@@ -59,7 +39,7 @@ export const ChatHandlers = HttpApiBuilder.group(
           payload,
           chat: payload,
           request,
-          respond
+          reply
         })
       )
       .handle("resumeStream", ({ params, request }) =>

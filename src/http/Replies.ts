@@ -1,0 +1,111 @@
+import { Effect, Stream } from "effect"
+import { HttpServerResponse } from "effect/http"
+import type { KeptReply, LiveStream, LiveStreams } from "../inference/LiveStreams.ts"
+import type { ServeEvent } from "../inference/Paid.ts"
+
+/**
+ * How a served request is written in its caller's dialect: live (SSE or a whole body, from any event
+ * on) while it runs, and once, when it finishes, as the bytes its stream keeps for replay (D270).
+ */
+
+/** A dialect's SSE encoder for one reply: its opening frames, then the frames of each event in order. */
+export interface FrameEncoder {
+  start(): ReadonlyArray<string>
+  push(event: ServeEvent, index: number): ReadonlyArray<string>
+}
+
+/** One served request's reply, as its dialect writes it. */
+export interface Reply {
+  readonly stream: LiveStream<ServeEvent>
+  /** Whether the caller asked for SSE (otherwise one JSON body). */
+  readonly streaming: boolean
+  readonly headers: Record<string, string>
+  readonly encoder: () => FrameEncoder
+  readonly body: (events: ReadonlyArray<ServeEvent>) => unknown
+}
+
+const SSE = "text/event-stream"
+const JSON_TYPE = "application/json"
+const sseHeaders = (headers: Record<string, string>) => ({ ...headers, "cache-control": "no-cache" })
+
+/**
+ * The reply's bytes, written once when its stream finished: the SSE frames of every event concatenated
+ * with the offset of each event's first frame (a resume from any event is a slice), or the JSON body.
+ */
+export const keptReply = (reply: Reply, events: ReadonlyArray<ServeEvent>): KeptReply => {
+  if (!reply.streaming) {
+    return {
+      contentType: JSON_TYPE,
+      headers: reply.headers,
+      body: Buffer.from(JSON.stringify(reply.body(events))),
+      offsets: undefined
+    }
+  }
+  const encoder = reply.encoder()
+  const parts: Array<string> = [...encoder.start()]
+  const offsets = new Uint32Array(events.length + 1)
+  let length = 0
+  for (const part of parts) length += Buffer.byteLength(part)
+  for (let i = 0; i < events.length; i++) {
+    offsets[i] = length
+    for (const frame of encoder.push(events[i]!, i)) {
+      parts.push(frame)
+      length += Buffer.byteLength(frame)
+    }
+  }
+  offsets[events.length] = length
+  return { contentType: SSE, headers: sseHeaders(reply.headers), body: Buffer.from(parts.join("")), offsets }
+}
+
+/**
+ * The kept bytes from event `from` on, with the opening frames only from the start unless they were
+ * sent already (a whole body is answered whole).
+ */
+const keptBody = (kept: KeptReply, from: number, openingSent = false) =>
+  kept.offsets === undefined || (from <= 0 && !openingSent)
+    ? kept.body
+    : kept.body.subarray(kept.offsets[Math.min(Math.max(from, 0), kept.offsets.length - 1)]!)
+
+export const keptResponse = (kept: KeptReply, from: number) =>
+  HttpServerResponse.uint8Array(keptBody(kept, from), {
+    contentType: kept.contentType,
+    headers: kept.headers
+  })
+
+/**
+ * The reply from event `from` on (0: from the start, with the opening frames): SSE when the caller
+ * streams or resumes, else the whole body. A reader that comes after the stream was compacted reads
+ * its kept bytes; the encoder otherwise replays from the first event and sends what follows `from`.
+ */
+export const respondLive = (live: LiveStreams["Service"], reply: Reply, from: number) =>
+  Effect.gen(function* () {
+    const stream = reply.stream
+    if (stream.kept !== undefined) return keptResponse(stream.kept, from)
+    if (reply.streaming || from > 0) {
+      const frames = Stream.suspend(() => {
+        const encoder = reply.encoder()
+        return Stream.concat(
+          Stream.fromIterable(from === 0 ? encoder.start() : []),
+          live.follow(stream, 0).pipe(
+            Stream.map(({ event, index }) => {
+              const frames = encoder.push(event, index)
+              return index >= from ? frames : []
+            }),
+            Stream.flattenIterable
+          )
+        )
+      })
+      const body = frames.pipe(
+        Stream.encodeText,
+        // Compacted between the response and its first read: the opening frames already went out.
+        Stream.catchTag("Compacted", () => Stream.make(keptBody(stream.kept!, from, true)))
+      )
+      return HttpServerResponse.stream(body, { contentType: SSE, headers: sseHeaders(reply.headers) })
+    }
+    return yield* Stream.runCollect(live.follow(stream, 0)).pipe(
+      Effect.map((events) =>
+        HttpServerResponse.jsonUnsafe(reply.body(events.map((e) => e.event)), { headers: reply.headers })
+      ),
+      Effect.catchTag("Compacted", () => Effect.succeed(keptResponse(stream.kept!, from)))
+    )
+  })
