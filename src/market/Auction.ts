@@ -10,24 +10,18 @@ import type {
   AuctionOutcome,
   AuctionRequest,
   Exclusion,
+  ExclusionReason,
   LatencyLookup,
   LiveQuote,
   NoEligibleReason,
   RankedBid,
   ScoringTokens
 } from "./AuctionRecords.ts"
-import {
-  type Candidate,
-  compareCandidates,
-  rankIndependentBids,
-  restrictToProfile,
-  scoreCandidate,
-  toBid
-} from "./Award.ts"
+import { Candidates, profileRestriction, rankIndependentBids } from "./Award.ts"
 import { type Catalog, findClass } from "./Catalog.ts"
 import { assertScoringTokens, clearWinner, lockedClear } from "./Clear.ts"
-import { byQuoteId, exclusionReason, isLockedQuote, noEligibleReason, reserveCostOf } from "./Eligibility.ts"
-import { PROFILES, resolveRoute } from "./Route.ts"
+import { byQuoteId, classTerms, exclusionReason, isLockedQuote, noEligibleReason } from "./Eligibility.ts"
+import { DEADLINE_MECHANISM_VERSION, PROFILES, resolveRoute } from "./Route.ts"
 
 export type {
   AuctionCleared,
@@ -67,6 +61,41 @@ export {
 } from "./Route.ts"
 export type { RivalCounterfactual }
 
+/** Per input quote: 0 out of scope, COMPETING, or why it does not compete (its index in REASONS, plus 2). */
+const COMPETING = 1
+const REASONS: ReadonlyArray<ExclusionReason> = [
+  "unknown_class",
+  "below_min_quality",
+  "missing_capability",
+  "expired",
+  "at_capacity",
+  "context_too_small",
+  "above_reserve",
+  "latency_slo",
+  "below_quality_tier",
+  "class_not_selected",
+  "provider_better_quote"
+]
+const codeOf = (reason: ExclusionReason): number => REASONS.indexOf(reason) + 2
+
+/**
+ * The exclusions by quote id. The quote book hands its quotes in quote id order (`QuoteBook.live`), and
+ * then they are listed as they come (`inOrder`: each in-scope id above the one before); any other
+ * order is sorted.
+ */
+const exclusionsOf = (
+  quotes: ReadonlyArray<LiveQuote>,
+  codes: Uint8Array,
+  inOrder: boolean
+): Array<Exclusion> => {
+  const excluded: Array<Exclusion> = []
+  for (let i = 0; i < quotes.length; i++) {
+    const code = codes[i]!
+    if (code > COMPETING) excluded.push({ quote_id: quotes[i]!.quote.quote_id, reason: REASONS[code - 2]! })
+  }
+  return inOrder ? excluded : excluded.sort(byQuoteId)
+}
+
 /** Runs one auction. Never throws for market conditions; throws RangeError only for invalid token counts. */
 export const runAuction = (
   request: AuctionRequest,
@@ -88,80 +117,112 @@ export const runAuction = (
       considered,
       excluded
     }) as const
-  if (route.pinnedClass !== undefined && findClass(catalog, route.pinnedClass) === undefined) {
+  const pinned = route.pinnedClass
+  if (pinned !== undefined && findClass(catalog, pinned) === undefined) {
     return noEligible("unknown_model_class", 0, [])
   }
 
-  const inScope = quotes.filter(
-    (l) => route.pinnedClass === undefined || l.quote.model_class === route.pinnedClass
-  )
-  const excluded: Array<Exclusion> = []
-  const candidates: Array<Candidate> = []
-  // Per class, once: a class's reserve cost is the same for every quote of it.
-  const reserves = new Map<string, number | null>()
-  for (const live of inScope) {
+  const terms = classTerms(catalog, request)
+  const slo = request.latencySlo
+  const codes = new Uint8Array(quotes.length)
+  const candidates = new Candidates(quotes.length)
+  let considered = 0
+  let inOrder = true
+  let previousId: string | undefined
+  for (let i = 0; i < quotes.length; i++) {
+    const live = quotes[i]!
     const { quote } = live
-    const modelClass = findClass(catalog, quote.model_class)
-    if (modelClass === undefined) {
-      excluded.push({ quote_id: quote.quote_id, reason: "unknown_class" })
+    if (pinned !== undefined && quote.model_class !== pinned) continue
+    considered++
+    if (previousId !== undefined && !(previousId < quote.quote_id)) inOrder = false
+    previousId = quote.quote_id
+    const classTerms = terms.get(quote.model_class)
+    if (classTerms === undefined) {
+      codes[i] = codeOf("unknown_class")
       continue
     }
     const cost = worstCase(tokens.promptTokens, tokens.maxTokens, quote)
-    const estimate = latency(quote.provider_id, quote.model_class)
-    let reserve = reserves.get(modelClass.id)
-    if (reserve === undefined) {
-      reserve = reserveCostOf(modelClass, tokens)
-      reserves.set(modelClass.id, reserve)
-    }
     const locked = isLockedQuote(quote, lock)
-    const reason = exclusionReason(live, modelClass, request, cost, estimate, locked, reserve)
-    if (reason !== undefined) excluded.push({ quote_id: quote.quote_id, reason })
-    else candidates.push(scoreCandidate(quote, modelClass, cost, weights, estimate, request.taskFit))
+    const reason = exclusionReason(live, classTerms, request, cost, locked)
+    if (reason !== undefined) {
+      codes[i] = codeOf(reason)
+      continue
+    }
+    const estimate = latency(quote.provider_id, quote.model_class)
+    if (!locked && slo !== undefined && !(estimate.quantile(slo.confidence) <= slo.deadlineMs)) {
+      codes[i] = codeOf("latency_slo")
+      continue
+    }
+    codes[i] = COMPETING
+    candidates.add(i, quote, classTerms, cost, estimate, locked, weights)
   }
 
-  const lockedWinner =
+  // The session's provider wins with its cheapest usable quote (ties in the total order).
+  let lockedWinner = -1
+  if (lock !== undefined) {
+    for (let c = 0; c < candidates.n; c++) {
+      if (!candidates.locked[c]) continue
+      if (
+        lockedWinner < 0 ||
+        candidates.cost[c]! - candidates.cost[lockedWinner]! < 0 ||
+        (candidates.cost[c] === candidates.cost[lockedWinner] && candidates.compare(c, lockedWinner) < 0)
+      )
+        lockedWinner = c
+    }
+    if (lockedWinner < 0) {
+      return noEligible("session_lock_unavailable", considered, exclusionsOf(quotes, codes, inOrder))
+    }
+  }
+  const restriction =
     lock === undefined
-      ? undefined
-      : candidates
-          .filter((c) => isLockedQuote(c.quote, lock))
-          .sort((a, b) => a.cost - b.cost || compareCandidates(a, b))[0]
-  if (lock !== undefined && lockedWinner === undefined) {
-    return noEligible("session_lock_unavailable", inScope.length, [...excluded].sort(byQuoteId))
+      ? profileRestriction(
+          candidates,
+          route.version === DEADLINE_MECHANISM_VERSION,
+          PROFILES[route.profile].qualityBand
+        )
+      : undefined
+  if (restriction !== undefined) {
+    const code = codeOf(restriction.reason)
+    for (let c = 0; c < candidates.n; c++) if (!restriction.keep(c)) codes[candidates.position[c]!] = code
   }
-  const restricted =
-    lock === undefined ? restrictToProfile(candidates, route) : { kept: candidates, dropped: [] }
-  const { ranked, dropped } = rankIndependentBids(restricted.kept, lockedWinner)
-  const allExcluded = [...excluded, ...restricted.dropped, ...dropped].sort(byQuoteId)
-  const winner = ranked.at(0)
-  if (winner === undefined) {
-    return noEligible(noEligibleReason(inScope.length, allExcluded), inScope.length, allExcluded)
+  const competing = (c: number) => codes[candidates.position[c]!] === COMPETING
+  const betterQuote = codeOf("provider_better_quote")
+  const ranked = rankIndependentBids(candidates, competing, lockedWinner, (c) => {
+    codes[candidates.position[c]!] = betterQuote
+  })
+  const excluded = exclusionsOf(quotes, codes, inOrder)
+  if (ranked.length === 0) {
+    return noEligible(noEligibleReason(considered, excluded), considered, excluded)
   }
 
-  const reserveCost = reserveCostOf(winner.modelClass, tokens)
+  const winner = ranked[0]!
+  const winnerTerms = candidates.terms[winner]!
+  const reserveCost = winnerTerms.reserve
   const { clear, priceSetter } =
     lock !== undefined
       ? { clear: lockedClear(lock.tariff), priceSetter: "session-lock" as const }
-      : clearWinner(winner, ranked.at(1), reserveCost, tokens)
+      : clearWinner(candidates, winner, ranked.length > 1 ? ranked[1]! : -1, reserveCost, tokens)
   const clearedCost = worstCase(tokens.promptTokens, tokens.maxTokens, clear)
-  const bids = ranked.map(toBid)
-  const winnerBid = toBid(winner, 0)
+  const bids: Array<RankedBid> = []
+  for (let k = 0; k < ranked.length; k++) bids.push(candidates.toBid(ranked[k]!, k))
+  const ownCost = candidates.cost[winner]!
   return {
     _tag: "Cleared",
     version: route.version,
     mechanism: "second-score",
     profile: route.profile,
     eligible: ranked.length,
-    considered: inScope.length,
-    excluded: allExcluded,
+    considered,
+    excluded,
     bids,
-    winner: winnerBid,
-    winningQuote: winner.quote,
+    winner: candidates.toBid(winner, 0),
+    winningQuote: candidates.quote[winner]!,
     clear,
     priceSetter,
-    ownCost: winner.cost,
+    ownCost,
     clearedCost,
     reserveCost,
-    premium: clearedCost - winner.cost,
+    premium: clearedCost - ownCost,
     premiumCapBps: weights.premiumCapBps,
     scoringTokens: tokens
   }

@@ -2,37 +2,37 @@
  * The award step (pure): each eligible quote is scored (its own cost times the profile's multiplier
  * for quality and measured latency), the profile's restriction applies (`best`'s quality band, the
  * deadline mechanism's cheapest feasible class), and bids are ranked with one bid per provider.
+ *
+ * An auction looks at every live quote (1,000 and more), so the candidates are parallel arrays of
+ * numbers, not an object per quote (D280): a score is computed once and compared as a number, each
+ * provider keeps its best quote in one pass, and only the bids (one per provider) are sorted, by a
+ * packed numeric key (D281). Objects are made only for what the outcome shows: bids and exclusions.
  */
 import type { SignedQuote } from "../domain/Quote.ts"
-import type { Exclusion, ExclusionReason, RankedBid, ScoreBreakdown } from "./AuctionRecords.ts"
+import type { ExclusionReason, RankedBid, ScoreBreakdown, TaskFitBreakdown } from "./AuctionRecords.ts"
 import type { ModelClass } from "./Catalog.ts"
 import type { LatencyEstimate } from "./LatencyStats.ts"
-import { DEADLINE_MECHANISM_VERSION, PROFILES, type ProfileWeights, type Route } from "./Route.ts"
-import { qualityShift, type TaskFit } from "./TaskFit.ts"
+import type { ProfileWeights } from "./Route.ts"
 
 /** The TTFT quantile used in scores (an SLO uses its own confidence). */
 export const SCORING_LATENCY_QUANTILE = 0.9
 /** Latency penalty is 0 at or below the floor and 1 at or above the ceiling, logarithmic between. */
 export const LATENCY_FLOOR_MS = 200
 export const LATENCY_CEILING_MS = 10_000
-
-export interface Candidate {
-  readonly quote: SignedQuote
-  readonly modelClass: ModelClass
-  readonly cost: number
-  readonly score: bigint
-  /** `score` as a number when it is a safe integer (then exact), else NaN: compared before the bigint. */
-  readonly scoreNumber: number
-  readonly breakdown: ScoreBreakdown
-}
+const LOG_LATENCY_RANGE = Math.log(LATENCY_CEILING_MS / LATENCY_FLOOR_MS)
 
 const roundPenalty = (x: number): number => Math.round(Math.min(1, Math.max(0, x)) * 1e6) / 1e6
 
+const penaltyOf = (latencyMs: number): number =>
+  Number.isFinite(latencyMs) ? roundPenalty(Math.log(latencyMs / LATENCY_FLOOR_MS) / LOG_LATENCY_RANGE) : 1
+/** The penalty of every whole millisecond up to the ceiling, computed once (a score rounds to the ms). */
+const PENALTY_BY_MS = Float64Array.from({ length: LATENCY_CEILING_MS + 1 }, (_, ms) => penaltyOf(ms))
+
 /** 0 at or below LATENCY_FLOOR_MS, 1 at or above LATENCY_CEILING_MS (or unknown), logarithmic between. */
 export const latencyPenalty = (latencyMs: number): number =>
-  Number.isFinite(latencyMs)
-    ? roundPenalty(Math.log(latencyMs / LATENCY_FLOOR_MS) / Math.log(LATENCY_CEILING_MS / LATENCY_FLOOR_MS))
-    : 1
+  Number.isInteger(latencyMs) && latencyMs >= 0 && latencyMs <= LATENCY_CEILING_MS
+    ? PENALTY_BY_MS[latencyMs]!
+    : penaltyOf(latencyMs)
 
 export const qualityPenalty = (quality: number): number => roundPenalty(1 - quality)
 
@@ -46,129 +46,229 @@ export const multiplierBps = (
   return 10_000 + Math.round((weights.premiumCapBps - 10_000) * Math.min(1, Math.max(0, penalty)))
 }
 
-export const scoreCandidate = (
-  quote: SignedQuote,
-  modelClass: ModelClass,
-  cost: number,
-  weights: ProfileWeights,
-  latency: LatencyEstimate,
-  taskFit?: TaskFit | undefined
-): Candidate => {
-  const latencyMs = Math.round(latency.quantile(SCORING_LATENCY_QUANTILE))
-  const evidence = taskFit?.evidence(modelClass.id)
-  const shift = taskFit === undefined ? 0 : qualityShift(modelClass.quality, evidence)
-  const quality = shift === 0 ? modelClass.quality : Math.round((modelClass.quality + shift) * 1e6) / 1e6
-  const breakdown = {
-    cost,
-    quality,
-    quality_penalty: qualityPenalty(quality),
-    latency_ms: latencyMs,
-    latency_quantile: SCORING_LATENCY_QUANTILE,
-    latency_penalty: latencyPenalty(latencyMs),
-    maturity: latency.maturity
-  }
-  const multiplier = multiplierBps(weights, breakdown.quality_penalty, breakdown.latency_penalty)
-  const product = cost * multiplier
-  const safe = Number.isSafeInteger(product)
-  return {
-    quote,
-    modelClass,
-    cost,
-    score: safe ? BigInt(product) : BigInt(cost) * BigInt(multiplier),
-    scoreNumber: safe ? product : Number.NaN,
-    breakdown: {
-      ...breakdown,
-      multiplier_bps: multiplier,
-      ...(taskFit === undefined
-        ? {}
-        : {
-            task_fit: {
-              task: taskFit.task,
-              ratings: evidence?.ratings ?? 0,
-              mean: evidence === undefined ? null : evidence.mean,
-              catalog_quality: modelClass.quality,
-              quality_shift: shift
-            }
-          })
-    }
-  }
-}
-
 export const compareStrings = (a: string, b: string): number => (a < b ? -1 : a > b ? 1 : 0)
 
-/** Total order: score, then own cost, then quote id, then provider id. */
-export const compareCandidates = (a: Candidate, b: Candidate): number =>
-  (Number.isNaN(a.scoreNumber) || Number.isNaN(b.scoreNumber)
-    ? a.score < b.score
-      ? -1
-      : a.score > b.score
-        ? 1
-        : 0
-    : a.scoreNumber - b.scoreNumber) ||
-  a.cost - b.cost ||
-  compareStrings(a.quote.quote_id, b.quote.quote_id) ||
-  compareStrings(a.quote.provider_id, b.quote.provider_id)
-
-/** `best` keeps the top quality band; `deadline-price/1` keeps the class of the cheapest feasible quote. */
-const profileRestriction = (
-  candidates: ReadonlyArray<Candidate>,
-  route: Route
-): { keep: (c: Candidate) => boolean; reason: ExclusionReason } | undefined => {
-  if (route.version === DEADLINE_MECHANISM_VERSION) {
-    // Under deadline-price the profile is `cheapest`, so score order is cost order.
-    const cheapestClass = [...candidates].sort(compareCandidates).at(0)?.modelClass.id
-    return { keep: (c) => c.modelClass.id === cheapestClass, reason: "class_not_selected" }
-  }
-  const band = PROFILES[route.profile].qualityBand
-  if (band === undefined) return undefined
-  // The quality scored: a task's ratings move the band as they move the score (D232).
-  const top = Math.max(...candidates.map((c) => c.breakdown.quality))
-  return { keep: (c) => c.breakdown.quality >= top - band - 1e-9, reason: "below_quality_tier" }
+/** What every quote of one class shares in one auction, computed once per class (`Eligibility.classTerms`). */
+export interface ClassTerms {
+  readonly modelClass: ModelClass
+  /** The class's reserve tariff charged at the scoring tokens, or null without a reserve. */
+  readonly reserve: number | null
+  /** The class fails the request's quality or capability needs (a session-locked quote skips this). */
+  readonly unmet: ExclusionReason | undefined
+  /** The quality scored: the catalog's, moved by the request's task ratings (D232). */
+  readonly quality: number
+  readonly qualityPenalty: number
+  readonly taskFit: TaskFitBreakdown | undefined
 }
 
-export const restrictToProfile = (
-  candidates: ReadonlyArray<Candidate>,
-  route: Route
-): { kept: ReadonlyArray<Candidate>; dropped: ReadonlyArray<Exclusion> } => {
-  const restriction = profileRestriction(candidates, route)
-  if (restriction === undefined) return { kept: candidates, dropped: [] }
-  const { keep, reason } = restriction
-  return {
-    kept: candidates.filter(keep),
-    dropped: candidates.filter((c) => !keep(c)).map((c) => ({ quote_id: c.quote.quote_id, reason }))
-  }
-}
+/**
+ * The eligible quotes of one auction, candidate `i` across the arrays. `score` is cost x multiplier when
+ * that is a safe integer (then exact); otherwise NaN there and the exact bigint in `wideScore`.
+ */
+export class Candidates {
+  n = 0
+  readonly quote: Array<SignedQuote> = []
+  readonly terms: Array<ClassTerms> = []
+  readonly estimate: Array<LatencyEstimate> = []
+  readonly locked: Array<boolean> = []
+  readonly wideScore: Array<bigint | undefined> = []
+  /** The candidate's index in the auction's input (where its exclusion, if any, is written). */
+  readonly position: Int32Array
+  readonly cost: Float64Array
+  readonly multiplier: Float64Array
+  readonly score: Float64Array
+  readonly latencyMs: Float64Array
+  readonly latencyPenalty: Float64Array
 
-/** Ranks bids and keeps each provider's best one, so a provider never sets its own price. */
-export const rankIndependentBids = (
-  candidates: ReadonlyArray<Candidate>,
-  first: Candidate | undefined
-): { ranked: ReadonlyArray<Candidate>; dropped: ReadonlyArray<Exclusion> } => {
-  const ordered = [...candidates].sort(compareCandidates)
-  const sequence = first === undefined ? ordered : [first, ...ordered.filter((c) => c !== first)]
-  const seen = new Set<string>()
-  const ranked: Array<Candidate> = []
-  const dropped: Array<Exclusion> = []
-  for (const c of sequence) {
-    if (seen.has(c.quote.provider_id))
-      dropped.push({ quote_id: c.quote.quote_id, reason: "provider_better_quote" })
-    else {
-      seen.add(c.quote.provider_id)
-      ranked.push(c)
+  constructor(capacity: number) {
+    this.position = new Int32Array(capacity)
+    this.cost = new Float64Array(capacity)
+    this.multiplier = new Float64Array(capacity)
+    this.score = new Float64Array(capacity)
+    this.latencyMs = new Float64Array(capacity)
+    this.latencyPenalty = new Float64Array(capacity)
+  }
+
+  /** Scores a quote that passed eligibility and adds it; returns its candidate index. */
+  add(
+    position: number,
+    quote: SignedQuote,
+    terms: ClassTerms,
+    cost: number,
+    estimate: LatencyEstimate,
+    locked: boolean,
+    weights: ProfileWeights
+  ): number {
+    const i = this.n++
+    const latencyMs = Math.round(estimate.quantile(SCORING_LATENCY_QUANTILE))
+    const penalty = latencyPenalty(latencyMs)
+    const multiplier = multiplierBps(weights, terms.qualityPenalty, penalty)
+    const product = cost * multiplier
+    const safe = Number.isSafeInteger(product)
+    this.position[i] = position
+    this.quote.push(quote)
+    this.terms.push(terms)
+    this.estimate.push(estimate)
+    this.locked.push(locked)
+    this.wideScore.push(safe ? undefined : BigInt(cost) * BigInt(multiplier))
+    this.cost[i] = cost
+    this.multiplier[i] = multiplier
+    this.score[i] = safe ? product : Number.NaN
+    this.latencyMs[i] = latencyMs
+    this.latencyPenalty[i] = penalty
+    return i
+  }
+
+  /** The exact score (cost x multiplier) of candidate `i`. */
+  exactScore(i: number): bigint {
+    return this.wideScore[i] ?? BigInt(this.score[i]!)
+  }
+
+  /** Total order: score, then own cost, then quote id, then provider id. */
+  compare(a: number, b: number): number {
+    const sa = this.score[a]!
+    const sb = this.score[b]!
+    let byScore: number
+    if (Number.isNaN(sa) || Number.isNaN(sb)) {
+      const wa = this.exactScore(a)
+      const wb = this.exactScore(b)
+      byScore = wa < wb ? -1 : wa > wb ? 1 : 0
+    } else byScore = sa - sb
+    return (
+      byScore ||
+      this.cost[a]! - this.cost[b]! ||
+      compareStrings(this.quote[a]!.quote_id, this.quote[b]!.quote_id) ||
+      compareStrings(this.quote[a]!.provider_id, this.quote[b]!.provider_id)
+    )
+  }
+
+  breakdown(i: number): ScoreBreakdown {
+    const terms = this.terms[i]!
+    const breakdown = {
+      cost: this.cost[i]!,
+      quality: terms.quality,
+      quality_penalty: terms.qualityPenalty,
+      latency_ms: this.latencyMs[i]!,
+      latency_quantile: SCORING_LATENCY_QUANTILE,
+      latency_penalty: this.latencyPenalty[i]!,
+      maturity: this.estimate[i]!.maturity,
+      multiplier_bps: this.multiplier[i]!
+    }
+    return terms.taskFit === undefined ? breakdown : { ...breakdown, task_fit: terms.taskFit }
+  }
+
+  toBid(i: number, index: number): RankedBid {
+    const quote = this.quote[i]!
+    const score = this.score[i]!
+    const bid = {
+      rank: index + 1,
+      quote_id: quote.quote_id,
+      provider_id: quote.provider_id,
+      model_class: quote.model_class,
+      price_in: quote.price_in,
+      price_out: quote.price_out
+    }
+    return {
+      ...(quote.price_in_cached === undefined ? bid : { ...bid, price_in_cached: quote.price_in_cached }),
+      score: (Number.isNaN(score) ? Number(this.exactScore(i)) : score) / 10_000,
+      score_breakdown: this.breakdown(i),
+      outcome: index === 0 ? "won" : "lost"
     }
   }
-  return { ranked, dropped }
 }
 
-export const toBid = (c: Candidate, index: number): RankedBid => ({
-  rank: index + 1,
-  quote_id: c.quote.quote_id,
-  provider_id: c.quote.provider_id,
-  model_class: c.quote.model_class,
-  price_in: c.quote.price_in,
-  price_out: c.quote.price_out,
-  ...(c.quote.price_in_cached === undefined ? {} : { price_in_cached: c.quote.price_in_cached }),
-  score: Number(c.score) / 10_000,
-  score_breakdown: c.breakdown,
-  outcome: index === 0 ? "won" : "lost"
-})
+/** The first candidate of `among` in the total order, or -1. */
+export const firstOf = (candidates: Candidates, among: (i: number) => boolean): number => {
+  let best = -1
+  for (let i = 0; i < candidates.n; i++)
+    if (among(i) && (best < 0 || candidates.compare(i, best) < 0)) best = i
+  return best
+}
+
+/**
+ * The profile's restriction: `best` keeps the top quality band, `deadline-price/1` the class of the
+ * cheapest feasible quote. Returns the reason for the dropped and whether candidate `i` stays, or
+ * undefined when the profile keeps every candidate.
+ */
+export const profileRestriction = (
+  candidates: Candidates,
+  deadline: boolean,
+  band: number | undefined
+): { readonly keep: (i: number) => boolean; readonly reason: ExclusionReason } | undefined => {
+  if (deadline) {
+    // Under deadline-price the profile is `cheapest`, so score order is cost order.
+    const cheapest = firstOf(candidates, () => true)
+    const cheapestClass = cheapest < 0 ? undefined : candidates.terms[cheapest]!.modelClass.id
+    return { keep: (i) => candidates.terms[i]!.modelClass.id === cheapestClass, reason: "class_not_selected" }
+  }
+  if (band === undefined) return undefined
+  // The quality scored: a task's ratings move the band as they move the score (D232).
+  let top = Number.NEGATIVE_INFINITY
+  for (let i = 0; i < candidates.n; i++) top = Math.max(top, candidates.terms[i]!.quality)
+  return { keep: (i) => candidates.terms[i]!.quality >= top - band - 1e-9, reason: "below_quality_tier" }
+}
+
+/**
+ * One bid per provider, so a provider never sets its own price: among the candidates `competing`, each
+ * provider's first in the total order (the locked quote, when there is one, for its provider); the
+ * others are passed to `drop`. Returns the bids in rank order (the locked quote first).
+ */
+export const rankIndependentBids = (
+  candidates: Candidates,
+  competing: (i: number) => boolean,
+  first: number,
+  drop: (i: number) => void
+): Int32Array => {
+  const best = new Map<string, number>()
+  const firstProvider = first < 0 ? undefined : candidates.quote[first]!.provider_id
+  for (let i = 0; i < candidates.n; i++) {
+    if (!competing(i)) continue
+    const provider = candidates.quote[i]!.provider_id
+    if (provider === firstProvider) {
+      if (i !== first) drop(i)
+      continue
+    }
+    const held = best.get(provider)
+    if (held === undefined) best.set(provider, i)
+    else if (candidates.compare(i, held) < 0) {
+      drop(held)
+      best.set(provider, i)
+    } else drop(i)
+  }
+  const others = sortCandidates(candidates, best)
+  if (first < 0) return others
+  const ranked = new Int32Array(others.length + 1)
+  ranked[0] = first
+  ranked.set(others, 1)
+  return ranked
+}
+
+/**
+ * Candidates in the total order. A score that is a safe integer below 2^(53 - bits) leaves room for the
+ * candidate's index in the low bits of one double, so a native numeric sort orders them; runs of equal
+ * scores are then put in the full order (own cost, quote id, provider id). Wider scores take the
+ * comparator sort.
+ */
+const sortCandidates = (candidates: Candidates, chosen: Map<string, number>): Int32Array => {
+  const ids = Int32Array.from(chosen.values())
+  const count = ids.length
+  const slots = 2 ** (32 - Math.clz32(count))
+  const limit = Number.MAX_SAFE_INTEGER / slots - 1
+  const keys = new Float64Array(count)
+  for (let k = 0; k < count; k++) {
+    const score = candidates.score[ids[k]!]!
+    if (!(score >= 0 && score < limit)) return ids.sort((a, b) => candidates.compare(a, b))
+    keys[k] = score * slots + k
+  }
+  keys.sort()
+  const ranked = new Int32Array(count)
+  for (let k = 0; k < count; k++) ranked[k] = ids[keys[k]! % slots]!
+  for (let start = 0; start < count; ) {
+    const score = candidates.score[ranked[start]!]!
+    let end = start + 1
+    while (end < count && candidates.score[ranked[end]!] === score) end++
+    if (end - start > 1) ranked.subarray(start, end).sort((a, b) => candidates.compare(a, b))
+    start = end
+  }
+  return ranked
+}

@@ -6,7 +6,7 @@
  */
 import { charge, chargeNumerator, type Tariff, type TokenCounts } from "../domain/Billing.ts"
 import type { ClearingTariff, PriceSetter, ScoringTokens } from "./AuctionRecords.ts"
-import type { Candidate } from "./Award.ts"
+import type { Candidates } from "./Award.ts"
 
 /** Upper bound on promptTokens and maxTokens; the exact clearing construction relies on maxTokens <= 1e6. */
 export const MAX_SCORING_TOKENS = 1_000_000
@@ -83,14 +83,16 @@ export const lockedClear = (tariff: Tariff): ClearingTariff => ({
     : { price_in_cached: tariff.price_in_cached })
 })
 
+/** Clears candidate `winner` against candidate `runnerUp` (-1 when it bid alone). */
 export const clearWinner = (
-  winner: Candidate,
-  runnerUp: Candidate | undefined,
+  candidates: Candidates,
+  winner: number,
+  runnerUp: number,
   reserveCost: number | null,
   tokens: ScoringTokens
 ): { clear: ClearingTariff; priceSetter: PriceSetter } => {
   const critical =
-    runnerUp === undefined ? undefined : criticalCost(winner.breakdown.multiplier_bps, runnerUp.score)
-  const { target, priceSetter } = clearingPrice(winner.cost, critical, reserveCost)
-  return { clear: clearingTariff(winner.quote, tokens, target), priceSetter }
+    runnerUp < 0 ? undefined : criticalCost(candidates.multiplier[winner]!, candidates.exactScore(runnerUp))
+  const { target, priceSetter } = clearingPrice(candidates.cost[winner]!, critical, reserveCost)
+  return { clear: clearingTariff(candidates.quote[winner]!, tokens, target), priceSetter }
 }

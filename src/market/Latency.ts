@@ -3,8 +3,8 @@ import type { LatencyLookup } from "./Auction.ts"
 import {
   defaultLatencyConfig,
   emptyLatencyState,
-  type LatencyState,
-  latencyEstimate,
+  entryEstimate,
+  LatencyEntry,
   record
 } from "./LatencyStats.ts"
 
@@ -23,7 +23,9 @@ export class Latency extends Context.Service<
 >()("router/market/Latency") {
   static readonly layer = Layer.sync(Latency, () => {
     // Provider, then class: no key string is built per lookup (an auction looks up every live quote).
-    const states = new Map<string, Map<string, LatencyState>>()
+    // An entry keeps the observed quantiles asked of its state until the next observation replaces it.
+    const states = new Map<string, Map<string, LatencyEntry>>()
+    const never = new LatencyEntry(emptyLatencyState)
     return Latency.of({
       observe: (providerId, modelClass, ttftMs) =>
         Effect.map(Clock.currentTimeMillis, (now) => {
@@ -32,20 +34,14 @@ export class Latency extends Context.Service<
             classes = new Map()
             states.set(providerId, classes)
           }
-          classes.set(
-            modelClass,
-            record(classes.get(modelClass) ?? emptyLatencyState, ttftMs, now, defaultLatencyConfig)
-          )
+          const previous = classes.get(modelClass)?.state ?? emptyLatencyState
+          classes.set(modelClass, new LatencyEntry(record(previous, ttftMs, now, defaultLatencyConfig)))
         }),
       lookup: Effect.map(
         Clock.currentTimeMillis,
         (now): LatencyLookup =>
           (providerId, classId) =>
-            latencyEstimate(
-              states.get(providerId)?.get(classId) ?? emptyLatencyState,
-              now,
-              defaultLatencyConfig
-            )
+            entryEstimate(states.get(providerId)?.get(classId) ?? never, now, defaultLatencyConfig)
       )
     })
   })

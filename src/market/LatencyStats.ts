@@ -155,32 +155,80 @@ export const quantile = (
 ): number => blend(observedQuantile(state, q), effectiveWeight(state, nowMs, config), config)
 
 /**
- * A snapshot for the auction; `undefined` state means the pair was never measured. The bucket sum is
- * kept by `record`, the decay is computed once per snapshot, and the last quantile asked is remembered
- * (an auction asks the scoring quantile of every quote it considers, and an SLO's).
+ * A (provider, class) state with the observed quantiles last asked of it. A state never changes (`record`
+ * makes a new one), so the remembered answers stay true from one auction to the next: an auction asks
+ * the scoring quantile of every live quote, and with an SLO its confidence too, hence two slots.
  */
+export class LatencyEntry {
+  readonly state: LatencyState
+  /** The undecayed sample weight (`state.total`, or the bucket sum). */
+  readonly total: number
+  #lastQ = Number.NaN
+  #last: number | undefined
+  #otherQ = Number.NaN
+  #other: number | undefined
+
+  constructor(state: LatencyState) {
+    this.state = state
+    this.total = rawWeight(state)
+  }
+
+  /** `observedQuantile(state, q)`, remembered. */
+  observed(q: number): number | undefined {
+    if (q === this.#lastQ) return this.#last
+    if (q === this.#otherQ) return this.#other
+    const value = this.total > 0 ? quantileOfWeights(this.state.weights, this.total, q) : undefined
+    this.#otherQ = this.#lastQ
+    this.#other = this.#last
+    this.#lastQ = q
+    this.#last = value
+    return value
+  }
+}
+
+/**
+ * A lower bound of the decayed weight when it is certainly at least `matureWeight`, else undefined. Most
+ * estimates in a busy market are mature, and a mature estimate is the observation itself whatever its
+ * exact weight (the blend's share is 1), so the power is only computed when the weight could be below:
+ * 2^-x >= 1 - x ln 2, and 0.7 > ln 2 with the factor (1 + 1e-9) leaves room for every rounding.
+ */
+const matureFloor = (entry: LatencyEntry, nowMs: number, config: LatencyConfig): number | undefined => {
+  const floor = entry.total * (1 - (Math.max(0, nowMs - entry.state.atMs) * 0.7) / config.halfLifeMs)
+  return floor >= config.matureWeight * (1 + 1e-9) ? floor : undefined
+}
+
+/** An entry seen at one time: the decay is computed once, the observed quantiles come from the entry. */
+class Estimate implements LatencyEstimate {
+  readonly maturity: Maturity
+  readonly #entry: LatencyEntry
+  readonly #weight: number
+  readonly #config: LatencyConfig
+
+  constructor(entry: LatencyEntry, nowMs: number, config: LatencyConfig) {
+    this.#entry = entry
+    this.#config = config
+    this.#weight =
+      entry.total === 0
+        ? 0
+        : (matureFloor(entry, nowMs, config) ?? entry.total * decayFactor(entry.state.atMs, nowMs, config))
+    this.maturity = maturityOf(this.#weight, config)
+  }
+
+  quantile(q: number): number {
+    return blend(this.#entry.observed(q), this.#weight, this.#config)
+  }
+}
+
+/** The estimate of an entry at `nowMs`: what `latencyEstimate` answers for its state. */
+export const entryEstimate = (
+  entry: LatencyEntry,
+  nowMs: number,
+  config: LatencyConfig = defaultLatencyConfig
+): LatencyEstimate => new Estimate(entry, nowMs, config)
+
+/** A snapshot for the auction; `undefined` state means the pair was never measured. */
 export const latencyEstimate = (
   state: LatencyState | undefined,
   nowMs: number,
   config: LatencyConfig = defaultLatencyConfig
-): LatencyEstimate => {
-  const current = state ?? emptyLatencyState
-  const total = rawWeight(current)
-  const weight = total * decayFactor(current.atMs, nowMs, config)
-  let lastQ = Number.NaN
-  let lastValue = Number.NaN
-  return {
-    quantile: (q) => {
-      if (q !== lastQ) {
-        lastValue = blend(
-          total > 0 ? quantileOfWeights(current.weights, total, q) : undefined,
-          weight,
-          config
-        )
-        lastQ = q
-      }
-      return lastValue
-    },
-    maturity: maturityOf(weight, config)
-  }
-}
+): LatencyEstimate => new Estimate(new LatencyEntry(state ?? emptyLatencyState), nowMs, config)

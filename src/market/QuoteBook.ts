@@ -7,6 +7,7 @@ import { quoteSigningString, SignedQuote } from "../domain/Quote.ts"
 import type { LiveQuote } from "./Auction.ts"
 import { ModelCatalog } from "./ModelCatalog.ts"
 import { Providers } from "./Providers.ts"
+import { QuotesById } from "./QuotesById.ts"
 
 /** Spec 8: a quote's TTL is at most 30 s; payment and quote checks allow 5 s of clock skew. */
 export const MAX_QUOTE_TTL_S = 30
@@ -66,13 +67,18 @@ export class QuoteBook extends Context.Service<
       const providers = yield* Providers
       const catalog = yield* ModelCatalog
       const standing = new Map<string, SignedQuote>()
+      const byId = new QuotesById()
       const inFlight = new Map<string, number>()
       let lastSeq = 0n
 
       const offer = (quote: SignedQuote) => {
         const key = slotKey(quote.provider_id, quote.model_class)
         const current = standing.get(key)
-        if (current === undefined || current.valid_until <= quote.valid_until) standing.set(key, quote)
+        if (current === undefined || current.valid_until <= quote.valid_until) {
+          standing.set(key, quote)
+          if (current !== undefined) byId.remove(current)
+          byId.add(key, quote)
+        }
       }
 
       const ingest = Effect.fn("QuoteBook.ingest")(function* (quote: SignedQuote) {
@@ -158,7 +164,8 @@ export class QuoteBook extends Context.Service<
 
       const live = Effect.map(Clock.currentTimeMillis, (nowMs) => {
         const quotes: Array<LiveQuote> = []
-        for (const [key, quote] of standing) {
+        // In quote id order: the auction then lists its exclusions without sorting them.
+        for (const { key, quote } of byId.all) {
           const provider = providers.get(quote.provider_id)
           if (quote.valid_until * 1000 <= nowMs || provider === undefined || !provider.enabled) continue
           quotes.push({ quote, inFlight: inFlight.get(key) ?? 0 })
@@ -178,7 +185,11 @@ export class QuoteBook extends Context.Service<
           offer(row.body)
           lastSeq = BigInt(row.seq)
         }
-        for (const [key, quote] of standing) if (quote.valid_until < nowS - 60) standing.delete(key)
+        for (const [key, quote] of standing)
+          if (quote.valid_until < nowS - 60) {
+            standing.delete(key)
+            byId.remove(quote)
+          }
       }).pipe(Effect.withSpan("QuoteBook.sync"))
 
       // The lease row and its release are one uninterruptible step (acquireRelease): a caller
@@ -248,10 +259,13 @@ export class QuoteBook extends Context.Service<
   static readonly layerTest = (quotes: ReadonlyArray<SignedQuote>) =>
     Layer.sync(QuoteBook, () => {
       const inFlight = new Map<string, number>()
+      const byId = [...quotes].sort((a, b) =>
+        a.quote_id < b.quote_id ? -1 : a.quote_id > b.quote_id ? 1 : 0
+      )
       return QuoteBook.of({
         ingest: () => Effect.die("QuoteBook.layerTest does not ingest"),
         live: Effect.sync(() =>
-          quotes.map((quote) => ({
+          byId.map((quote) => ({
             quote,
             inFlight: inFlight.get(slotKey(quote.provider_id, quote.model_class)) ?? 0
           }))

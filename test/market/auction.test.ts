@@ -23,8 +23,15 @@ import {
   findClass,
   missingCapabilities
 } from "../../src/market/Catalog.ts"
-import type { Maturity } from "../../src/market/LatencyStats.ts"
+import {
+  emptyLatencyState,
+  type LatencyState,
+  latencyEstimate,
+  type Maturity,
+  record
+} from "../../src/market/LatencyStats.ts"
 import { qualityShift, type TaskEvidence, type TaskFit, taskFitOf } from "../../src/market/TaskFit.ts"
+import { referenceAuction } from "./support/referenceAuction.ts"
 
 const NOW_S = 1_750_000_000
 const NOW_MS = NOW_S * 1000
@@ -788,5 +795,114 @@ describe("clearingTariff", () => {
       () => clearingTariff({ price_in: 1_000_000, price_out: 0 }, { promptTokens: 10, maxTokens: 1 }, 9),
       RangeError
     )
+  })
+})
+
+// ---- the optimized auction against the reference it replaced (D280, D281) ----
+
+const MANY_PROVIDERS = Array.from({ length: 24 }, (_, i) => `prov-${i}`)
+const scaled = (price: number, scale: number) => (Number.isSafeInteger(price * scale) ? price * scale : price)
+/** Larger books: many providers, several quotes each, ties on price, and prices wide enough for bigint scores. */
+const wideBookArb = fc
+  .tuple(
+    fc.array(
+      fc.record({
+        row: quoteArb,
+        provider: fc.integer({ min: 0, max: MANY_PROVIDERS.length - 1 }),
+        id: fc.integer({ min: 0, max: 400 })
+      }),
+      { maxLength: 60, size: "max" }
+    ),
+    fc.constantFrom(1, 1, 1, 10_000, 1_000_000)
+  )
+  .map(([rows, scale]) =>
+    rows.map(({ row, provider, id }, i): LiveQuote => {
+      const reserve = findClass(defaultCatalog, row.modelClass)?.reserve ?? {
+        price_in: 1_000_000,
+        price_out: 4_000_000
+      }
+      return live(
+        {
+          quote_id: `q-${id}-${i}`,
+          provider_id: MANY_PROVIDERS[provider]!,
+          model_class: row.modelClass,
+          price_in: scaled(Math.floor((reserve.price_in * row.inPermille) / 1_000), scale),
+          price_out: scaled(Math.floor((reserve.price_out * row.outPermille) / 1_000), scale),
+          max_context: row.maxContext,
+          valid_until: NOW_S + row.ttlS,
+          capacity_rps: row.capacity,
+          price_in_cached: row.cached
+        },
+        row.inFlight
+      )
+    })
+  )
+/** Latency from the router's own statistics: measured, warming and never-measured pairs. */
+const measuredLatencyArb = fc
+  .array(fc.array(fc.integer({ min: 20, max: 12_000 }), { maxLength: 30, size: "max" }), {
+    minLength: MANY_PROVIDERS.length,
+    maxLength: MANY_PROVIDERS.length
+  })
+  .map((samples): LatencyLookup => {
+    const states = new Map<string, LatencyState>()
+    MANY_PROVIDERS.forEach((provider, p) => {
+      let state = emptyLatencyState
+      for (const [k, ms] of (samples[p] ?? []).entries()) state = record(state, ms, NOW_MS - 60_000 * k)
+      states.set(provider, state)
+    })
+    return (providerId) => latencyEstimate(states.get(providerId), NOW_MS)
+  })
+
+describe("the optimized auction decides exactly as the reference it replaced", () => {
+  const same = (r: AuctionOutcome, expected: AuctionOutcome) => {
+    assert.deepStrictEqual(r, expected)
+    // Key order too: bids and breakdowns are served and stored as JSON.
+    assert.strictEqual(JSON.stringify(r), JSON.stringify(expected))
+  }
+  const lockOf = (book: ReadonlyArray<LiveQuote>, pick: number | undefined) => {
+    const target = pick === undefined ? undefined : book[pick % Math.max(1, book.length)]
+    return target === undefined
+      ? undefined
+      : {
+          providerId: target.quote.provider_id,
+          modelClass: target.quote.model_class,
+          tariff: { price_in: 1_234_567, price_out: 2_345_678, price_in_cached: 600_000 }
+        }
+  }
+
+  /** Any book in arrival order or in quote id order (as the quote book hands it), with or without a lock. */
+  const matchesReference = (
+    books: fc.Arbitrary<ReadonlyArray<LiveQuote>>,
+    latencies: fc.Arbitrary<LatencyLookup>,
+    numRuns: number
+  ) =>
+    fc.assert(
+      fc.property(
+        requestArb,
+        books,
+        catalogArb,
+        latencies,
+        sometimes(fc.nat()),
+        fc.boolean(),
+        (req, book, catalog, latency, pick, sorted) => {
+          const ordered = sorted
+            ? [...book].sort((a, b) => (a.quote.quote_id < b.quote.quote_id ? -1 : 1))
+            : book
+          const request = { ...req, sessionLock: lockOf(book, pick) }
+          same(
+            runAuction(request, ordered, catalog, latency),
+            referenceAuction(request, ordered, catalog, latency)
+          )
+        }
+      ),
+      { numRuns }
+    )
+
+  it("on small random books, in any order, with and without a session lock", () => {
+    matchesReference(bookArb, latencyArb, 1_000)
+  })
+
+  it("on larger books of many providers, with measured latencies and scores beyond 2^53", () => {
+    matchesReference(wideBookArb, measuredLatencyArb, 500)
   })
 })

@@ -161,4 +161,35 @@ describe("LatencyStats", () => {
     assert.closeTo(effectiveWeight(b, 10_000), 2, 1e-9)
     assert.throws(() => record(a, -1, 0), RangeError)
   })
+
+  it("an auction's estimate answers what quantile() and maturity() answer, at and around every maturity threshold", () => {
+    fc.assert(
+      fc.property(
+        fc.array(fc.integer({ min: 0, max: 20_000 }), { minLength: 0, maxLength: 60, size: "max" }),
+        fc.oneof(
+          fc.integer({ min: 0, max: 3 * HALF_LIFE }),
+          // Around the moment the weight decays through 20 (mature) or 3 (warming): the estimate skips
+          // the power only where the weight is certainly mature.
+          fc
+            .tuple(fc.constantFrom(20, 3), fc.integer({ min: -2_000, max: 2_000 }))
+            .map(([threshold, jitter]) => [threshold, jitter])
+        ),
+        fc.array(fc.double({ min: 0.01, max: 0.99, noNaN: true }), { minLength: 1, maxLength: 3 }),
+        (values, when, qs) => {
+          const state = recordAll(values.map((v) => [v, 1_000] as const))
+          const total = values.length
+          const elapsed =
+            typeof when === "number"
+              ? when
+              : Math.max(0, Math.round(HALF_LIFE * Math.log2(total / when[0]!)) + when[1]!)
+          const now = 1_000 + (Number.isFinite(elapsed) ? elapsed : 0)
+          const estimate = latencyEstimate(state, now)
+          assert.strictEqual(estimate.maturity, maturity(state, now))
+          for (const q of [...qs, 0.9, ...qs])
+            assert.strictEqual(estimate.quantile(q), quantile(state, q, now))
+        }
+      ),
+      { numRuns: 1_000 }
+    )
+  })
 })
