@@ -22,7 +22,8 @@ export class Reaper extends Context.Service<
     readonly runOnce: Effect.Effect<number>
     /**
      * Settles what dead router instances left open (D154): their capacity leases are deleted, the x402
-     * settlements they claimed go back to the queue (D250) and their reservations are settled from their
+     * settlements they claimed go back to the queue (D250), their Idempotency-Key claims are freed (D291)
+     * and their reservations are settled from their
      * durable records (D211: the delivered charge captured, the rest released, receipts issued), as soon
      * as their heartbeat stops. Returns how many reservations it settled.
      */
@@ -69,6 +70,8 @@ export class Reaper extends Context.Service<
       const leases = yield* instances.releaseLeases(dead)
       // Settlements they claimed and never finished are offered to the live instances' settlement loop.
       const claims = yield* authorizations.releaseClaimsOf(dead)
+      // Idempotency-Key claims they held (D291): a retry of such a key runs afresh, not 409 for a day.
+      const keys = yield* idempotency.releaseClaimsOf(dead)
       const open = yield* ledger.reservationsOf(dead)
       // Nothing this instance serves is ever touched (a request id is one instance's only).
       const orphaned = open.filter((row) => live.get(row.request_id) === undefined)
@@ -79,6 +82,7 @@ export class Reaper extends Context.Service<
         instances: dead.join(","),
         leases,
         settlements: claims,
+        idempotency_keys: keys,
         reservations: orphaned.length
       })
       return orphaned.length

@@ -28,6 +28,11 @@ export class Idempotency extends Context.Service<
     readonly complete: (key: string, requestId: string) => Effect.Effect<void>
     /** Forgets keys older than a day (each holds a hash of its body). */
     readonly expire: Effect.Effect<void>
+    /**
+     * Frees the claims dead instances held (their releases never ran): each key's next request runs
+     * afresh instead of meeting a 409 for a day. Returns how many were freed.
+     */
+    readonly releaseClaimsOf: (instances: ReadonlyArray<string>) => Effect.Effect<number>
   }
 >()("router/payment/Idempotency") {
   static readonly layer = Layer.effect(
@@ -87,7 +92,16 @@ export class Idempotency extends Context.Service<
         Effect.orDie
       )
 
-      return Idempotency.of({ claim, complete, expire })
+      const releaseClaimsOf = (instances: ReadonlyArray<string>) =>
+        instances.length === 0
+          ? Effect.succeed(0)
+          : sql`DELETE FROM idempotency_keys
+                WHERE state = 'in_progress' AND instance_id IN ${sql.in(instances)} RETURNING key`.pipe(
+              Effect.map((rows) => rows.length),
+              Effect.orDie
+            )
+
+      return Idempotency.of({ claim, complete, expire, releaseClaimsOf })
     })
   )
 }

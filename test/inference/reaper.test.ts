@@ -126,6 +126,35 @@ describe("reservations left by a dead request", () => {
     )
 
     it.effect(
+      "an Idempotency-Key claim a dead instance held is freed; a live instance's claim and a done key stay",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const reaper = yield* Reaper
+          // A claim taken by an instance that was then killed (its release never ran), one of a live
+          // instance, and a done key of the dead instance (it answered: its replay must stay).
+          yield* sql`INSERT INTO idempotency_keys (key, body_hash, state, instance_id) VALUES
+                       ('idem_dead_claim', 'h', 'in_progress', 'i_died_claiming'),
+                       ('idem_dead_done', 'h', 'done', 'i_died_claiming'),
+                       ('idem_live_claim', 'h', 'in_progress', ${INSTANCE_ID})`
+          yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
+                     VALUES ('i_died_claiming', now() - interval '40 seconds')`
+
+          yield* reaper.settleDeadInstances
+          const rows = yield* sql<{ key: string; state: string }>`
+            SELECT key, state FROM idempotency_keys WHERE key LIKE 'idem_%' ORDER BY key`
+          assert.deepStrictEqual(
+            rows.map((r) => [r.key, r.state]),
+            [
+              ["idem_dead_done", "done"],
+              ["idem_live_claim", "in_progress"]
+            ]
+          )
+          yield* sql`DELETE FROM idempotency_keys WHERE key LIKE 'idem_%'`
+        })
+    )
+
+    it.effect(
       "a dead instance's open request is billed what its recorded meter delivered, the rest released, with a receipt",
       () =>
         Effect.gen(function* () {

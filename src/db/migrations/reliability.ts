@@ -109,5 +109,13 @@ export const reliability: Migrations = {
   "0029_metered_requests": Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
     yield* sql`ALTER TABLE requests ADD COLUMN IF NOT EXISTS metered JSONB`
+  }),
+  // Which instance holds an `Idempotency-Key` claim: an instance that dies holding one never runs the
+  // claim's release, so the key would answer 409 "still in progress" to every retry for a day; once the
+  // instance is known dead its claims are freed (inference/Reaper.ts; found by `npm run soak`, D291).
+  "0030_idempotency_claims": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    yield* sql`ALTER TABLE idempotency_keys ADD COLUMN instance_id TEXT DEFAULT router_instance_of_connection()`
+    yield* sql`CREATE INDEX idempotency_keys_claimed ON idempotency_keys (instance_id) WHERE state = 'in_progress'`
   })
 }
