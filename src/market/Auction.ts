@@ -215,7 +215,7 @@ export const runAuction = (
     considered,
     excluded,
     bids,
-    winner: candidates.toBid(winner, 0),
+    winner: bids[0]!,
     winningQuote: candidates.quote[winner]!,
     clear,
     priceSetter,

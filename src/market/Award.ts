@@ -159,21 +159,34 @@ export class Candidates {
 
   toBid(i: number, index: number): RankedBid {
     const quote = this.quote[i]!
-    const score = this.score[i]!
-    const bid = {
-      rank: index + 1,
-      quote_id: quote.quote_id,
-      provider_id: quote.provider_id,
-      model_class: quote.model_class,
-      price_in: quote.price_in,
-      price_out: quote.price_out
-    }
-    return {
-      ...(quote.price_in_cached === undefined ? bid : { ...bid, price_in_cached: quote.price_in_cached }),
-      score: (Number.isNaN(score) ? Number(this.exactScore(i)) : score) / 10_000,
-      score_breakdown: this.breakdown(i),
-      outcome: index === 0 ? "won" : "lost"
-    }
+    const raw = this.score[i]!
+    const score = (Number.isNaN(raw) ? Number(this.exactScore(i)) : raw) / 10_000
+    const outcome = index === 0 ? "won" : "lost"
+    // One object literal per shape (with or without a cached price), keys in the published order.
+    return quote.price_in_cached === undefined
+      ? {
+          rank: index + 1,
+          quote_id: quote.quote_id,
+          provider_id: quote.provider_id,
+          model_class: quote.model_class,
+          price_in: quote.price_in,
+          price_out: quote.price_out,
+          score,
+          score_breakdown: this.breakdown(i),
+          outcome
+        }
+      : {
+          rank: index + 1,
+          quote_id: quote.quote_id,
+          provider_id: quote.provider_id,
+          model_class: quote.model_class,
+          price_in: quote.price_in,
+          price_out: quote.price_out,
+          price_in_cached: quote.price_in_cached,
+          score,
+          score_breakdown: this.breakdown(i),
+          outcome
+        }
   }
 }
 
@@ -220,6 +233,8 @@ export const rankIndependentBids = (
   drop: (i: number) => void
 ): Int32Array => {
   const best = new Map<string, number>()
+  const chosen = new Uint8Array(candidates.n)
+  let count = 0
   const firstProvider = first < 0 ? undefined : candidates.quote[first]!.provider_id
   for (let i = 0; i < candidates.n; i++) {
     if (!competing(i)) continue
@@ -229,13 +244,20 @@ export const rankIndependentBids = (
       continue
     }
     const held = best.get(provider)
-    if (held === undefined) best.set(provider, i)
-    else if (candidates.compare(i, held) < 0) {
-      drop(held)
+    if (held === undefined) {
       best.set(provider, i)
+      chosen[i] = 1
+      count++
+    } else if (candidates.compare(i, held) < 0) {
+      drop(held)
+      chosen[held] = 0
+      best.set(provider, i)
+      chosen[i] = 1
     } else drop(i)
   }
-  const others = sortCandidates(candidates, best)
+  const ids = new Int32Array(count)
+  for (let i = 0, k = 0; k < count; i++) if (chosen[i] === 1) ids[k++] = i
+  const others = sortCandidates(candidates, ids)
   if (first < 0) return others
   const ranked = new Int32Array(others.length + 1)
   ranked[0] = first
@@ -249,8 +271,7 @@ export const rankIndependentBids = (
  * scores are then put in the full order (own cost, quote id, provider id). Wider scores take the
  * comparator sort.
  */
-const sortCandidates = (candidates: Candidates, chosen: Map<string, number>): Int32Array => {
-  const ids = Int32Array.from(chosen.values())
+const sortCandidates = (candidates: Candidates, ids: Int32Array): Int32Array => {
   const count = ids.length
   const slots = 2 ** (32 - Math.clz32(count))
   const limit = Number.MAX_SAFE_INTEGER / slots - 1
