@@ -744,8 +744,12 @@ describe("Auction properties with a task's ratings (D232)", () => {
           const r = runAuction(request, book, catalog, latency)
           if (r._tag !== "Cleared") return
           const winnerClass = r.winner.model_class
+          // Better evidence: the top mean from at least as many ratings as the class had (fewer top
+          // ratings than before would move it less than the evidence it replaces).
           const praised = (modelClass: string) =>
-            modelClass === winnerClass ? { ratings, mean: 5 } : taskFit.evidence(modelClass)
+            modelClass === winnerClass
+              ? { ratings: Math.max(ratings, taskFit.evidence(modelClass)?.ratings ?? 0), mean: 5 }
+              : taskFit.evidence(modelClass)
           const again = runAuction(
             { ...request, taskFit: { task: taskFit.task, evidence: praised } },
             book,
