@@ -53,6 +53,7 @@ import { Points } from "./points/Points.ts"
 import { Rewards } from "./points/Rewards.ts"
 import { DataDirLockLive } from "./process/DataDirLock.ts"
 import { Drain } from "./process/Drain.ts"
+import { IdleCollection } from "./process/IdleCollection.ts"
 import { RouterConfig } from "./RouterConfig.ts"
 import { AgentSetups } from "./setup/AgentSetups.ts"
 import { ApprovalPage } from "./setup/ApprovalPage.ts"
@@ -161,6 +162,7 @@ const FleetWhenEnabled = Layer.unwrap(
  */
 export const RouterLive = Layer.mergeAll(
   HttpServerLive,
+  IdleCollection.layer,
   BannerLive.pipe(Layer.provide(HttpServerLive)),
   FleetWhenEnabled.pipe(Layer.provide(HttpServerLive))
 ).pipe(
