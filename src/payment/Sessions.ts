@@ -256,6 +256,13 @@ export class Sessions extends Context.Service<
 
       /** Expired sessions nobody closed: settled as if closed (their budget never stays locked). */
       const expireDue = Effect.gen(function* () {
+        // An opening whose instance died between recording the session and reserving its funding (its
+        // `undo` never ran) left a session with no funding request, busy with it for ever: gone once
+        // expired, as the undo would have done (D292; nothing was reserved, nothing to settle).
+        yield* sql`
+          DELETE FROM sessions s WHERE s.status = 'open' AND s.turns = 0 AND s.expires_at <= now()
+            AND NOT EXISTS (SELECT 1 FROM requests q WHERE q.request_id = s.funding_request_id)
+        `.pipe(Effect.orDie)
         const due = yield* sql<{ session_id: string }>`
           SELECT session_id FROM sessions WHERE status = 'open' AND in_flight IS NULL AND expires_at <= now() LIMIT 100
         `.pipe(Effect.orDie)

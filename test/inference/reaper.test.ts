@@ -125,6 +125,21 @@ describe("reservations left by a dead request", () => {
         })
     )
 
+    it.effect("an expired session whose opening never reserved its funding is discarded, not kept busy", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        const reaper = yield* Reaper
+        // The opening's instance died after recording the session and before reserving its funding.
+        yield* sql`INSERT INTO sessions (session_id, token_hash, payer, funding_kind, funding_request_id, budget,
+                                         provider_id, model_class, price_in, price_out, expires_at, status, in_flight)
+                   VALUES ('ses_unfunded', 'h', '0xunfunded', 'x402', 'req_never_reserved', 100000, 'p',
+                           'chat-medium', 800000, 3200000, now() - interval '1 second', 'open', 'req_never_reserved')`
+        yield* reaper.runOnce
+        const left = yield* sql`SELECT session_id FROM sessions WHERE session_id = 'ses_unfunded'`
+        assert.strictEqual(left.length, 0)
+      })
+    )
+
     it.effect(
       "an Idempotency-Key claim a dead instance held is freed; a live instance's claim and a done key stay",
       () =>
