@@ -8,13 +8,24 @@
  * - Every payer's token transfers (chain logs) equal what the ledger says landed and was refunded; the
  *   treasury's balance moved by settled − refunded − paid out; the router signer's did not move.
  * - Every wallet holds what it was given (deposits, credited refunds) less its keys' charges and its
- *   withdrawals, and each key's spent is the sum of its charges.
+ *   withdrawals, and each key's spent is the sum of its charges (a session it funded: the session's spent).
+ * - Every `upto` permit settled exactly its request's metered charge, never above the signed ceiling, and
+ *   nothing was refunded on it.
+ * - Every plan (`x-routing-agent-id`) but a session's was charged at most once: an `Idempotency-Key` sent
+ *   again after a hang-up or beside the first call replays or is refused, never charged twice.
+ * - Every session's spent is the sum of its calls' charges and never above its budget; none is left open.
+ * - An instance drained by SIGTERM left nothing reserved, no capacity lease, and a receipt stored for every
+ *   call it charged (`drained`, read the moment it exited; how many were still unsigned is shown).
  */
 import { Effect } from "effect"
 import type { SqlClient } from "effect/sql"
 import { SqlClient as Sql } from "effect/sql"
 import { type Address, getAddress, type Hex, type PublicClient, parseAbiItem } from "viem"
 import { testUsdcAbi } from "../../src/chain/artifacts.ts"
+import { PERMIT2_ADDRESS } from "../../src/chain/Permit2.ts"
+import { permit2Abi } from "../../src/chain/permit2Artifact.ts"
+import { nonceBitmapPosition } from "../../src/chain/UptoPermit.ts"
+import { permit2NonceOf } from "../../src/ledger/Reserve.ts"
 import type { FundedKey } from "../support/CreditKeys.ts"
 import type { SignedAuthorization } from "./Traffic.ts"
 
@@ -36,6 +47,7 @@ export interface OpenWork {
   readonly idempotency: number
   readonly epochsOpen: number
   readonly receiptsNotFinal: number
+  readonly sessionsOpen: number
 }
 
 export const openWork = async (query: Query): Promise<OpenWork> => {
@@ -52,7 +64,8 @@ export const openWork = async (query: Query): Promise<OpenWork> => {
         (SELECT count(*) FROM idempotency_keys WHERE state = 'in_progress')::int AS idempotency,
         (SELECT count(DISTINCT r.epoch_id) FROM receipts r LEFT JOIN epochs e ON e.epoch_id = r.epoch_id
           WHERE e.status IS DISTINCT FROM 'closed')::int AS "epochsOpen",
-        (SELECT count(*) FROM receipts WHERE NOT final)::int AS "receiptsNotFinal"
+        (SELECT count(*) FROM receipts WHERE NOT final)::int AS "receiptsNotFinal",
+        (SELECT count(*) FROM sessions WHERE status = 'open')::int AS "sessionsOpen"
     `)
   )
   return row!
@@ -95,13 +108,61 @@ export interface Money {
   readonly unknownRequests: number
   /** Whole answers the ledger holds no charge for. */
   readonly servedFree: number
+  readonly servedFreeIds: ReadonlyArray<string>
+  /** `upto` permits settled at other than their metered charge, or charged above their signed ceiling. */
+  readonly uptoMismatch: number
+  /** `upto` permits that settled (landed), of those signed. */
+  readonly uptoSettled: number
+  /** Plans (an idempotent pair counts once) charged more than once, and the base units beyond the first. */
+  readonly chargedTwice: number
+  readonly chargedTwiceUnits: bigint
+  /** Sessions whose spent is not the sum of their charges or is above their budget. */
+  readonly sessionMismatch: number
+  /** Sessions opened, and their turns captured. */
+  readonly sessions: number
+  readonly sessionTurns: number
   readonly notes: ReadonlyArray<string>
+}
+
+/** What an instance drained by SIGTERM left behind, read the moment it exited. */
+export interface Drained {
+  readonly instance: string
+  readonly stopped: boolean
+  readonly admitted: number
+  readonly reserved: number
+  readonly leases: number
+  /** Calls it charged with no receipt stored. */
+  readonly withoutReceipt: number
+  /** Receipts stored unsigned (signed once final: x402 ones after their payment lands; a sweep signs what a stopped instance left). */
+  readonly unsigned: number
+}
+
+export const drained = async (query: Query): Promise<Drained | undefined> => {
+  const [row] = await query(
+    rows<Drained>(`
+      WITH i AS (SELECT instance_id, stopped_at FROM router_instances
+                 ORDER BY stopped_at DESC NULLS LAST, heartbeat_at LIMIT 1)
+      SELECT i.instance_id AS instance, i.stopped_at IS NOT NULL AS stopped,
+        (SELECT count(*) FROM requests q WHERE q.instance_id = i.instance_id)::int AS admitted,
+        (SELECT count(*) FROM requests q WHERE q.instance_id = i.instance_id AND q.status = 'reserved')::int AS reserved,
+        (SELECT count(*) FROM capacity_leases l WHERE l.instance_id = i.instance_id)::int AS leases,
+        (SELECT count(*) FROM requests q LEFT JOIN receipts r ON r.request_id = q.request_id
+         WHERE q.instance_id = i.instance_id AND q.status = 'captured' AND r.request_id IS NULL)::int
+          AS "withoutReceipt",
+        (SELECT count(*) FROM requests q JOIN receipts r ON r.request_id = q.request_id
+         WHERE q.instance_id = i.instance_id AND r.signature IS NULL)::int AS unsigned
+      FROM i
+    `)
+  )
+  return row
 }
 
 interface AuthorizationRow {
   readonly payer: string
   readonly nonce: string
   readonly value: string
+  readonly scheme: string
+  readonly ceiling: string | null
   readonly status: string
   readonly request_status: string
   readonly charged: string
@@ -122,6 +183,8 @@ export const audit = async (options: {
   readonly keys: ReadonlyArray<FundedKey>
   readonly requestIdsSeen: ReadonlyArray<string>
   readonly requestIdsServedWhole: ReadonlyArray<string>
+  /** Plans that must have been charged at most once (all but sessions). */
+  readonly singlePlans: ReadonlyArray<number>
   readonly before: Balances
 }): Promise<Money> => {
   const { query, client, token } = options
@@ -138,11 +201,14 @@ export const audit = async (options: {
   const ledger = new Map<string, AuthorizationRow>()
   for (const row of await query(
     rows<AuthorizationRow>(`
-      SELECT lower(a.payer) AS payer, lower(a.nonce) AS nonce, a.value::text AS value, a.status,
-             q.status AS request_status, coalesce(q.charged, 0)::text AS charged,
+      SELECT lower(a.payer) AS payer, lower(a.nonce) AS nonce, a.value::text AS value, a.scheme,
+             a.ceiling::text AS ceiling, a.status, q.status AS request_status,
+             -- A session's funding authorization pays for every call of the session: its spent.
+             (CASE WHEN s.session_id IS NULL THEN coalesce(q.charged, 0) ELSE s.spent END)::text AS charged,
              coalesce(f.amount, 0)::text AS refund, f.status AS refund_status
       FROM x402_authorizations a
       JOIN requests q ON q.request_id = a.request_id
+      LEFT JOIN sessions s ON s.funding_request_id = a.request_id AND s.status <> 'open'
       LEFT JOIN refunds f ON f.request_id = a.request_id
     `)
   )) {
@@ -151,6 +217,8 @@ export const audit = async (options: {
   const signedKeys = new Set(options.signed.map((s) => `${s.payer}:${s.nonce}`))
   const unknownAuthorizations = [...ledger.keys()].filter((k) => !signedKeys.has(k)).length
   const used = await usedNonces(client, token, options.signed)
+  let uptoMismatch = 0
+  let uptoSettled = 0
   for (const s of options.signed) {
     const row = ledger.get(`${s.payer}:${s.nonce}`)
     const onChain = used.get(`${s.payer}:${s.nonce}`) === true
@@ -170,6 +238,33 @@ export const audit = async (options: {
     if (onChain !== (row.status === "landed")) {
       ledgerVsChain += s.value
       note(`nonce ${s.nonce.slice(0, 12)}…: ledger ${row.status}, chain ${onChain ? "used" : "unused"}`)
+    }
+    if (s.scheme === "upto") {
+      // Settled at exactly the metered charge (the ledger's value; the payer's Transfer logs below hold
+      // the ledger's values to the chain), never above the signed ceiling, nothing refunded.
+      const settled = onChain ? BigInt(row.value) : 0n
+      if (onChain) uptoSettled++
+      if (charged > s.value || BigInt(row.value) > s.value || BigInt(row.ceiling ?? "0") !== s.value) {
+        uptoMismatch++
+        note(
+          `upto ${s.nonce.slice(0, 20)}…: charged ${charged}, value ${row.value}, ceiling ${row.ceiling} of ${s.value}`
+        )
+      }
+      if (onChain && settled !== charged) {
+        uptoMismatch++
+        if (settled > charged) doubleSpent += settled - charged
+        else unpaidCharges += charged - settled
+        note(`upto ${s.nonce.slice(0, 20)}…: settled ${settled}, metered charge ${charged}`)
+      }
+      if (!onChain && charged > 0n) {
+        unpaidCharges += charged
+        note(`upto ${s.nonce.slice(0, 20)}…: charged ${charged}, nothing settled (${row.status})`)
+      }
+      if (refund > 0n) {
+        doubleSpent += refund
+        note(`upto ${s.nonce.slice(0, 20)}…: a refund of ${refund}`)
+      }
+      continue
     }
     if (onChain) {
       const rest = s.value - charged - refunded - owed
@@ -278,7 +373,10 @@ export const audit = async (options: {
          coalesce((SELECT sum(amount) FROM deposits d WHERE lower(d.wallet) = w.wallet AND d.status = 'credited'), 0)
         )::text AS given,
         (coalesce((SELECT sum(charged) FROM requests q
-                   WHERE q.payment_kind = 'credit' AND lower(q.payer) = w.wallet AND q.status = 'captured'), 0) +
+                   WHERE q.payment_kind = 'credit' AND lower(q.payer) = w.wallet AND q.status = 'captured'
+                     AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.funding_request_id = q.request_id)), 0) +
+         coalesce((SELECT sum(spent) FROM sessions s
+                   WHERE s.funding_kind = 'credit' AND lower(s.payer) = w.wallet AND s.status <> 'open'), 0) +
          coalesce((SELECT sum(amount) FROM withdrawals x WHERE lower(x.wallet) = w.wallet AND x.status <> 'failed'), 0)
         )::text AS taken
       FROM (SELECT lower(wallet) AS wallet, available, reserved FROM wallet_balances) w
@@ -296,7 +394,9 @@ export const audit = async (options: {
   const keyRows = await query(
     rows<{ key_id: string; spent: string; reserved: string; charged: string; held: string }>(`
       SELECT k.key_id, k.spent::text AS spent, k.reserved::text AS reserved,
-        coalesce((SELECT sum(charged) FROM requests q WHERE q.key_id = k.key_id AND q.status = 'captured'), 0)::text
+        (coalesce((SELECT sum(charged) FROM requests q WHERE q.key_id = k.key_id AND q.status = 'captured'
+                    AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.funding_request_id = q.request_id)), 0) +
+         coalesce((SELECT sum(spent) FROM sessions s WHERE s.key_id = k.key_id AND s.status <> 'open'), 0))::text
           AS charged,
         coalesce((SELECT sum(authorized) FROM requests q WHERE q.key_id = k.key_id AND q.status = 'reserved'), 0)::text
           AS held
@@ -355,7 +455,59 @@ export const audit = async (options: {
     (id) => (charged.get(id) ?? 0n) === 0n
   )
   for (const id of servedFree.slice(0, 3)) note(`${id}: a whole answer, captured no charge`)
+
+  // 5. At most one charge per plan (an idempotent pair is one plan; a session's calls are excluded).
+  const twice = await query(
+    rows<{ agent: string; n: number; extra: string }>(
+      `SELECT agent->>'agent_id' AS agent, count(*)::int AS n,
+              (sum(charged) - min(charged))::text AS extra
+       FROM requests WHERE status = 'captured' AND charged > 0 AND agent->>'agent_id' = ANY($1::text[])
+       GROUP BY 1 HAVING count(*) > 1`,
+      [options.singlePlans.map((id) => `soak-${id}`)]
+    )
+  )
+  let chargedTwiceUnits = 0n
+  for (const row of twice) {
+    chargedTwiceUnits += BigInt(row.extra)
+    note(`plan ${row.agent}: charged ${row.n} times`)
+  }
+  doubleSpent += chargedTwiceUnits
+
+  // 6. Sessions: spent = the sum of their calls' charges, never above the budget.
+  const sessions = await query(
+    rows<{
+      session_id: string
+      budget: string
+      spent: string
+      charged: string
+      turns: number
+      status: string
+    }>(`
+      SELECT s.session_id, s.budget::text AS budget, s.spent::text AS spent, s.status,
+        (SELECT count(*) FROM requests q WHERE q.session_id = s.session_id AND q.status = 'captured'
+           AND q.request_id <> s.funding_request_id)::int AS turns,
+        coalesce((SELECT sum(charged) FROM requests q WHERE q.session_id = s.session_id AND q.status = 'captured'), 0)::text
+          AS charged
+      FROM sessions s
+    `)
+  )
+  let sessionMismatch = 0
+  for (const row of sessions) {
+    if (row.spent !== row.charged || BigInt(row.spent) > BigInt(row.budget)) {
+      sessionMismatch++
+      note(
+        `session ${row.session_id}: spent ${row.spent}, its calls charged ${row.charged}, budget ${row.budget}`
+      )
+    }
+  }
   return {
+    uptoMismatch,
+    uptoSettled,
+    chargedTwice: twice.length,
+    chargedTwiceUnits,
+    sessionMismatch,
+    sessions: sessions.length,
+    sessionTurns: sessions.reduce((n, s) => n + s.turns, 0),
     lost,
     doubleSpent,
     unpaidCharges,
@@ -364,6 +516,7 @@ export const audit = async (options: {
     unknownAuthorizations,
     unknownRequests,
     servedFree: servedFree.length,
+    servedFreeIds: servedFree,
     notes
   }
 }
@@ -378,12 +531,23 @@ const usedNonces = async (
   const queue = [...signed]
   const worker = async () => {
     for (let s = queue.pop(); s !== undefined; s = queue.pop()) {
-      const state = (await client.readContract({
-        address: token,
-        abi: testUsdcAbi,
-        functionName: "authorizationState",
-        args: [getAddress(s.payer), s.nonce as Hex]
-      })) as boolean
+      let state: boolean
+      if (s.scheme === "upto") {
+        const { wordPos, bitPos } = nonceBitmapPosition(permit2NonceOf(s.nonce))
+        const word = (await client.readContract({
+          address: PERMIT2_ADDRESS,
+          abi: permit2Abi,
+          functionName: "nonceBitmap",
+          args: [getAddress(s.payer), wordPos]
+        })) as bigint
+        state = ((word >> bitPos) & 1n) === 1n
+      } else
+        state = (await client.readContract({
+          address: token,
+          abi: testUsdcAbi,
+          functionName: "authorizationState",
+          args: [getAddress(s.payer), s.nonce as Hex]
+        })) as boolean
       used.set(`${s.payer}:${s.nonce}`, state)
     }
   }

@@ -7,7 +7,9 @@
  * `npm start` runs them (instances of that external deployment, `EPOCH_SECONDS` short), and the simulated
  * provider fleet (`npm run providers`). Funds credit keys by x402 deposits, then drives `SOAK_REQUESTS`
  * calls (x402 and credit keys, chat and messages, streamed and not, provider faults, client hang-ups) from
- * `SOAK_CONCURRENCY` clients, and meanwhile: a database stall, a SIGKILL of instance B and its restart, a chain stall. Then waits until
+ * `SOAK_CONCURRENCY` clients (x402 `upto` too, `Idempotency-Key` repeats, budget sessions: bench/soak/Traffic.ts),
+ * and meanwhile: a database stall, a SIGKILL of instance B and its restart, a chain stall, a SIGTERM of
+ * instance B (graceful drain, audited at once: Audit.ts `drained`) and its restart. Then waits until
  * every epoch with receipts has closed and every refund is settled, lets reconciliation run once more,
  * audits ledger, chain and clients (`Audit.ts`), stops everything and prints one table. Exits 1 when a
  * money figure is not zero, work is left open, a child process outlived the run, or reconciliation is not
@@ -22,15 +24,17 @@
 import { chmodSync, mkdtempSync, rmSync } from "node:fs"
 import { availableParallelism, loadavg, tmpdir } from "node:os"
 import { join } from "node:path"
+import { createPermit2ApprovalTx } from "@x402/evm/upto/client"
 import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
 import type { Address } from "viem"
+import { createWalletClient, http } from "viem"
 import { privateKeyToAccount } from "viem/accounts"
 import { isRunning } from "../../src/process/ChildProcess.ts"
 import { tree } from "../load/Proc.ts"
 import { Children, freePort, post, routerArgs, sleep } from "../support/Children.ts"
 import { type FundedKey, insertCreditKey } from "../support/CreditKeys.ts"
-import { audit, balances, isSettled, type OpenWork, openWork } from "./Audit.ts"
+import { audit, balances, type Drained, drained, isSettled, type OpenWork, openWork } from "./Audit.ts"
 import { type Infra, startInfra } from "./Infra.ts"
 import { deposit, type Outcome, planRequest, type SignedAuthorization, send, x402Payers } from "./Traffic.ts"
 
@@ -191,7 +195,20 @@ const main = async () => {
         )
       }
     }
-    const clients = { payers: payers.slice(0, -2), keys }
+    // The x402 payers also pay with `upto`, each with its own official client: Permit2 approved once.
+    const uptoAccounts = accounts.slice(0, -2)
+    for (const account of uptoAccounts) {
+      const wallet = createWalletClient({
+        account,
+        chain: shared.publicClient.chain,
+        transport: http(shared.chainEnv.RPC_URL)
+      })
+      await shared.publicClient.waitForTransactionReceipt({
+        hash: await wallet.sendTransaction({ ...createPermit2ApprovalTx(shared.token), chain: null })
+      })
+    }
+    const uptoPayers = x402Payers(uptoAccounts, `eip155:${shared.chainEnv.CHAIN_ID}`, "upto")
+    const clients = { payers: payers.slice(0, -2), uptoPayers, keys }
 
     // The calls, and the chaos meanwhile
     const random = seeded(SEED)
@@ -200,6 +217,16 @@ const main = async () => {
     const outcomes: Array<Outcome> = []
     const events: Array<string> = []
     let restart: Promise<void> = Promise.resolve()
+    let drain: Drained | undefined
+    const restartB = (why: string, since: number) => {
+      b.child = children.start("router b", routerArgs(), b.env, b.logFile)
+      restart = children
+        .waitFor(`router b after its ${why}`, () => ready(b.base), 300)
+        .then(() => {
+          b.up = true
+          events.push(`router b ready again ${((Date.now() - since) / 1000).toFixed(0)} s after ${why}`)
+        })
+    }
     const chaos: Array<Chaos> = [
       { at: 0.2, name: "database stall", run: () => shared.stallDatabase(DB_STALL_MS) },
       {
@@ -210,20 +237,32 @@ const main = async () => {
           children.expectExit(b.child)
           b.child.kill("SIGKILL")
           await new Promise((done) => b.child.once("exit", done))
-          const killedAt = Date.now()
-          b.child = children.start("router b", routerArgs(), b.env, b.logFile)
-          restart = children
-            .waitFor("router b after its restart", () => ready(b.base), 300)
-            .then(() => {
-              b.up = true
-              events.push(
-                `router b ready again ${((Date.now() - killedAt) / 1000).toFixed(0)} s after SIGKILL`
-              )
-            })
+          restartB("SIGKILL", Date.now())
           return "SIGKILL, restarted on the same port and DATA_DIR"
         }
       },
-      { at: 0.65, name: "chain stall", run: () => shared.stallChain(CHAIN_STALL_MS) }
+      { at: 0.65, name: "chain stall", run: () => shared.stallChain(CHAIN_STALL_MS) },
+      {
+        at: 0.8,
+        name: "SIGTERM of router b",
+        run: async () => {
+          // Restarted after the SIGKILL: wait until it serves again and has calls in flight to drain.
+          await restart
+          const from = done
+          const until = Date.now() + 15_000
+          while (done < from + 2 * CONCURRENCY && Date.now() < until) await sleep(100)
+          b.up = false
+          children.expectExit(b.child)
+          const termAt = Date.now()
+          b.child.kill("SIGTERM")
+          const code = await new Promise<number | null>((done) => b.child.once("exit", (c) => done(c)))
+          const drainMs = Date.now() - termAt
+          // What the drained instance left, read before anything else could tidy it.
+          drain = await drained(shared.sql)
+          restartB("SIGTERM", termAt)
+          return `SIGTERM, exited ${code} after ${(drainMs / 1000).toFixed(1)} s; restarted`
+        }
+      }
     ]
     let next = 0
     let done = 0
@@ -238,12 +277,15 @@ const main = async () => {
         events.push(`${step.name} at call ${at}: ${what}`)
       }
     })()
+    let turn = 0
+    const target = () => {
+      const up = instances.filter((i) => i.up)
+      return (up[turn++ % up.length] ?? a).base
+    }
     const client = async () => {
       while (next < plans.length && Date.now() < trafficDeadline) {
         const plan = plans[next++]!
-        const up = instances.filter((i) => i.up)
-        const target = up[plan.id % up.length] ?? a
-        outcomes.push(await send(plan, target.base, clients))
+        outcomes.push(...(await send(plan, target, clients)))
         done++
         if (done % 250 === 0) log(`${done} calls done`)
       }
@@ -252,7 +294,9 @@ const main = async () => {
     await Promise.all(Array.from({ length: CONCURRENCY }, client))
     const trafficSeconds = (Date.now() - trafficStarted) / 1000
     await chaosLoop
-    log(`traffic done: ${outcomes.length} calls in ${trafficSeconds.toFixed(0)} s; waiting for router b`)
+    log(
+      `traffic done: ${done} plans, ${outcomes.length} calls in ${trafficSeconds.toFixed(0)} s; waiting for router b`
+    )
     await restart
 
     // Settlement: every epoch with receipts closed, nothing reserved or owed.
@@ -294,6 +338,7 @@ const main = async () => {
       keys,
       requestIdsSeen: outcomes.filter((o) => o.status === 200 && o.requestId).map((o) => o.requestId!),
       requestIdsServedWhole: outcomes.filter((o) => o.complete && o.requestId).map((o) => o.requestId!),
+      singlePlans: [...new Set(outcomes.filter((o) => o.plan.turns === 0).map((o) => o.plan.id))],
       before
     })
 
@@ -306,7 +351,24 @@ const main = async () => {
     while (ours.some((stat) => isRunning(stat.pid)) && Date.now() < stopDeadline) await sleep(250)
     left = ours.filter((stat) => isRunning(stat.pid)).map((stat) => `${stat.comm} ${stat.pid}`)
 
+    // Whatever the audit could not square, told by the plan that met it.
+    const byRequest = new Map(outcomes.filter((o) => o.requestId).map((o) => [o.requestId!, o]))
+    const told = (o: Outcome | undefined) =>
+      o === undefined
+        ? "no client saw it"
+        : `plan ${o.plan.id} ${o.role} ${o.plan.pay} ${o.plan.api}${o.plan.stream ? " stream" : ""}${o.plan.idempotency ? ` idem:${o.plan.idempotency}` : ""}${o.plan.hangUpAfterMs !== undefined ? ` hang-up ${o.plan.hangUpAfterMs} ms` : ""} on ${o.instance.slice(-5)}`
+    const diagnosis = [
+      ...money.servedFreeIds
+        .slice(0, 5)
+        .map((id) => `${id} served whole, charged nothing: ${told(byRequest.get(id))}`),
+      ...outcomes
+        .filter((o) => o.role === "opening" && o.status !== 200)
+        .slice(0, 3)
+        .map((o) => `session opening ${o.status} ${o.code ?? ""}: ${told(o)}`)
+    ]
     printTable({
+      diagnosis,
+      drain,
       outcomes,
       trafficSeconds,
       settledIn,
@@ -327,6 +389,12 @@ const main = async () => {
       money.unknownAuthorizations !== 0 ||
       money.unknownRequests !== 0 ||
       money.servedFree !== 0 ||
+      money.uptoMismatch !== 0 ||
+      money.chargedTwice !== 0 ||
+      money.sessionMismatch !== 0 ||
+      drain === undefined ||
+      !drain.stopped ||
+      drain.reserved + drain.leases + drain.withoutReceipt !== 0 ||
       !isSettled(open) ||
       left.length > 0 ||
       reconciliation.status !== "ok"
@@ -340,6 +408,8 @@ const main = async () => {
 }
 
 const printTable = (r: {
+  diagnosis: ReadonlyArray<string>
+  drain: Drained | undefined
   outcomes: ReadonlyArray<Outcome>
   trafficSeconds: number
   settledIn: number
@@ -371,8 +441,20 @@ const printTable = (r: {
     "",
     row("requests", r.outcomes.length),
     row(
-      "  x402 / credit key",
-      `${count((o) => o.plan.pay === "x402")} / ${count((o) => o.plan.pay === "key")}`
+      "  x402 exact / x402 upto / credit key",
+      `${count((o) => o.plan.pay === "x402")} / ${count((o) => o.plan.pay === "upto")} / ${count((o) => o.plan.pay === "key")}`
+    ),
+    row(
+      "  idempotent pairs (after hang-up / alongside)",
+      `${count((o) => o.plan.idempotency === "after-hang-up" && o.role === "repeat")} / ${count((o) => o.plan.idempotency === "alongside" && o.role === "repeat")}`
+    ),
+    row(
+      "    repeats answered 200 / 409 / other",
+      `${count((o) => o.role === "repeat" && o.status === 200)} / ${count((o) => o.role === "repeat" && o.status === 409)} / ${count((o) => o.role === "repeat" && o.status !== 200 && o.status !== 409)}`
+    ),
+    row(
+      "  sessions opened / turns served / closed",
+      `${count((o) => o.role === "opening" && o.status === 200)} / ${count((o) => o.role === "turn" && o.complete)} / ${count((o) => o.role === "close" && o.status === 200)}`
     ),
     row(
       "  chat / messages",
@@ -403,11 +485,29 @@ const printTable = (r: {
     row("authorizations no client signed", r.money.unknownAuthorizations),
     row("served calls unknown to the ledger", r.money.unknownRequests),
     row("whole answers charged nothing", r.money.servedFree),
+    row(
+      "upto settled ≠ metered charge or > ceiling",
+      `${r.money.uptoMismatch} (of ${r.money.uptoSettled} settled)`
+    ),
+    row(
+      "plans charged twice (idempotency)",
+      `${r.money.chargedTwice} (${r.money.chargedTwiceUnits} base units)`
+    ),
+    row(
+      "sessions spent ≠ Σ turns or > budget",
+      `${r.money.sessionMismatch} (of ${r.money.sessions}, ${r.money.sessionTurns} turns)`
+    ),
+    row(
+      "SIGTERM-drained b: reserved/leases/no receipt",
+      r.drain === undefined
+        ? "NOT MEASURED"
+        : `${r.drain.reserved}/${r.drain.leases}/${r.drain.withoutReceipt} of ${r.drain.admitted} admitted (${r.drain.unsigned} unsigned yet)${r.drain.stopped ? "" : " (NOT marked stopped)"}`
+    ),
     row("reservations left open", r.open.reserved),
     row("capacity leases left", r.open.leases),
     row(
-      "other open work (auth/refund/payout/tx/idem)",
-      `${r.open.authorizations}/${r.open.refunds}/${r.open.payouts}/${r.open.outgoing}/${r.open.idempotency}`
+      "other open work (auth/refund/payout/tx/idem/session)",
+      `${r.open.authorizations}/${r.open.refunds}/${r.open.payouts}/${r.open.outgoing}/${r.open.idempotency}/${r.open.sessionsOpen}`
     ),
     row("epochs with receipts not closed", r.open.epochsOpen),
     row("child processes left", `${r.left.length}${r.left.length > 0 ? ` (${r.left.join(", ")})` : ""}`),
@@ -422,6 +522,7 @@ const printTable = (r: {
     ),
     row("total seconds", r.totalSeconds.toFixed(0)),
     ...(r.money.notes.length > 0 ? ["", "Notes:", ...r.money.notes.map((n) => `  ${n}`)] : []),
+    ...r.diagnosis.map((line) => `  ${line}`),
     ""
   ]
   process.stdout.write(lines.join("\n"))
