@@ -12,6 +12,7 @@ export const applicationName = `svc-router/${INSTANCE_ID}`
 
 /** How often an instance says it is alive; an instance silent for `INSTANCE_DEAD_AFTER_SECONDS` is dead. */
 const HEARTBEAT = "5 seconds"
+const STALL_GAP_SECONDS = 7.5
 
 /**
  * The router instances on this database (D154): each registers itself at start, beats every five
@@ -43,9 +44,13 @@ export class Instances extends Context.Service<
       const deadAfterSeconds = yield* Config.Int("INSTANCE_DEAD_AFTER_SECONDS").pipe(Config.withDefault(30))
       // Alive again after a stall long enough to be declared dead: registered afresh, so what it
       // opens from now on is settled if it dies later.
+      // A beat that comes more than one and a half intervals after the last one ends a stall of this
+      // instance (or of the database): its beats are steady only from then on (D293).
       const beat = sql`
         INSERT INTO router_instances (instance_id) VALUES (${INSTANCE_ID})
-        ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now(), stopped_at = NULL, settled_at = NULL
+        ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now(), stopped_at = NULL, settled_at = NULL,
+          beating_since = CASE WHEN router_instances.heartbeat_at < now() - make_interval(secs => ${STALL_GAP_SECONDS})
+                               THEN now() ELSE router_instances.beating_since END
       `.pipe(Effect.asVoid)
       yield* Effect.acquireRelease(Effect.orDie(beat), () =>
         sql`UPDATE router_instances SET stopped_at = now() WHERE instance_id = ${INSTANCE_ID}`.pipe(
@@ -61,9 +66,12 @@ export class Instances extends Context.Service<
       // Dead: stopped, or silent for `deadAfterSeconds` while this instance's own beats got through. Not
       // "older than now() - deadAfter": after a stall of the database itself (or of this process) every
       // heartbeat is that old, and the survivors would settle each other's requests in flight.
+      // And only once this instance's own beats have been steady that long (D293): right after a stall
+      // the instance whose beat gets through first would see every other one lag until it beats again.
       const isDead = sql`(stopped_at IS NOT NULL OR heartbeat_at < (
         SELECT self.heartbeat_at - make_interval(secs => ${deadAfterSeconds})
-        FROM router_instances self WHERE self.instance_id = ${INSTANCE_ID}))`
+        FROM router_instances self WHERE self.instance_id = ${INSTANCE_ID}
+          AND self.beating_since <= self.heartbeat_at - make_interval(secs => ${deadAfterSeconds})))`
       const dead = sql<{ instance_id: string }>`
         SELECT instance_id FROM router_instances
         WHERE instance_id <> ${INSTANCE_ID} AND settled_at IS NULL AND ${isDead}

@@ -2,7 +2,7 @@ import { assert, describe, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
 import { randomAuthorizationNonce } from "../../src/chain/Eip3009.ts"
-import { INSTANCE_ID } from "../../src/db/Instances.ts"
+import { INSTANCE_ID, Instances } from "../../src/db/Instances.ts"
 import { Reaper } from "../../src/inference/Reaper.ts"
 import { Authorizations } from "../../src/ledger/Authorizations.ts"
 import { Ledger, uptoNonceKey } from "../../src/ledger/Ledger.ts"
@@ -443,6 +443,33 @@ describe("reservations left by a dead request", () => {
           assert.deepStrictEqual([rows[1]!.status, rows[1]!.claimed_by], ["submitted", "i_alive_claims"])
           yield* sql`DELETE FROM x402_authorizations WHERE payer = '0xclaims'`
           yield* sql`DELETE FROM requests WHERE payer = '0xclaims'`
+        })
+    )
+
+    it.effect(
+      "right after a stall of its own, an instance judges nobody dead until the others had time to beat again",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const instances = yield* Instances
+          // One transaction, so this instance's own beat waits (on its row) until the pass has looked.
+          const deadNow = (steadyFor: string) =>
+            Effect.gen(function* () {
+              // This instance's beat just got through after a stall (its beats steady since `steadyFor` ago);
+              // the other's last beat is from before the stall and its next one is still to come.
+              yield* sql`UPDATE router_instances SET heartbeat_at = now(),
+                           beating_since = now() - ${steadyFor}::interval WHERE instance_id = ${INSTANCE_ID}`
+              yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
+                         VALUES ('i_not_beaten_yet', now() - interval '40 seconds')
+                         ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at`
+              const dead = yield* instances.dead
+              yield* sql`UPDATE router_instances SET beating_since = '-infinity' WHERE instance_id = ${INSTANCE_ID}`
+              return dead.includes("i_not_beaten_yet")
+            }).pipe(sql.withTransaction)
+          assert.isFalse(yield* deadNow("0 seconds"))
+          // Steady for longer than INSTANCE_DEAD_AFTER_SECONDS while the other stayed silent: dead.
+          assert.isTrue(yield* deadNow("60 seconds"))
+          yield* sql`DELETE FROM router_instances WHERE instance_id = 'i_not_beaten_yet'`
         })
     )
 

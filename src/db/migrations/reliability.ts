@@ -117,5 +117,11 @@ export const reliability: Migrations = {
     const sql = yield* SqlClient.SqlClient
     yield* sql`ALTER TABLE idempotency_keys ADD COLUMN instance_id TEXT DEFAULT router_instance_of_connection()`
     yield* sql`CREATE INDEX idempotency_keys_claimed ON idempotency_keys (instance_id) WHERE state = 'in_progress'`
+  }),
+  // Since when an instance's heartbeats have come without a gap (db/Instances.ts, D293): after a stall of
+  // its own it judges nobody dead until the others have had as long to beat again.
+  "0031_instance_beating_since": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    yield* sql`ALTER TABLE router_instances ADD COLUMN beating_since TIMESTAMPTZ NOT NULL DEFAULT '-infinity'`
   })
 }
