@@ -285,7 +285,8 @@ const sendSession = async (plan: Plan, target: Target, clients: Clients): Promis
     }
     outcomes.push(outcomeOf(plan, "turn", instance, [], result))
   }
-  // Closed once idle (a hung-up turn may still be settling: 409 until it has).
+  // Closed once idle (a hung-up turn may still be settling: 409 until it has; a turn whose settlement was
+  // deferred by a database stall, or an instance restarting, takes longer): asked again for up to a minute.
   for (let n = 1; ; n++) {
     const instance = target()
     const closed = await fetch(`${instance}/v1/sessions/${id}/close`, {
@@ -295,7 +296,7 @@ const sendSession = async (plan: Plan, target: Target, clients: Clients): Promis
       async (r) => ({ status: r.status, text: await r.text() }),
       (error) => ({ status: 0, text: String(error) })
     )
-    if (closed.status === 200 || n >= 20) {
+    if (closed.status === 200 || n >= 60) {
       const result = {
         status: closed.status,
         hungUp: false,
@@ -307,7 +308,7 @@ const sendSession = async (plan: Plan, target: Target, clients: Clients): Promis
       outcomes.push(outcomeOf(plan, "close", instance, [], result))
       return outcomes
     }
-    await new Promise((done) => setTimeout(done, 500))
+    await new Promise((done) => setTimeout(done, 1_000))
   }
 }
 

@@ -364,7 +364,11 @@ const main = async () => {
       ...outcomes
         .filter((o) => o.role === "opening" && o.status !== 200)
         .slice(0, 3)
-        .map((o) => `session opening ${o.status} ${o.code ?? ""}: ${told(o)}`)
+        .map((o) => `session opening ${o.status} ${o.code ?? ""}: ${told(o)}`),
+      ...outcomes
+        .filter((o) => o.role === "close" && o.status !== 200)
+        .slice(0, 3)
+        .map((o) => `session close ${o.status} ${o.code ?? ""}: ${told(o)}`)
     ]
     printTable({
       diagnosis,
