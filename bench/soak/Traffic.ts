@@ -269,7 +269,10 @@ const repeatSoon = async (plan: Plan, url: string, headers: Record<string, strin
 const sendSession = async (plan: Plan, target: Target, clients: Clients): Promise<ReadonlyArray<Outcome>> => {
   const id = `soak-session-${plan.id}`
   const signed: Array<SignedAuthorization> = []
-  const opened = await paidCall(plan, "opening", target(), clients, signed, undefined, { id, turn: 0 })
+  // The opening is read to its end: a client that hangs up on it never learns the session's token, and the
+  // session waits for its expiry (the quote's `session_ttl_s`, minutes) before its budget comes back.
+  const opening = { ...plan, hangUpAfterMs: undefined }
+  const opened = await paidCall(opening, "opening", target(), clients, signed, undefined, { id, turn: 0 })
   const outcomes: Array<Outcome> = [opened.outcome]
   const token = opened.outcome.status === 200 ? opened.token : undefined
   if (token === undefined) return outcomes
