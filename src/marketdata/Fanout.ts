@@ -1,5 +1,5 @@
 import { Readable } from "node:stream"
-import { Effect, Exit, Scope } from "effect"
+import { Effect } from "effect"
 
 /**
  * One encoded frame, many subscribers (docs/decisions.md D125, D233). A frame is encoded once by the
@@ -7,9 +7,9 @@ import { Effect, Exit, Scope } from "effect"
  * stream, which the HTTP server pipes to that subscriber's socket: a subscriber holding `queue` frames
  * it has not taken is dropped (its stream ends after what it holds) and never slows the others. No fiber
  * runs per subscriber per frame, so nothing else the process does runs between two subscribers' writes.
- * Above `capacity` subscribers a new one is refused. A subscriber is a scoped resource: registered and
- * its release attached in one uninterruptible step, released when its stream closes for any reason (it
- * ended, the caller hung up, it was dropped).
+ * Above `capacity` subscribers a new one is refused. A subscriber is registered and its release attached
+ * in one synchronous step (nothing can interrupt between them), and released when its stream closes for
+ * any reason (it ended, the caller hung up, it was dropped).
  */
 export interface Fanout {
   /** Offers the frame to every subscriber; returns how many were dropped as too slow. */
@@ -50,35 +50,16 @@ export const makeFanout = (options: { readonly capacity: number; readonly queue:
     return dropped
   }
 
-  /** Registers a subscriber in `scope`; the scope's close releases it. */
-  const subscribe = (scope: Scope.Scope, first: Uint8Array | undefined) =>
-    Effect.acquireRelease(
-      Effect.sync(() => {
-        if (closed || subscribers.size >= options.capacity) return undefined
-        const stream = new Readable({ objectMode: true, highWaterMark: options.queue, read() {} })
-        if (first !== undefined) stream.push(first)
-        subscribers.add(stream)
-        return stream
-      }),
-      (stream) =>
-        Effect.sync(() => {
-          if (stream === undefined) return
-          subscribers.delete(stream)
-          stream.destroy()
-        })
-    ).pipe(Scope.provide(scope))
-
   const open = (first: Uint8Array | undefined) =>
-    Effect.gen(function* () {
-      const scope = yield* Scope.make()
-      const stream = yield* subscribe(scope, first)
-      if (stream === undefined) {
-        yield* Scope.close(scope, Exit.void)
-        return undefined
-      }
-      stream.once("close", () => Effect.runFork(Scope.close(scope, Exit.void)))
+    Effect.sync(() => {
+      if (closed || subscribers.size >= options.capacity) return undefined
+      const stream = new Readable({ objectMode: true, highWaterMark: options.queue, read() {} })
+      if (first !== undefined) stream.push(first)
+      subscribers.add(stream)
+      // Released when the stream closes: it ended, the caller hung up (the server destroys it) or it was dropped.
+      stream.once("close", () => subscribers.delete(stream))
       return stream
-    }).pipe(Effect.uninterruptible)
+    })
 
   const close = () => {
     closed = true
