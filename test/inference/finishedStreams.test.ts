@@ -4,13 +4,12 @@ import http from "node:http"
 import v8 from "node:v8"
 import vm from "node:vm"
 import { assert, describe, layer } from "@effect/vitest"
-import { Effect, Layer, Redacted } from "effect"
-import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
+import { Effect } from "effect"
 import type { ProviderConfig } from "../../src/devnet/fleet/FleetConfig.ts"
 import { LiveStreams } from "../../src/inference/LiveStreams.ts"
 import { fundedKey } from "../support/Keys.ts"
-import { waitFor } from "../support/Pay.ts"
-import { call, OPERATOR_TOKEN, RouterUrl, routerLayer } from "../support/Router.ts"
+import { waitForQuote } from "../support/Pay.ts"
+import { call, RouterUrl, routerWithFleet } from "../support/Router.ts"
 
 /**
  * Issue 12 item 5: a finished stream is kept for replay (`GET /v1/streams/:id`, an idempotent replay)
@@ -31,20 +30,7 @@ const provider: ProviderConfig = {
   maxContext: 32_000
 }
 
-const router = Layer.unwrap(
-  Effect.map(Effect.sync(routerLayer), (base) =>
-    Layer.unwrap(
-      Effect.map(RouterUrl, (url) =>
-        Fleet.layer({
-          routerUrl: url,
-          operatorToken: Redacted.make(OPERATOR_TOKEN),
-          refreshMs: 2_000,
-          providers: [provider]
-        })
-      )
-    ).pipe(Layer.provideMerge(base))
-  )
-)
+const router = routerWithFleet({}, [provider])
 
 /** A paid streaming call on a connection of its own, closed after the reply (no keep-alive holds it). */
 const streamOnce = (base: string, key: string, body: unknown) =>
@@ -121,17 +107,7 @@ describe("a finished stream", () => {
     it.effect("keeps its replay and lets go of the call's request and response objects", () =>
       Effect.gen(function* () {
         const base = yield* RouterUrl
-        yield* waitFor(
-          "the provider's quote",
-          Effect.map(call("/v1/market/book"), (r) => {
-            const classes = (
-              r.json as { classes: Array<{ model_class?: string; id?: string; depth: number }> }
-            ).classes
-            return classes.some((c) => (c.model_class ?? c.id) === "chat-small" && c.depth >= 1)
-              ? true
-              : undefined
-          })
-        )
+        yield* waitForQuote("chat-small")
         const key = yield* fundedKey({ budget: 100_000_000, balance: 100_000_000 })
 
         // The prompt carries a mark made here (never a literal in code), so a snapshot finds it only

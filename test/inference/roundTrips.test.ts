@@ -1,13 +1,12 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { SpanKind } from "@opentelemetry/api"
 import { InMemorySpanExporter, type ReadableSpan, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
-import { Effect, Layer, Redacted } from "effect"
-import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
+import { Effect, Layer } from "effect"
 import type { ProviderConfig } from "../../src/devnet/fleet/FleetConfig.ts"
 import { tracingWith } from "../../src/Telemetry.ts"
 import { fundedKey } from "../support/Keys.ts"
-import { waitFor } from "../support/Pay.ts"
-import { call, OPERATOR_TOKEN, postJson, RouterUrl, routerLayer } from "../support/Router.ts"
+import { waitForQuote } from "../support/Pay.ts"
+import { postJson, routerWithFleet } from "../support/Router.ts"
 
 /**
  * Issue 12 item 3: what a paid credit-key request costs the database. Every SQL statement the
@@ -27,22 +26,9 @@ const provider: ProviderConfig = {
   maxContext: 32_000
 }
 
-const router = Layer.unwrap(
-  Effect.sync(() => {
-    const base = routerLayer()
-    const fleet = Layer.unwrap(
-      Effect.map(RouterUrl, (url) =>
-        Fleet.layer({
-          routerUrl: url,
-          operatorToken: Redacted.make(OPERATOR_TOKEN),
-          refreshMs: 2_000,
-          providers: [provider]
-        })
-      )
-    )
-    return fleet.pipe(Layer.provideMerge(base))
-  })
-).pipe(Layer.provide(tracingWith([new SimpleSpanProcessor(exporter)])))
+const router = routerWithFleet({}, [provider]).pipe(
+  Layer.provide(tracingWith([new SimpleSpanProcessor(exporter)]))
+)
 
 const isStatement = (span: ReadableSpan) =>
   span.kind === SpanKind.CLIENT && typeof span.attributes["db.query.text"] === "string"
@@ -72,17 +58,7 @@ describe("the paid credit-key path's database cost", () => {
   layer(router, { excludeTestServices: true, timeout: 120_000 })((it) => {
     it.effect("at most three round trips, none of them a transaction, and twelve spans", () =>
       Effect.gen(function* () {
-        yield* waitFor(
-          "the provider's quote",
-          Effect.map(call("/v1/market/book"), (r) => {
-            const classes = (
-              r.json as { classes: Array<{ model_class?: string; id?: string; depth: number }> }
-            ).classes
-            return classes.some((c) => (c.model_class ?? c.id) === "chat-small" && c.depth >= 1)
-              ? true
-              : undefined
-          })
-        )
+        yield* waitForQuote("chat-small")
         const key = yield* fundedKey({ budget: 100_000_000, balance: 100_000_000 })
         // Warm: prepared statements, the connection pool, the quote book.
         const warm = yield* paidCall(key.secret)

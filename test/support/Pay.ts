@@ -142,6 +142,17 @@ export const waitForBook = waitFor(
   })
 )
 
+/** Waits until the book holds at least one quote for `modelClass`. */
+export const waitForQuote = (modelClass: string) =>
+  waitFor(
+    "the provider's quote",
+    Effect.map(call("/v1/market/book"), (r) => {
+      const classes = (r.json as { classes: Array<{ model_class?: string; id?: string; depth: number }> })
+        .classes
+      return classes.some((c) => (c.model_class ?? c.id) === modelClass && c.depth >= 1) ? true : undefined
+    })
+  )
+
 export interface ReceiptView {
   readonly receipt: {
     readonly status: string

@@ -2,6 +2,7 @@ import { Context, Effect, Layer, Redacted } from "effect"
 import { HttpServer } from "effect/http"
 import { Chain } from "../../src/chain/Chain.ts"
 import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
+import type { ProviderConfig } from "../../src/devnet/fleet/FleetConfig.ts"
 import { HttpServerLive } from "../../src/http/Server.ts"
 import { ServicesLive } from "../../src/Router.ts"
 import { RouterConfig, type RouterSettings } from "../../src/RouterConfig.ts"
@@ -37,14 +38,22 @@ export const routerLayer = (overrides: Partial<RouterSettings> = {}) =>
     })
   )
 
-/** The router plus the simulated fleet registered and quoting into it. */
-export const routerWithFleet = (overrides: Partial<RouterSettings> = {}) =>
+/** The router plus the simulated fleet (the default one unless `providers` is given) registered and quoting into it. */
+export const routerWithFleet = (
+  overrides: Partial<RouterSettings> = {},
+  providers?: ReadonlyArray<ProviderConfig>
+) =>
   Layer.unwrap(
     Effect.gen(function* () {
       const router = routerLayer(overrides)
       const fleet = Layer.unwrap(
         Effect.map(RouterUrl, (url) =>
-          Fleet.layer({ routerUrl: url, operatorToken: Redacted.make(OPERATOR_TOKEN), refreshMs: 2_000 })
+          Fleet.layer({
+            routerUrl: url,
+            operatorToken: Redacted.make(OPERATOR_TOKEN),
+            refreshMs: 2_000,
+            providers
+          })
         )
       )
       return fleet.pipe(Layer.provideMerge(router))
