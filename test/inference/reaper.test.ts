@@ -481,19 +481,7 @@ describe("reservations left by a dead request", () => {
           const reaper = yield* Reaper
           const ledger = yield* Ledger
           const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
-          yield* ledger.reserveCredit(
-            {
-              requestId: "req_of_stalled",
-              dialect: "openai",
-              payer: key.wallet,
-              requestedModel: "auto",
-              modelClass: "chat-small",
-              providerId: "p",
-              authorized: 2_000,
-              agent: {}
-            },
-            key.keyId
-          )
+          yield* ledger.reserveCredit(reservation(key.wallet, "req_of_stalled", 2_000), key.keyId)
           // The database answered nobody for 40 s: every heartbeat, this instance's own too, is 40 s old when
           // it answers again. One transaction, so this instance's own beat waits (on its row) until the pass
           // has looked; the pass's statements run on this transaction's connection.
