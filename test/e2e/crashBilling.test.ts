@@ -5,15 +5,8 @@ import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
 import { afterAll, describe, expect, it } from "vitest"
 import { fundedKey, keyState } from "../support/Keys.ts"
-import {
-  freshDatabase,
-  type RouterProcess,
-  startRouterProcess,
-  waitUntilServing
-} from "../support/Process.ts"
+import { freshDatabase, pollFor, startRouterProcess, stopped, waitUntilServing } from "../support/Process.ts"
 import { loadStretch } from "../support/Stopwatch.ts"
-
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 
 interface RequestRow {
   readonly request_id: string
@@ -21,11 +14,6 @@ interface RequestRow {
   readonly charged: string | null
   readonly authorized: string
   readonly metered: { readonly charged: number; readonly final: boolean } | null
-}
-
-const stopped = async (router: RouterProcess) => {
-  if (router.child.exitCode === null && router.child.signalCode === null) router.child.kill("SIGKILL")
-  await router.exited
 }
 
 /**
@@ -59,15 +47,6 @@ describe("a request open when its router was killed", () => {
               WHERE payer = ${payer}`
           )
         )
-      const waitFor = async <A>(what: string, probe: () => Promise<A | undefined>, timeoutMs: number) => {
-        const started = Date.now()
-        while (Date.now() - started < timeoutMs) {
-          const value = await probe()
-          if (value !== undefined) return value
-          await sleep(250)
-        }
-        throw new Error(`timed out waiting for ${what}`)
-      }
 
       const first = await startRouterProcess(env)
       let key: { secret: string; keyId: string; wallet: string }
@@ -89,7 +68,7 @@ describe("a request open when its router was killed", () => {
         // Read on (the stream is cut by the kill).
         response.text().catch(() => undefined)
         // The stream is under way and its meter has been recorded at least once past the first token.
-        checkpoint = await waitFor(
+        checkpoint = await pollFor(
           "a meter checkpoint",
           async () => {
             const row = (await rowsOf(key.wallet))[0]
@@ -116,7 +95,7 @@ describe("a request open when its router was killed", () => {
       const second = await startRouterProcess(env)
       try {
         await waitUntilServing(second)
-        const settled = await waitFor(
+        const settled = await pollFor(
           "the restart to settle the dead instance's request",
           async () => {
             const row = (await rowsOf(key!.wallet))[0]

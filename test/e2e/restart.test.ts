@@ -9,9 +9,11 @@ import { isAlive } from "../../src/process/ChildProcess.ts"
 import { officialPayingFetch } from "../support/Pay.ts"
 import {
   childrenOf,
+  pollFor,
   type RouterProcess,
   runningAfter,
   startRouterProcess,
+  stopped,
   waitUntilServing
 } from "../support/Process.ts"
 import { loadStretch } from "../support/Stopwatch.ts"
@@ -23,16 +25,6 @@ const json = async <A>(url: string) => {
   return { status: response.status, body: (await response.json()) as A }
 }
 
-const waitFor = async <A>(what: string, probe: () => Promise<A | undefined>, timeoutMs = 60_000) => {
-  const started = Date.now()
-  while (Date.now() - started < timeoutMs) {
-    const value = await probe().catch(() => undefined)
-    if (value !== undefined) return value
-    await sleep(250)
-  }
-  throw new Error(`timed out waiting for ${what}`)
-}
-
 interface Readiness {
   readonly status: string
   readonly reconciliation: {
@@ -42,7 +34,7 @@ interface Readiness {
 }
 
 const reconciled = (router: RouterProcess, status: "ok" | "failed") =>
-  waitFor(`reconciliation ${status}`, async () => {
+  pollFor(`reconciliation ${status}`, async () => {
     const ready = await json<Readiness>(`${router.base}/ready`)
     return ready.body.reconciliation.status === status ? ready : undefined
   })
@@ -50,11 +42,6 @@ const reconciled = (router: RouterProcess, status: "ok" | "failed") =>
 const reconciliationGauge = async (router: RouterProcess) => {
   const text = await fetch(`${router.base}/metrics`).then((r) => r.text())
   return Number(/^svc_reconciliation_ok(?:\{[^}]*\})? (\S+)$/m.exec(text)?.[1])
-}
-
-const stopped = async (router: RouterProcess) => {
-  if (router.child.exitCode === null && router.child.signalCode === null) router.child.kill("SIGKILL")
-  await router.exited
 }
 
 /**
@@ -92,7 +79,7 @@ describe("restart after a crash, on the same DATA_DIR", () => {
         expect(paid.status, await paid.clone().text()).toBe(200)
         requestId = paid.headers.get("x-request-id")!
         await paid.text()
-        await waitFor("the settlement to land", async () => {
+        await pollFor("the settlement to land", async () => {
           const r = await json<{ receipt: { settlement: string } }>(`${first.base}/v1/receipts/${requestId}`)
           return r.body.receipt.settlement === "landed" ? true : undefined
         })

@@ -69,6 +69,23 @@ export const waitUntilServing = async (router: RouterProcess, timeoutMs = 90_000
   )
 }
 
+/** Polls `probe` every 250 ms (a failed probe counts as not yet) until it gives a value or `timeoutMs` pass. */
+export const pollFor = async <A>(what: string, probe: () => Promise<A | undefined>, timeoutMs = 60_000) => {
+  const started = Date.now()
+  while (Date.now() - started < timeoutMs) {
+    const value = await probe().catch(() => undefined)
+    if (value !== undefined) return value
+    await sleep(250)
+  }
+  throw new Error(`timed out waiting for ${what}`)
+}
+
+/** SIGKILL to `router` unless it already exited, then waits for its exit. */
+export const stopped = async (router: RouterProcess) => {
+  if (router.child.exitCode === null && router.child.signalCode === null) router.child.kill("SIGKILL")
+  await router.exited
+}
+
 /** Child processes of `pid` still alive (Linux `/proc`; elsewhere none are found). */
 export const childrenOf = (pid: number): Array<number> => {
   if (!existsSync("/proc")) return []
