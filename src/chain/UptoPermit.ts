@@ -3,16 +3,17 @@ import {
   type Address,
   erc20Abi,
   type Hex,
+  hashTypedData,
   type LocalAccount,
   type PublicClient,
   parseErc6492Signature,
-  recoverTypedDataAddress,
-  verifyTypedData
+  recoverTypedDataAddress
 } from "viem"
 import { uptoProxyAbi } from "./artifacts.ts"
 import { ChainError, viemCall } from "./ChainError.ts"
 import { PERMIT2_ADDRESS, permit2Domain, UPTO_PROXY_ADDRESS } from "./Permit2.ts"
 import { permit2Abi } from "./permit2Artifact.ts"
+import { signedBy } from "./SignerKeys.ts"
 
 /**
  * The EIP-712 types of an x402 `upto` authorization, exactly as the official client signs them
@@ -82,12 +83,9 @@ export const signUptoPermit = (
  * `false`. Contract wallets (ERC-1271, ERC-6492) are not recognized here: simulate the settlement for those.
  */
 export const verifyUptoPermitSignature = (chainId: number, permit: UptoPermit): Effect.Effect<boolean> =>
+  // The same check as an `exact` authorization's (`signedBy`): a payer seen before skips the recovery.
   Effect.tryPromise(() =>
-    verifyTypedData({
-      address: permit.from,
-      signature: permit.signature,
-      ...uptoPermitTypedData(chainId, permit)
-    })
+    signedBy(permit.from, hashTypedData(uptoPermitTypedData(chainId, permit)), permit.signature)
   ).pipe(Effect.orElseSucceed(() => false))
 
 /** The EOA that signed the authorization; `Invalid` when the signature cannot be recovered. */
