@@ -246,9 +246,12 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
         if (row.expired) return Effect.fail(new KeyRefused({ reason: "expired" }))
         if (row.kind !== "credit") return Effect.fail(new KeyRefused({ reason: "cannot_spend" }))
         if (!row.invited) return Effect.fail(new KeyRefused({ reason: "not_invited" }))
+        // Found but not updated: revoked by a statement that committed after this one's snapshot (the
+        // update skips the row). Nothing was reserved, so nothing may be served.
+        if (row.wallet === null) return Effect.fail(new KeyRefused({ reason: "unknown" }))
         return Effect.succeed({
           keyId: row.key_id,
-          wallet: row.wallet ?? "",
+          wallet: row.wallet,
           keyRemaining: Number(row.remaining ?? 0)
         } satisfies CreditReserved)
       })
