@@ -1,12 +1,6 @@
 import { Clock, Context, Effect, Layer } from "effect"
 import type { LatencyLookup } from "./Auction.ts"
-import {
-  defaultLatencyConfig,
-  emptyLatencyState,
-  entryEstimate,
-  LatencyEntry,
-  record
-} from "./LatencyStats.ts"
+import { defaultLatencyConfig, emptyLatencyState, LatencyEntry, record } from "./LatencyStats.ts"
 
 /**
  * Per-instance decayed time-to-first-token statistics per (provider, class), fed by the
@@ -35,13 +29,16 @@ export class Latency extends Context.Service<
             states.set(providerId, classes)
           }
           const previous = classes.get(modelClass)?.state ?? emptyLatencyState
-          classes.set(modelClass, new LatencyEntry(record(previous, ttftMs, now, defaultLatencyConfig)))
+          classes.set(
+            modelClass,
+            new LatencyEntry(record(previous, ttftMs, now, defaultLatencyConfig), defaultLatencyConfig)
+          )
         }),
       lookup: Effect.map(
         Clock.currentTimeMillis,
         (now): LatencyLookup =>
           (providerId, classId) =>
-            entryEstimate(states.get(providerId)?.get(classId) ?? never, now, defaultLatencyConfig)
+            (states.get(providerId)?.get(classId) ?? never).estimate(now)
       )
     })
   })

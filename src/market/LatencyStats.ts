@@ -158,19 +158,35 @@ export const quantile = (
  * A (provider, class) state with the observed quantiles last asked of it. A state never changes (`record`
  * makes a new one), so the remembered answers stay true from one auction to the next: an auction asks
  * the scoring quantile of every live quote, and with an SLO its confidence too, hence two slots.
+ *
+ * Most estimates in a busy market are mature, and a mature estimate is the observation itself whatever its
+ * exact weight (the blend's share is 1). So the entry works out once, when made, until when its decayed
+ * weight is certainly at least `matureWeight` (`matureUntilMs`), and until then hands one estimate object
+ * for every auction: no decay power, no object per lookup. The bound: 2^-x >= 1 - x ln 2, so
+ * total x (1 - 0.7 dt / half-life) >= matureWeight x (1 + 1e-9) is enough (0.7 > ln 2 leaves 1% of the
+ * weight above `matureWeight` for every rounding).
  */
 export class LatencyEntry {
   readonly state: LatencyState
+  readonly config: LatencyConfig
   /** The undecayed sample weight (`state.total`, or the bucket sum). */
   readonly total: number
+  /** Up to this time the entry is certainly mature (-Infinity when its weight never reaches it). */
+  readonly matureUntilMs: number
+  readonly #mature: LatencyEstimate
   #lastQ = Number.NaN
   #last: number | undefined
   #otherQ = Number.NaN
   #other: number | undefined
 
-  constructor(state: LatencyState) {
+  constructor(state: LatencyState, config: LatencyConfig = defaultLatencyConfig) {
     this.state = state
+    this.config = config
     this.total = rawWeight(state)
+    const margin = 1 - (config.matureWeight * (1 + 1e-9)) / this.total
+    this.matureUntilMs =
+      margin >= 0 ? state.atMs + (margin * config.halfLifeMs) / 0.7 : Number.NEGATIVE_INFINITY
+    this.#mature = new MatureEstimate(this)
   }
 
   /** `observedQuantile(state, q)`, remembered. */
@@ -184,17 +200,25 @@ export class LatencyEntry {
     this.#last = value
     return value
   }
+
+  /** The estimate at `nowMs`: what `quantile()` and `maturity()` answer for the state then. */
+  estimate(nowMs: number): LatencyEstimate {
+    return nowMs <= this.matureUntilMs ? this.#mature : new Estimate(this, nowMs)
+  }
 }
 
-/**
- * A lower bound of the decayed weight when it is certainly at least `matureWeight`, else undefined. Most
- * estimates in a busy market are mature, and a mature estimate is the observation itself whatever its
- * exact weight (the blend's share is 1), so the power is only computed when the weight could be below:
- * 2^-x >= 1 - x ln 2, and 0.7 > ln 2 with the factor (1 + 1e-9) leaves room for every rounding.
- */
-const matureFloor = (entry: LatencyEntry, nowMs: number, config: LatencyConfig): number | undefined => {
-  const floor = entry.total * (1 - (Math.max(0, nowMs - entry.state.atMs) * 0.7) / config.halfLifeMs)
-  return floor >= config.matureWeight * (1 + 1e-9) ? floor : undefined
+/** An entry while certainly mature: the observed quantile itself (the prior's share is 0). */
+class MatureEstimate implements LatencyEstimate {
+  readonly maturity = "mature"
+  readonly #entry: LatencyEntry
+
+  constructor(entry: LatencyEntry) {
+    this.#entry = entry
+  }
+
+  quantile(q: number): number {
+    return this.#entry.observed(q)!
+  }
 }
 
 /** An entry seen at one time: the decay is computed once, the observed quantiles come from the entry. */
@@ -202,33 +226,21 @@ class Estimate implements LatencyEstimate {
   readonly maturity: Maturity
   readonly #entry: LatencyEntry
   readonly #weight: number
-  readonly #config: LatencyConfig
 
-  constructor(entry: LatencyEntry, nowMs: number, config: LatencyConfig) {
+  constructor(entry: LatencyEntry, nowMs: number) {
     this.#entry = entry
-    this.#config = config
-    this.#weight =
-      entry.total === 0
-        ? 0
-        : (matureFloor(entry, nowMs, config) ?? entry.total * decayFactor(entry.state.atMs, nowMs, config))
-    this.maturity = maturityOf(this.#weight, config)
+    this.#weight = entry.total * decayFactor(entry.state.atMs, nowMs, entry.config)
+    this.maturity = maturityOf(this.#weight, entry.config)
   }
 
   quantile(q: number): number {
-    return blend(this.#entry.observed(q), this.#weight, this.#config)
+    return blend(this.#entry.observed(q), this.#weight, this.#entry.config)
   }
 }
-
-/** The estimate of an entry at `nowMs`: what `latencyEstimate` answers for its state. */
-export const entryEstimate = (
-  entry: LatencyEntry,
-  nowMs: number,
-  config: LatencyConfig = defaultLatencyConfig
-): LatencyEstimate => new Estimate(entry, nowMs, config)
 
 /** A snapshot for the auction; `undefined` state means the pair was never measured. */
 export const latencyEstimate = (
   state: LatencyState | undefined,
   nowMs: number,
   config: LatencyConfig = defaultLatencyConfig
-): LatencyEstimate => new Estimate(new LatencyEntry(state ?? emptyLatencyState), nowMs, config)
+): LatencyEstimate => new LatencyEntry(state ?? emptyLatencyState, config).estimate(nowMs)

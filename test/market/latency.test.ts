@@ -5,6 +5,7 @@ import {
   defaultLatencyConfig,
   effectiveWeight,
   emptyLatencyState,
+  LatencyEntry,
   type LatencyState,
   latencyEstimate,
   maturity,
@@ -172,16 +173,21 @@ describe("LatencyStats", () => {
           // the power only where the weight is certainly mature.
           fc
             .tuple(fc.constantFrom(20, 3), fc.integer({ min: -2_000, max: 2_000 }))
-            .map(([threshold, jitter]) => [threshold, jitter])
+            .map(([threshold, jitter]) => [threshold, jitter]),
+          // Around the time up to which the entry hands its one mature estimate.
+          fc.integer({ min: -2_000, max: 2_000 }).map((jitter) => ({ jitter }))
         ),
         fc.array(fc.double({ min: 0.01, max: 0.99, noNaN: true }), { minLength: 1, maxLength: 3 }),
         (values, when, qs) => {
           const state = recordAll(values.map((v) => [v, 1_000] as const))
           const total = values.length
+          const bound = new LatencyEntry(state).matureUntilMs - 1_000
           const elapsed =
             typeof when === "number"
               ? when
-              : Math.max(0, Math.round(HALF_LIFE * Math.log2(total / when[0]!)) + when[1]!)
+              : "jitter" in when
+                ? Math.max(0, (Number.isFinite(bound) ? Math.round(bound) : 0) + when.jitter)
+                : Math.max(0, Math.round(HALF_LIFE * Math.log2(total / when[0]!)) + when[1]!)
           const now = 1_000 + (Number.isFinite(elapsed) ? elapsed : 0)
           const estimate = latencyEstimate(state, now)
           assert.strictEqual(estimate.maturity, maturity(state, now))
