@@ -160,9 +160,10 @@ export const quantile = (
  * the scoring quantile of every live quote, and with an SLO its confidence too, hence two slots.
  *
  * Most estimates in a busy market are mature, and a mature estimate is the observation itself whatever its
- * exact weight (the blend's share is 1). So the entry works out once, when made, until when its decayed
- * weight is certainly at least `matureWeight` (`matureUntilMs`), and until then hands one estimate object
- * for every auction: no decay power, no object per lookup. The bound: 2^-x >= 1 - x ln 2, so
+ * exact weight (the blend's share is 1); a never-measured pair is the prior, cold, at every time. So the
+ * entry works out once, when made, until when its estimate does not depend on the time (`steadyUntilMs`:
+ * for ever without data, else while its decayed weight is certainly at least `matureWeight`), and until
+ * then hands one estimate object for every auction: no decay power, no object per lookup. The bound: 2^-x >= 1 - x ln 2, so
  * total x (1 - 0.7 dt / half-life) >= matureWeight x (1 + 1e-9) is enough (0.7 > ln 2 leaves 1% of the
  * weight above `matureWeight` for every rounding).
  */
@@ -171,9 +172,9 @@ export class LatencyEntry {
   readonly config: LatencyConfig
   /** The undecayed sample weight (`state.total`, or the bucket sum). */
   readonly total: number
-  /** Up to this time the entry is certainly mature (-Infinity when its weight never reaches it). */
-  readonly matureUntilMs: number
-  readonly #mature: LatencyEstimate
+  /** Up to this time the entry's estimate is `#steady` (-Infinity when it never is). */
+  readonly steadyUntilMs: number
+  readonly #steady: LatencyEstimate
   #lastQ = Number.NaN
   #last: number | undefined
   #otherQ = Number.NaN
@@ -184,9 +185,13 @@ export class LatencyEntry {
     this.config = config
     this.total = rawWeight(state)
     const margin = 1 - (config.matureWeight * (1 + 1e-9)) / this.total
-    this.matureUntilMs =
-      margin >= 0 ? state.atMs + (margin * config.halfLifeMs) / 0.7 : Number.NEGATIVE_INFINITY
-    this.#mature = new MatureEstimate(this)
+    this.steadyUntilMs =
+      this.total === 0
+        ? Number.POSITIVE_INFINITY
+        : margin >= 0
+          ? state.atMs + (margin * config.halfLifeMs) / 0.7
+          : Number.NEGATIVE_INFINITY
+    this.#steady = this.total === 0 ? new Estimate(this, state.atMs) : new MatureEstimate(this)
   }
 
   /** `observedQuantile(state, q)`, remembered. */
@@ -203,7 +208,7 @@ export class LatencyEntry {
 
   /** The estimate at `nowMs`: what `quantile()` and `maturity()` answer for the state then. */
   estimate(nowMs: number): LatencyEstimate {
-    return nowMs <= this.matureUntilMs ? this.#mature : new Estimate(this, nowMs)
+    return nowMs <= this.steadyUntilMs ? this.#steady : new Estimate(this, nowMs)
   }
 }
 
@@ -229,7 +234,7 @@ class Estimate implements LatencyEstimate {
 
   constructor(entry: LatencyEntry, nowMs: number) {
     this.#entry = entry
-    this.#weight = entry.total * decayFactor(entry.state.atMs, nowMs, entry.config)
+    this.#weight = entry.total === 0 ? 0 : entry.total * decayFactor(entry.state.atMs, nowMs, entry.config)
     this.maturity = maturityOf(this.#weight, entry.config)
   }
 

@@ -181,7 +181,7 @@ describe("LatencyStats", () => {
         (values, when, qs) => {
           const state = recordAll(values.map((v) => [v, 1_000] as const))
           const total = values.length
-          const bound = new LatencyEntry(state).matureUntilMs - 1_000
+          const bound = new LatencyEntry(state).steadyUntilMs - 1_000
           const elapsed =
             typeof when === "number"
               ? when
