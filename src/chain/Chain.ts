@@ -27,7 +27,7 @@ import { embedded, external } from "./Deployment.ts"
 import type { TokenDomain } from "./Eip3009.ts"
 import { makeOutgoing, type OutgoingCall, type OutgoingTransactions } from "./Outgoing.ts"
 import { PERMIT2_ADDRESS, UPTO_PROXY_ADDRESS } from "./Permit2.ts"
-import { permit2Abi } from "./permit2Artifact.ts"
+import { readCalldata } from "./QuickReads.ts"
 import { nonceBitmapPosition, type UptoPermit, uptoSettleCall } from "./UptoPermit.ts"
 
 export { ChainError, type ChainErrorReason } from "./ChainError.ts"
@@ -155,54 +155,41 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
   )
 
   const probe = Effect.fn("Chain.probe")(() =>
-    quickCall("Chain.probe", () => connection.quickClient.getBlockNumber({ cacheTime: 0 })).pipe(
-      Effect.asVoid
-    )
+    quickCall(
+      "Chain.probe",
+      call("Chain.probe", () => connection.quickClient.getBlockNumber({ cacheTime: 0 }))
+    ).pipe(Effect.asVoid)
   )
 
+  const reads = connection.quickReads
+
   const balanceOf = Effect.fn("Chain.balanceOf")((address: Address) =>
-    quickCall("Chain.balanceOf", () =>
-      connection.quickClient.readContract({
-        address: token,
-        abi: testUsdcAbi,
-        functionName: "balanceOf",
-        args: [address]
-      })
+    quickCall(
+      "Chain.balanceOf",
+      reads.uint("Chain.balanceOf", token, () => readCalldata.balanceOf(address))
     )
   )
 
   const authorizationState = Effect.fn("Chain.authorizationState")((authorizer: Address, nonce: Hex) =>
-    quickCall("Chain.authorizationState", () =>
-      connection.quickClient.readContract({
-        address: token,
-        abi: testUsdcAbi,
-        functionName: "authorizationState",
-        args: [authorizer, nonce]
-      })
+    quickCall(
+      "Chain.authorizationState",
+      reads.bool("Chain.authorizationState", token, () => readCalldata.authorizationState(authorizer, nonce))
     )
   )
 
   const permit2NonceUsed = Effect.fn("Chain.permit2NonceUsed")(function* (owner: Address, nonce: bigint) {
     const { wordPos, bitPos } = nonceBitmapPosition(nonce)
-    const word = yield* quickCall("Chain.permit2NonceUsed", () =>
-      connection.quickClient.readContract({
-        address: PERMIT2_ADDRESS,
-        abi: permit2Abi,
-        functionName: "nonceBitmap",
-        args: [owner, wordPos]
-      })
+    const word = yield* quickCall(
+      "Chain.permit2NonceUsed",
+      reads.uint("Chain.permit2NonceUsed", PERMIT2_ADDRESS, () => readCalldata.nonceBitmap(owner, wordPos))
     )
     return ((word >> bitPos) & 1n) === 1n
   })
 
   const permit2Allowance = Effect.fn("Chain.permit2Allowance")((owner: Address) =>
-    quickCall("Chain.permit2Allowance", () =>
-      connection.quickClient.readContract({
-        address: token,
-        abi: testUsdcAbi,
-        functionName: "allowance",
-        args: [owner, PERMIT2_ADDRESS]
-      })
+    quickCall(
+      "Chain.permit2Allowance",
+      reads.uint("Chain.permit2Allowance", token, () => readCalldata.allowance(owner, PERMIT2_ADDRESS))
     )
   )
 

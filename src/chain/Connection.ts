@@ -18,6 +18,7 @@ import {
 } from "viem"
 import { testUsdcAbi } from "./artifacts.ts"
 import { ChainError, fromViemError } from "./ChainError.ts"
+import { makeQuickReads, type QuickReads } from "./QuickReads.ts"
 
 /**
  * How the router reaches a chain: the viem clients (quick reads bounded, background calls retried), a
@@ -73,6 +74,8 @@ export interface Connection {
   readonly publicClient: PublicClient<HttpTransport, ViemChain>
   /** For quick reads only (`QUICK_READ_TIMEOUT_MS`, no retry). */
   readonly quickClient: PublicClient<HttpTransport, ViemChain>
+  /** The paid path's contract reads, batched per event-loop turn (`QUICK_READ_TIMEOUT_MS`, no retry). */
+  readonly quickReads: QuickReads
 }
 
 export const connect = (rpcUrl: string, chainId: number, pollingInterval: number): Connection => {
@@ -91,7 +94,8 @@ export const connect = (rpcUrl: string, chainId: number, pollingInterval: number
     chain: viemChain,
     transport: http(rpcUrl, { timeout: QUICK_READ_TIMEOUT_MS, retryCount: 0 })
   })
-  return { rpcUrl, chainId, viemChain, publicClient, quickClient }
+  const quickReads = makeQuickReads(rpcUrl, QUICK_READ_TIMEOUT_MS)
+  return { rpcUrl, chainId, viemChain, publicClient, quickClient, quickReads }
 }
 
 export const makeSender = Effect.fnUntraced(function* (connection: Connection, account: LocalAccount) {
@@ -124,8 +128,8 @@ export const call = <A>(operation: string, evaluate: () => Promise<A>) =>
   Effect.tryPromise({ try: evaluate, catch: fromViemError(operation) })
 
 /** A quick read: the transport gives up at the timeout; the bound here also covers everything around it. */
-export const quickCall = <A>(operation: string, evaluate: () => Promise<A>) =>
-  call(operation, evaluate).pipe(
+export const quickCall = <A>(operation: string, read: Effect.Effect<A, ChainError>) =>
+  read.pipe(
     Effect.timeoutOrElse({
       duration: QUICK_READ_TIMEOUT_MS + 250,
       orElse: () =>
