@@ -365,7 +365,8 @@ export const audit = async (options: {
 
   // 3. Every wallet's balance (available + reserved) is what it was given (deposits that landed, refunds
   //    credited below the payout floor) less what its keys were charged and it withdrew; each key's spent
-  //    is the sum of its captured charges and its reserved what its open requests hold.
+  //    is the sum of its captured charges and its reserved what its open requests hold. Read through
+  //    `balance_figures` and `key_figures`: the rows with the captures not yet folded counted (D315).
   for (const row of await query(
     rows<{ wallet: string; held: string; given: string; taken: string }>(`
       SELECT w.wallet, (w.available + w.reserved)::text AS held,
@@ -379,7 +380,7 @@ export const audit = async (options: {
                    WHERE s.funding_kind = 'credit' AND lower(s.payer) = w.wallet AND s.status <> 'open'), 0) +
          coalesce((SELECT sum(amount) FROM withdrawals x WHERE lower(x.wallet) = w.wallet AND x.status <> 'failed'), 0)
         )::text AS taken
-      FROM (SELECT lower(wallet) AS wallet, available, reserved FROM wallet_balances) w
+      FROM (SELECT lower(wallet) AS wallet, available, reserved FROM balance_figures) w
     `)
   )) {
     const rest = BigInt(row.given) - BigInt(row.taken) - BigInt(row.held)
@@ -400,7 +401,7 @@ export const audit = async (options: {
           AS charged,
         coalesce((SELECT sum(authorized) FROM requests q WHERE q.key_id = k.key_id AND q.status = 'reserved'), 0)::text
           AS held
-      FROM api_keys k
+      FROM key_figures k
     `)
   )
   for (const key of options.keys) {

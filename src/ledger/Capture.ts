@@ -78,7 +78,7 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
       sql`claimed AS (
         UPDATE requests SET charged = ${receipt.charged}, status = ${status}, finished_at = now()
         WHERE request_id = ${receipt.request_id} AND status = 'reserved'
-        RETURNING request_id
+        RETURNING request_id, key_id, payer, authorized
       )`,
       sql`receipt AS (
         INSERT INTO receipts (request_id, epoch_id, body)
@@ -111,28 +111,20 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
   const claimedOnly = sql`EXISTS (SELECT 1 FROM claimed)`
 
   /**
-   * A funded key's reservation goes back: the cap and the owner's balance, less what was spent. The key
-   * row is locked before the balance row, as the reservation locks them (`Reserve.ts`): the balance's
-   * update waits for the key's (it reads `key_settled`), so a capture and a reservation of the same key
-   * never wait on each other in a circle.
+   * A funded key's reservation goes back: the cap and the owner's balance, less what was spent. Not here:
+   * the request joins `credit_unfolded`, and the fold pass (`CreditFold.ts`, D315) applies many captures
+   * to the key's and the owner's rows in one statement, so a key's requests lock those rows once each (at
+   * reservation), not twice. Until folded the whole worst case stays reserved.
    */
-  const settleCredit = (receipt: ReceiptBody, keyId: string) => ({
+  const settleCredit = (receipt: ReceiptBody) => ({
     entries: [
       { account: receipt.wallet, kind: "credit_released", amount: receipt.authorized - receipt.charged }
     ],
     effects: [
       [
-        "key_settled",
-        sql`UPDATE api_keys SET reserved = reserved - ${receipt.authorized}, spent = spent + ${receipt.charged}
-            WHERE key_id = ${keyId} AND ${claimedOnly}
-            RETURNING key_id`
-      ],
-      [
-        "balance_settled",
-        sql`UPDATE wallet_balances
-            SET reserved = reserved - ${receipt.authorized},
-                available = available + ${receipt.authorized - receipt.charged}, updated_at = now()
-            WHERE wallet = ${receipt.wallet} AND EXISTS (SELECT 1 FROM key_settled)`
+        "credit_queued",
+        sql`INSERT INTO credit_unfolded (request_id, key_id, wallet, authorized, charged)
+            SELECT request_id, key_id, payer, authorized, ${receipt.charged} FROM claimed`
       ]
     ] satisfies ReadonlyArray<Effect_>
   })
@@ -188,7 +180,7 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
     const effects: Array<Effect_> = []
     switch (source._tag) {
       case "Credit": {
-        const credit = settleCredit(receipt, source.keyId)
+        const credit = settleCredit(receipt)
         entries.push(...credit.entries)
         effects.push(...credit.effects)
         break
@@ -247,21 +239,21 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
       ])
       entries.push({ account: receipt.wallet, kind: "authorization_released", amount: receipt.authorized })
     }
-    const releaseCredit = (keyId: string) => {
-      const credit = settleCredit(receipt, keyId)
+    const releaseCredit = () => {
+      const credit = settleCredit(receipt)
       entries.push(...credit.entries)
       effects.push(...credit.effects)
     }
     switch (source._tag) {
       case "Credit":
-        releaseCredit(source.keyId)
+        releaseCredit()
         break
       case "X402":
         releaseAuthorization()
         break
       case "SessionOpening":
         // Nothing was served: the session never opened and its funding goes back whole.
-        if (source.funding._tag === "Credit") releaseCredit(source.funding.keyId)
+        if (source.funding._tag === "Credit") releaseCredit()
         else releaseAuthorization()
         effects.push([
           "session_settled",

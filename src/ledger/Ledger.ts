@@ -5,6 +5,7 @@ import { Chain } from "../chain/Chain.ts"
 import type { ServiceUnavailable } from "../domain/Errors.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import { type CaptureRecord, makeCapture } from "./Capture.ts"
+import { makeCreditFold } from "./CreditFold.ts"
 import { MeterRecord, makeMeterStore } from "./Metered.ts"
 import { makeReceiptStore } from "./ReceiptStore.ts"
 import {
@@ -92,6 +93,11 @@ export class Ledger extends Context.Service<
     readonly capture: (record: CaptureRecord) => Effect.Effect<void>
     /** Nothing was served: the whole reservation is released and no money moves. */
     readonly release: (record: CaptureRecord) => Effect.Effect<void>
+    /**
+     * Folds every credit capture made before the call into its key's and owner's rows (D315; a background
+     * pass does it every 50 ms): for a writer that needs the rows themselves current (a withdrawal's debit).
+     */
+    readonly foldCredit: Effect.Effect<number>
     /** Records what a request still `reserved` has delivered so far (`Metered.ts`): one statement. */
     readonly recordMeter: (requestId: string, record: MeterRecord) => Effect.Effect<void, SqlError.SqlError>
     /** Signs and stores the receipt as final with the given settlement facts. */
@@ -133,6 +139,8 @@ export class Ledger extends Context.Service<
       const receipts = yield* makeReceiptStore(sql, chain)
       const reservations = makeReservations(sql)
       const { capture, release } = makeCapture(sql, receipts)
+      const fold = makeCreditFold(sql)
+      yield* fold.start
 
       /** What settling an open reservation from its durable record reads. */
       const openColumns = sql`
@@ -168,6 +176,7 @@ export class Ledger extends Context.Service<
         ...reservations,
         capture,
         release,
+        foldCredit: fold.foldNow,
         ...makeMeterStore(sql),
         finalizeReceipt: receipts.finalize,
         receipt: receipts.read,

@@ -173,15 +173,23 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
    * balance, the request row and the ledger row. A key that fails a gate writes nothing and says which
    * gate (`KeyRefused`); over the cap or the balance, a CHECK constraint fails and nothing is written;
    * an owner with no balance row trips the division guard. Any number of router instances share it.
+   *
+   * The cap and the balance are checked on the rows as folded (D315): captures not folded yet still hold
+   * their worst case, so a key near its cap may be refused for up to one fold pass, never let past it.
+   * What the key may still spend counts them (D317): the key row as updated (latest), plus what the
+   * queue held in this statement's snapshot, less what folds committed since that snapshot gave back
+   * (`folded` moved), which the latest row already counts. Never more than the truth; exact unless a
+   * capture commits while this statement waits for the key's row.
    */
   const reserveWithKey = (record: Omit<ReservationRecord, "payer">, key: KeyRef) => {
     const found =
       key._tag === "Id"
-        ? sql`SELECT key_id, 'credit' AS kind, true AS invited, false AS expired
+        ? sql`SELECT key_id, 'credit' AS kind, true AS invited, false AS expired, folded
               FROM api_keys WHERE key_id = ${key.keyId} AND revoked_at IS NULL`
         : // Expiry against the router's clock (tests move it), to the second as the key registry reads it.
           sql`SELECT k.key_id, k.kind, coalesce(o.invited, false) AS invited,
-                     coalesce(extract(epoch FROM k.expires_at)::bigint * 1000 <= ${key.nowMs}, false) AS expired
+                     coalesce(extract(epoch FROM k.expires_at)::bigint * 1000 <= ${key.nowMs}, false) AS expired,
+                     k.folded
               FROM api_keys k LEFT JOIN wallets o ON o.wallet = k.wallet
               WHERE k.key_hash = ${key.keyHash} AND k.revoked_at IS NULL`
     return sql<{
@@ -197,7 +205,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
         UPDATE api_keys SET reserved = reserved + ${record.authorized}, requests = requests + 1
         WHERE key_id = (SELECT key_id FROM found WHERE kind = 'credit' AND invited AND NOT expired)
           AND revoked_at IS NULL
-        RETURNING key_id, wallet, budget - spent - reserved AS remaining
+        RETURNING key_id, wallet, budget - spent - reserved AS remaining, folded
       ), w AS (
         UPDATE wallet_balances
         SET available = available - ${record.authorized}, reserved = reserved + ${record.authorized},
@@ -217,7 +225,9 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
         SELECT request_id, payer, 'credit_reserved', ${record.authorized} FROM request
       )
       SELECT found.key_id, found.kind, found.invited, found.expired, (SELECT wallet FROM k) AS wallet,
-             (SELECT remaining FROM k)::text AS remaining,
+             (SELECT k.remaining + (SELECT coalesce(sum(u.authorized - u.charged), 0) FROM credit_unfolded u
+                                    WHERE u.key_id = k.key_id) - (k.folded - found.folded)
+              FROM k)::text AS remaining,
              CASE WHEN EXISTS (SELECT 1 FROM k) THEN 1 / (SELECT count(*)::int FROM w) END AS guard
       FROM found
     `.pipe(

@@ -117,7 +117,7 @@ export class Wallets extends Context.Service<
             (SELECT coalesce(sum(amount), 0) FROM deposits
              WHERE wallet = ${wallet.toLowerCase()} AND status = 'pending')::text AS pending
           FROM (SELECT ${wallet.toLowerCase()}::text AS wallet) w
-          LEFT JOIN wallet_balances b ON b.wallet = w.wallet
+          LEFT JOIN balance_figures b ON b.wallet = w.wallet
         `.pipe(
           Effect.map(([row]) => ({
             available: Number(row!.available),
@@ -211,6 +211,8 @@ export class Wallets extends Context.Service<
         readonly nonce: string
       }) {
         const { withdrawalId, wallet, to, amount, nonce } = input
+        // The debit checks the row itself: what credit captures gave back is folded into it first (D315).
+        yield* ledger.foldCredit
         // One statement: the debit only where the balance covers it, the withdrawal and its ledger row.
         const debited = yield* sql`
           WITH debit AS (

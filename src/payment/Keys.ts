@@ -156,15 +156,17 @@ export class Keys extends Context.Service<
       const sql = yield* SqlClient.SqlClient
 
       const columns = sql`
-        k.key_id, k.wallet, k.kind, k.label, k.budget::text AS budget, k.spent::text AS spent,
-        k.reserved::text AS reserved, k.requests::text AS requests,
+        k.key_id, k.wallet, k.kind, k.label, k.budget::text AS budget, f.spent::text AS spent,
+        f.reserved::text AS reserved, k.requests::text AS requests,
         extract(epoch FROM k.created_at)::bigint::text AS created_at,
         extract(epoch FROM k.revoked_at)::bigint::text AS revoked_at,
         extract(epoch FROM k.expires_at)::bigint::text AS expires_at,
         coalesce(w.invited, false) AS invited
       `
+      // Spent and reserved as `key_figures` has them: the captures not yet folded into the row counted (D315).
       const select = (where: Statement.Fragment) =>
-        sql`SELECT ${columns} FROM api_keys k LEFT JOIN wallets w ON w.wallet = k.wallet WHERE ${where}`.pipe(
+        sql`SELECT ${columns} FROM api_keys k JOIN key_figures f ON f.key_id = k.key_id
+            LEFT JOIN wallets w ON w.wallet = k.wallet WHERE ${where}`.pipe(
           Effect.flatMap(decodeRows),
           Effect.orDie
         )

@@ -129,12 +129,12 @@ describe("zero overspend across two router processes", () => {
     )
     const [key] = await sqlAt<{ spent: string; reserved: string }>(
       db,
-      "SELECT spent::text, reserved::text FROM api_keys WHERE key_id = $1",
+      "SELECT spent::text, reserved::text FROM key_figures WHERE key_id = $1",
       [keyId]
     )
     const [purse] = await sqlAt<{ available: string; reserved: string }>(
       db,
-      "SELECT available::text, reserved::text FROM wallet_balances WHERE wallet = $1",
+      "SELECT available::text, reserved::text FROM balance_figures WHERE wallet = $1",
       [wallet]
     )
     const captured = Number(totals!.captured)

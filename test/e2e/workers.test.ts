@@ -110,7 +110,7 @@ describe("WORKERS=2: two router processes on one port", () => {
     }
     const [key] = await sqlAt<{ spent: string; reserved: string; requests: number }>(
       db,
-      "SELECT spent::text, reserved::text, requests::int FROM api_keys WHERE key_id = $1",
+      "SELECT f.spent::text, f.reserved::text, k.requests::int FROM api_keys k JOIN key_figures f USING (key_id) WHERE key_id = $1",
       [keyId]
     )
     expect(key!.requests).toBe(12)

@@ -188,7 +188,8 @@ describe("evaluations (spec 4.3)", () => {
           const state = Effect.map(
             sql<{ digest: string }>`
             SELECT md5(
-              (SELECT COALESCE(string_agg(row_to_json(k)::text, '' ORDER BY key_id), '') FROM api_keys k) ||
+              (SELECT COALESCE(string_agg((to_jsonb(k) - 'spent' - 'reserved' - 'folded' || to_jsonb(f))::text, '' ORDER BY key_id), '')
+               FROM api_keys k JOIN key_figures f USING (key_id)) ||
               (SELECT COALESCE(string_agg(row_to_json(t)::text, '' ORDER BY task_id), '') FROM tasks t) ||
               (SELECT COALESCE(string_agg(row_to_json(s)::text, '' ORDER BY session_id), '') FROM sessions s) ||
               (SELECT COUNT(*)::text FROM task_calls)

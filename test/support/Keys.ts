@@ -23,6 +23,7 @@ export const fundedKey = (options: { budget: number; balance: number; wallet?: s
     return { secret, keyId, wallet }
   }).pipe(Effect.orDie)
 
+/** A key's figures and its owner's balance as readers see them: captures not yet folded counted (D315). */
 export const keyState = (keyId: string) =>
   Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
@@ -33,8 +34,9 @@ export const keyState = (keyId: string) =>
       available: string
       wallet_reserved: string
     }>`
-      SELECT k.budget::text, k.spent::text, k.reserved::text, w.available::text, w.reserved::text AS wallet_reserved
-      FROM api_keys k JOIN wallet_balances w ON w.wallet = k.wallet WHERE k.key_id = ${keyId}
+      SELECT k.budget::text, f.spent::text, f.reserved::text, w.available::text, w.reserved::text AS wallet_reserved
+      FROM api_keys k JOIN key_figures f ON f.key_id = k.key_id JOIN balance_figures w ON w.wallet = k.wallet
+      WHERE k.key_id = ${keyId}
     `
     const row = rows[0]!
     return {

@@ -123,5 +123,41 @@ export const reliability: Migrations = {
   "0031_instance_beating_since": Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
     yield* sql`ALTER TABLE router_instances ADD COLUMN beating_since TIMESTAMPTZ NOT NULL DEFAULT '-infinity'`
+  }),
+  // Captured credit requests not yet folded into their key's and owner's rows (ledger/CreditFold.ts, D315):
+  // a capture inserts one row here instead of updating the two hot rows; the fold pass deletes them and
+  // applies their sums. `api_keys.folded` is what the folds have given back to the key (Σ authorized −
+  // charged), so a reservation can tell a fold that committed during its statement (D317). The views are
+  // what every reader of the figures reads: the rows with the unfolded captures counted.
+  "0033_credit_fold": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    yield* sql`
+      CREATE TABLE credit_unfolded (
+        request_id TEXT PRIMARY KEY,
+        key_id TEXT NOT NULL,
+        wallet TEXT NOT NULL,
+        authorized BIGINT NOT NULL CHECK (authorized >= 0),
+        charged BIGINT NOT NULL CHECK (charged >= 0 AND charged <= authorized)
+      )
+    `
+    yield* sql`CREATE INDEX credit_unfolded_key ON credit_unfolded (key_id)`
+    yield* sql`ALTER TABLE api_keys ADD COLUMN folded BIGINT NOT NULL DEFAULT 0`
+    yield* sql`
+      CREATE VIEW key_figures AS
+      SELECT k.key_id, k.spent + coalesce(u.charged, 0) AS spent, k.reserved - coalesce(u.authorized, 0) AS reserved
+      FROM api_keys k
+      LEFT JOIN LATERAL (
+        SELECT sum(c.charged) AS charged, sum(c.authorized) AS authorized FROM credit_unfolded c WHERE c.key_id = k.key_id
+      ) u ON true
+    `
+    yield* sql`
+      CREATE VIEW balance_figures AS
+      SELECT b.wallet, b.available + coalesce(u.authorized - u.charged, 0) AS available,
+             b.reserved - coalesce(u.authorized, 0) AS reserved
+      FROM wallet_balances b
+      LEFT JOIN LATERAL (
+        SELECT sum(c.charged) AS charged, sum(c.authorized) AS authorized FROM credit_unfolded c WHERE c.wallet = b.wallet
+      ) u ON true
+    `
   })
 }

@@ -1,0 +1,229 @@
+import { assert, describe, layer } from "@effect/vitest"
+import { Context, Deferred, Effect, Fiber, Layer } from "effect"
+import { SqlClient } from "effect/sql"
+import { Chain } from "../../src/chain/Chain.ts"
+import type { ReceiptBody } from "../../src/domain/Receipt.ts"
+import { FOLD_LOCK } from "../../src/ledger/CreditFold.ts"
+import { Ledger } from "../../src/ledger/Ledger.ts"
+import { TestDatabase } from "../support/Database.ts"
+import { fundedKey, keyState } from "../support/Keys.ts"
+import { seededEconomics } from "./support.ts"
+
+/**
+ * Issue 12 item 3, D315: a credit capture does not touch its key's row or its owner's balance row; the
+ * fold applies many captures to each in one statement. Counted by a trigger on both tables.
+ */
+const Database = Layer.mergeAll(TestDatabase, Chain.layer)
+const LedgerLayer = Ledger.layer.pipe(Layer.provideMerge(Database))
+
+const AUTHORIZED = 10_000
+const CHARGED = 7_000
+
+const receiptOf = (requestId: string, wallet: string): ReceiptBody => ({
+  request_id: requestId,
+  wallet,
+  provider_id: "p1",
+  model_class: "chat-small",
+  in_tokens: 100,
+  out_tokens: 20,
+  cached_tokens: 0,
+  price_in: 100_000,
+  price_out: 400_000,
+  price_in_cached: null,
+  charged: CHARGED,
+  authorized: AUTHORIZED,
+  payment_ref: "",
+  refund_ref: null,
+  ttft_ms: 10,
+  status: "ok",
+  settlement: "landed",
+  epoch_id: 1,
+  session_id: null,
+  quotes_competing: 1,
+  created_at: Date.now()
+})
+
+const record = (requestId: string) => ({
+  requestId,
+  dialect: "openai",
+  payer: "",
+  requestedModel: "auto",
+  modelClass: "chat-small",
+  providerId: "p1",
+  authorized: AUTHORIZED,
+  agent: {}
+})
+
+/** Reserves and captures one request on the key through `ledger`. */
+const paidRequest = (ledger: Ledger["Service"], key: { keyId: string; wallet: string }, requestId: string) =>
+  Effect.gen(function* () {
+    yield* ledger.reserveCredit(record(requestId), key.keyId)
+    yield* ledger.capture({
+      receipt: receiptOf(requestId, key.wallet),
+      economics: seededEconomics(requestId),
+      source: { _tag: "Credit", keyId: key.keyId }
+    })
+  }).pipe(Effect.orDie)
+
+/** Every update of a key or balance row, counted by row (a trigger on both tables). */
+const countUpdates = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  yield* sql`CREATE TABLE row_updates (tbl TEXT NOT NULL, id TEXT NOT NULL)`
+  yield* sql.unsafe(`
+    CREATE FUNCTION count_update() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      INSERT INTO row_updates VALUES (TG_TABLE_NAME, coalesce(to_jsonb(NEW)->>'key_id', to_jsonb(NEW)->>'wallet'));
+      RETURN NEW;
+    END $$`)
+  for (const table of ["api_keys", "wallet_balances"]) {
+    yield* sql.unsafe(
+      `CREATE TRIGGER count_update AFTER UPDATE ON ${table} FOR EACH ROW EXECUTE FUNCTION count_update()`
+    )
+  }
+  return (table: string, id: string) =>
+    Effect.map(
+      sql<{ n: number }>`SELECT count(*)::int AS n FROM row_updates WHERE tbl = ${table} AND id = ${id}`,
+      (rows) => rows[0]!.n
+    )
+}).pipe(Effect.orDie)
+
+/** The fold's lock held by this test (no pass can run) until the returned effect lets it go. */
+const holdFolds = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const held = yield* Deferred.make<void>()
+  const release = yield* Deferred.make<void>()
+  const holder = yield* Effect.forkScoped(
+    sql.withTransaction(
+      Effect.gen(function* () {
+        yield* sql`SELECT pg_advisory_xact_lock(${FOLD_LOCK})`
+        yield* Deferred.succeed(held, undefined)
+        yield* Deferred.await(release)
+      })
+    )
+  )
+  yield* Deferred.await(held)
+  return Deferred.succeed(release, undefined).pipe(Effect.andThen(Fiber.join(holder)), Effect.orDie)
+})
+
+const rawRows = (keyId: string) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const [row] = yield* sql<{ spent: string; reserved: string; available: string; wallet_reserved: string }>`
+      SELECT k.spent::text, k.reserved::text, b.available::text, b.reserved::text AS wallet_reserved
+      FROM api_keys k JOIN wallet_balances b ON b.wallet = k.wallet WHERE k.key_id = ${keyId}
+    `
+    return {
+      spent: Number(row!.spent),
+      reserved: Number(row!.reserved),
+      available: Number(row!.available),
+      walletReserved: Number(row!.wallet_reserved)
+    }
+  }).pipe(Effect.orDie)
+
+const unfolded = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const [row] = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM credit_unfolded`
+  return row!.n
+}).pipe(Effect.orDie)
+
+describe("folding credit captures into the key's and the owner's rows", () => {
+  layer(LedgerLayer, { excludeTestServices: true, timeout: 60_000 })((it) => {
+    it.effect(
+      "N captures update each row N + 1 times (the reservations and one fold), and the readers never lag",
+      () =>
+        Effect.gen(function* () {
+          const ledger = yield* Ledger
+          const key = yield* fundedKey({ budget: 1_000_000, balance: 2_000_000 })
+          const updates = yield* countUpdates
+          const release = yield* holdFolds
+          const n = 20
+          for (let i = 0; i < n; i++) yield* paidRequest(ledger, key, `fold_${i}`)
+
+          // Not folded: the rows still hold every worst case (the safe direction)...
+          assert.deepStrictEqual(yield* rawRows(key.keyId), {
+            spent: 0,
+            reserved: n * AUTHORIZED,
+            available: 2_000_000 - n * AUTHORIZED,
+            walletReserved: n * AUTHORIZED
+          })
+          // ...and what readers see counts the captures: exactly the settled figures.
+          const settled = {
+            budget: 1_000_000,
+            spent: n * CHARGED,
+            reserved: 0,
+            available: 2_000_000 - n * CHARGED,
+            walletReserved: 0
+          }
+          assert.deepStrictEqual(yield* keyState(key.keyId), settled)
+          assert.deepStrictEqual(yield* ledger.reserveCredit(record("fold_open"), key.keyId), {
+            keyId: key.keyId,
+            wallet: key.wallet,
+            keyRemaining: 1_000_000 - n * CHARGED - AUTHORIZED
+          })
+          yield* ledger.release({
+            receipt: {
+              ...receiptOf("fold_open", key.wallet),
+              charged: 0,
+              status: "released",
+              settlement: "none"
+            },
+            economics: seededEconomics("fold_open"),
+            source: { _tag: "Credit", keyId: key.keyId }
+          })
+          // The reservations, one each; no capture or release touched either row.
+          assert.strictEqual(yield* updates("api_keys", key.keyId), n + 1)
+          assert.strictEqual(yield* updates("wallet_balances", key.wallet), n + 1)
+          assert.strictEqual(yield* unfolded, n + 1)
+
+          yield* release
+          yield* ledger.foldCredit
+          assert.strictEqual(yield* unfolded, 0)
+          assert.deepStrictEqual(yield* rawRows(key.keyId), {
+            spent: settled.spent,
+            reserved: 0,
+            available: settled.available,
+            walletReserved: 0
+          })
+          assert.deepStrictEqual(yield* keyState(key.keyId), settled)
+          // One fold statement took all n + 1: one more update of each row, not n + 1.
+          assert.strictEqual(yield* updates("api_keys", key.keyId), n + 2)
+          assert.strictEqual(yield* updates("wallet_balances", key.wallet), n + 2)
+        })
+    )
+
+    it.effect("instances folding at once while captures go on never apply a capture twice", () =>
+      Effect.scoped(
+        Effect.gen(function* () {
+          const ledger = yield* Ledger
+          // A second router instance on the same database, with its own background fold.
+          const second = Context.get(yield* Layer.build(Ledger.layer), Ledger)
+          const keys = yield* Effect.forEach([1, 2, 3], () =>
+            fundedKey({ budget: 10_000_000, balance: 10_000_000 })
+          )
+          const perKey = 30
+          const folds = Effect.forEach([ledger, second, ledger, second], (l) => l.foldCredit, {
+            concurrency: "unbounded"
+          }).pipe(Effect.repeat({ times: 15 }))
+          const captures = Effect.forEach(
+            keys.flatMap((key, k) =>
+              Array.from({ length: perKey }, (_, i) => ({ key, id: `c_${k}_${i}`, i }))
+            ),
+            ({ key, id, i }) => paidRequest(i % 2 === 0 ? ledger : second, key, id),
+            { concurrency: 8 }
+          )
+          yield* Effect.all([captures, folds], { concurrency: "unbounded" })
+          yield* ledger.foldCredit
+          assert.strictEqual(yield* unfolded, 0)
+          for (const key of keys) {
+            assert.deepStrictEqual(yield* rawRows(key.keyId), {
+              spent: perKey * CHARGED,
+              reserved: 0,
+              available: 10_000_000 - perKey * CHARGED,
+              walletReserved: 0
+            })
+          }
+        })
+      )
+    )
+  })
+})
