@@ -43,7 +43,9 @@ const arrival: ReadonlyArray<LiveQuote> = Array.from({ length: PROVIDERS }, (_, 
       capacity_rps: 64,
       sig: `0x${"ab".repeat(65)}`
     }),
-    inFlight: p % 5
+    inFlight: p % 5,
+    // The quote book's number for the provider (as first seen: here the provider's index).
+    provider: p
   }))
 ).flat()
 /** The book as the router's quote book hands it: in quote id order. */

@@ -154,7 +154,7 @@ export const runAuction = (
       continue
     }
     codes[i] = COMPETING
-    candidates.add(i, quote, classTerms, cost, estimate, locked, weights)
+    candidates.add(i, quote, classTerms, cost, estimate, locked, weights, live.provider)
   }
 
   // The session's provider wins with its cheapest usable quote (ties in the total order).

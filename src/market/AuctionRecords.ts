@@ -35,6 +35,13 @@ export interface LiveQuote {
   readonly quote: SignedQuote
   /** Requests currently holding one of the quote's capacity slots. */
   readonly inFlight: number
+  /**
+   * The book's number for the quote's provider: a whole number from 0, the same for two quotes exactly
+   * when their provider ids are (`QuoteBook` numbers providers as it first sees them), so the auction
+   * keeps each provider's best bid in an array, not a map by id. Without it on every quote the auction
+   * numbers the providers itself.
+   */
+  readonly provider?: number | undefined
 }
 
 export type LatencyLookup = (providerId: string, classId: string) => LatencyEstimate

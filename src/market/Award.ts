@@ -74,6 +74,10 @@ export class Candidates {
   readonly wideScore: Array<bigint | undefined> = []
   /** The candidate's index in the auction's input (where its exclusion, if any, is written). */
   readonly position: Int32Array
+  /** The candidate's provider number (`LiveQuote.provider`, or the auction's own: `numberProviders`). */
+  readonly provider: Int32Array
+  /** One more than the largest provider number; -1 once a candidate came without a usable one. */
+  providerBound = 0
   readonly cost: Float64Array
   readonly multiplier: Float64Array
   readonly score: Float64Array
@@ -82,6 +86,7 @@ export class Candidates {
 
   constructor(capacity: number) {
     this.position = new Int32Array(capacity)
+    this.provider = new Int32Array(capacity)
     this.cost = new Float64Array(capacity)
     this.multiplier = new Float64Array(capacity)
     this.score = new Float64Array(capacity)
@@ -97,9 +102,14 @@ export class Candidates {
     cost: number,
     estimate: LatencyEstimate,
     locked: boolean,
-    weights: ProfileWeights
+    weights: ProfileWeights,
+    provider: number | undefined
   ): number {
     const i = this.n++
+    if (provider !== undefined && (provider | 0) === provider && provider >= 0 && this.providerBound >= 0) {
+      this.provider[i] = provider
+      if (provider >= this.providerBound) this.providerBound = provider + 1
+    } else this.providerBound = -1
     const latencyMs = Math.round(estimate.quantile(SCORING_LATENCY_QUANTILE))
     const penalty = latencyPenalty(latencyMs)
     const multiplier = multiplierBps(weights, terms.qualityPenalty, penalty)
@@ -117,6 +127,25 @@ export class Candidates {
     this.latencyMs[i] = latencyMs
     this.latencyPenalty[i] = penalty
     return i
+  }
+
+  /**
+   * Makes the provider numbers dense enough to index an array by: the book's when every candidate came
+   * with one and they stay below a few per candidate, else numbers by provider id, in order of first sight.
+   */
+  numberProviders(): void {
+    if (this.providerBound >= 0 && this.providerBound <= 4 * this.n + 64) return
+    const numbers = new Map<string, number>()
+    for (let i = 0; i < this.n; i++) {
+      const id = this.quote[i]!.provider_id
+      let number = numbers.get(id)
+      if (number === undefined) {
+        number = numbers.size
+        numbers.set(id, number)
+      }
+      this.provider[i] = number
+    }
+    this.providerBound = numbers.size
   }
 
   /** The exact score (cost x multiplier) of candidate `i`. */
@@ -232,26 +261,28 @@ export const rankIndependentBids = (
   first: number,
   drop: (i: number) => void
 ): Int32Array => {
-  const best = new Map<string, number>()
+  candidates.numberProviders()
+  // Per provider number, its best candidate so far plus one (0: none yet).
+  const best = new Int32Array(candidates.providerBound)
   const chosen = new Uint8Array(candidates.n)
   let count = 0
-  const firstProvider = first < 0 ? undefined : candidates.quote[first]!.provider_id
+  const firstProvider = first < 0 ? -1 : candidates.provider[first]!
   for (let i = 0; i < candidates.n; i++) {
     if (!competing(i)) continue
-    const provider = candidates.quote[i]!.provider_id
+    const provider = candidates.provider[i]!
     if (provider === firstProvider) {
       if (i !== first) drop(i)
       continue
     }
-    const held = best.get(provider)
-    if (held === undefined) {
-      best.set(provider, i)
+    const held = best[provider]! - 1
+    if (held < 0) {
+      best[provider] = i + 1
       chosen[i] = 1
       count++
     } else if (candidates.compare(i, held) < 0) {
       drop(held)
       chosen[held] = 0
-      best.set(provider, i)
+      best[provider] = i + 1
       chosen[i] = 1
     } else drop(i)
   }

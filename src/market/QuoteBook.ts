@@ -68,6 +68,16 @@ export class QuoteBook extends Context.Service<
       const catalog = yield* ModelCatalog
       const standing = new Map<string, SignedQuote>()
       const byId = new QuotesById()
+      // A number per provider, as first seen (never reused): the auction indexes its bids by it.
+      const providerNumbers = new Map<string, number>()
+      const providerNumber = (providerId: string): number => {
+        let number = providerNumbers.get(providerId)
+        if (number === undefined) {
+          number = providerNumbers.size
+          providerNumbers.set(providerId, number)
+        }
+        return number
+      }
       const inFlight = new Map<string, number>()
       let lastSeq = 0n
 
@@ -77,7 +87,7 @@ export class QuoteBook extends Context.Service<
         if (current === undefined || current.valid_until <= quote.valid_until) {
           standing.set(key, quote)
           if (current !== undefined) byId.remove(current)
-          byId.add(key, quote)
+          byId.add(key, quote, providerNumber(quote.provider_id))
         }
       }
 
@@ -165,10 +175,10 @@ export class QuoteBook extends Context.Service<
       const live = Effect.map(Clock.currentTimeMillis, (nowMs) => {
         const quotes: Array<LiveQuote> = []
         // In quote id order: the auction then lists its exclusions without sorting them.
-        for (const { key, quote } of byId.all) {
+        for (const { key, quote, provider: number } of byId.all) {
           const provider = providers.get(quote.provider_id)
           if (quote.valid_until * 1000 <= nowMs || provider === undefined || !provider.enabled) continue
-          quotes.push({ quote, inFlight: inFlight.get(key) ?? 0 })
+          quotes.push({ quote, inFlight: inFlight.get(key) ?? 0, provider: number })
         }
         return quotes
       })

@@ -9,6 +9,8 @@ export interface Standing {
   /** The book's key of the quote's (provider, class). */
   readonly key: string
   readonly quote: SignedQuote
+  /** The book's number for the quote's provider (`LiveQuote.provider`). */
+  readonly provider: number
 }
 
 export class QuotesById {
@@ -30,8 +32,8 @@ export class QuotesById {
     return low
   }
 
-  add(key: string, quote: SignedQuote): void {
-    this.#entries.splice(this.#lowerBound(quote.quote_id), 0, { key, quote })
+  add(key: string, quote: SignedQuote, provider: number): void {
+    this.#entries.splice(this.#lowerBound(quote.quote_id), 0, { key, quote, provider })
   }
 
   remove(quote: SignedQuote): void {

@@ -877,6 +877,26 @@ describe("the optimized auction decides exactly as the reference it replaced", (
         }
   }
 
+  /**
+   * Provider numbers as the quote book hands them (`LiveQuote.provider`): dense from 0 in order of first
+   * sight, sparse (large and spread out: the auction numbers the providers itself), on some quotes only,
+   * or none. The reference ignores them.
+   */
+  const numbered = (
+    book: ReadonlyArray<LiveQuote>,
+    numbering: "none" | "dense" | "sparse" | "partial"
+  ): ReadonlyArray<LiveQuote> => {
+    if (numbering === "none") return book
+    const numbers = new Map<string, number>()
+    return book.map((live, i) => {
+      if (numbering === "partial" && i % 3 === 1) return live
+      const id = live.quote.provider_id
+      if (!numbers.has(id))
+        numbers.set(id, numbering === "sparse" ? 1_000 + 997 * numbers.size : numbers.size)
+      return { ...live, provider: numbers.get(id) }
+    })
+  }
+
   /** Any book in arrival order or in quote id order (as the quote book hands it), with or without a lock. */
   const matchesReference = (
     books: fc.Arbitrary<ReadonlyArray<LiveQuote>>,
@@ -891,13 +911,14 @@ describe("the optimized auction decides exactly as the reference it replaced", (
         latencies,
         sometimes(fc.nat()),
         fc.boolean(),
-        (req, book, catalog, latency, pick, sorted) => {
+        fc.constantFrom("none", "dense", "sparse", "partial" as const),
+        (req, book, catalog, latency, pick, sorted, numbering) => {
           const ordered = sorted
             ? [...book].sort((a, b) => (a.quote.quote_id < b.quote.quote_id ? -1 : 1))
             : book
           const request = { ...req, sessionLock: lockOf(book, pick) }
           same(
-            runAuction(request, ordered, catalog, latency),
+            runAuction(request, numbered(ordered, numbering), catalog, latency),
             referenceAuction(request, ordered, catalog, latency)
           )
         }

@@ -17,12 +17,18 @@ const BookLayer = QuoteBook.layer.pipe(
   Layer.provideMerge(TestDatabase)
 )
 
-const quoteAt = (validUntil: number, capacity = 2, id = `q-${validUntil}-${capacity}`) =>
+const quoteAt = (
+  validUntil: number,
+  capacity = 2,
+  id = `q-${validUntil}-${capacity}`,
+  providerId = "prov-clock",
+  modelClass = "chat-small"
+) =>
   Effect.promise(async () => {
     const unsigned = {
       quote_id: id,
-      provider_id: "prov-clock",
-      model_class: "chat-small",
+      provider_id: providerId,
+      model_class: modelClass,
       price_in: 100_000,
       price_out: 400_000,
       max_context: 32_000,
@@ -54,6 +60,40 @@ describe("quote book", () => {
         yield* TestClock.adjust("2 seconds")
         assert.strictEqual((yield* book.live).length, 0)
       })
+    )
+
+    it.effect(
+      "the book numbers each provider once: quotes share a number exactly when they share a provider",
+      () =>
+        Effect.gen(function* () {
+          const providers = yield* Providers
+          const book = yield* QuoteBook
+          for (const provider_id of ["prov-n1", "prov-n2", "prov-n3"])
+            yield* providers.register({
+              provider_id,
+              signer: key.address,
+              base_url: "http://127.0.0.1:9",
+              dialect: "openai"
+            })
+          yield* TestClock.setTime(2_000_000)
+          const until = 2_000 + 30
+          yield* book.ingest(yield* quoteAt(until, 2, "qn-1", "prov-n1", "chat-small"))
+          yield* book.ingest(yield* quoteAt(until, 2, "qn-2", "prov-n2", "chat-small"))
+          yield* book.ingest(yield* quoteAt(until, 2, "qn-3", "prov-n1", "chat-medium"))
+          yield* book.ingest(yield* quoteAt(until, 2, "qn-4", "prov-n3", "chat-large"))
+          // A newer standing quote replaces the provider's first one and keeps its number.
+          yield* book.ingest(yield* quoteAt(until + 5, 2, "qn-5", "prov-n1", "chat-small"))
+          const live = (yield* book.live).filter((q) => q.quote.quote_id.startsWith("qn-"))
+          assert.deepStrictEqual(
+            live.map((q) => q.quote.quote_id),
+            ["qn-2", "qn-3", "qn-4", "qn-5"]
+          )
+          for (const a of live)
+            for (const b of live) {
+              assert.isTrue(Number.isInteger(a.provider) && a.provider! >= 0)
+              assert.strictEqual(a.provider === b.provider, a.quote.provider_id === b.quote.provider_id)
+            }
+        })
     )
 
     it.effect("capacity is a scoped slot: the ceiling holds and a failed request releases its slot", () =>

@@ -36,7 +36,7 @@ describe("QuotesById", () => {
             if (add || held.length === 0) {
               // Ids may repeat (two providers can sign the same id): each quote is its own entry.
               const q = quote(id, `p-${i}`)
-              book.add(`k-${i}`, q)
+              book.add(`k-${i}`, q, i)
               held.push(q)
             } else {
               const [gone] = held.splice(pick % held.length, 1)
