@@ -3,6 +3,7 @@ import { charge } from "../domain/Billing.ts"
 import { type ChatCompletionRequest, maxTokensOf } from "../domain/Chat.ts"
 import { NotFound, ServiceUnavailable } from "../domain/Errors.ts"
 import type { PaymentSource } from "../ledger/Ledger.ts"
+import { leaseRequestOf } from "../market/QuoteBook.ts"
 import { Rfq } from "../market/Rfq.ts"
 import { FundingService } from "../payment/Funding.ts"
 import { type SessionRow, Sessions } from "../payment/Sessions.ts"
@@ -99,7 +100,7 @@ export const makeAdmission = Effect.gen(function* () {
     const createdAt = yield* Clock.currentTimeMillis
     const chargeCap = yield* holdForTask(context, requestId, worstCase, description)
     let sessionToken: string | undefined
-    const { funding, payer, authorized } = yield* fundingService.fund({
+    const { funding, payer, authorized, lease } = yield* fundingService.fund({
       creditKey: context.creditKey,
       paymentHeader: context.paymentHeader,
       resourceUrl: context.resourceUrl,
@@ -107,7 +108,9 @@ export const makeAdmission = Effect.gen(function* () {
       description,
       reservation: {
         ...reservationOf(requestId, context.dialect, request.model, auction.winner, context.agent),
-        sessionId
+        sessionId,
+        // A key's reservation takes the winner's capacity slot in the same statement (D311).
+        lease: context.creditKey === undefined ? undefined : leaseRequestOf(auction.winningQuote)
       },
       subject: opening ? "this session's budget" : "the worst case of this request",
       // Spec 5.2: a per-turn completion takes `upto` too; a session's budget is `exact` only.
@@ -158,7 +161,8 @@ export const makeAdmission = Effect.gen(function* () {
       cachedEstimate: 0,
       sessionToken,
       agent: agentRecord(context.agent),
-      chargeCap
+      chargeCap,
+      lease
     } satisfies Launch
   })
 

@@ -3,6 +3,7 @@ import type { ChatCompletionRequest } from "../domain/Chat.ts"
 import type { PaidCallError } from "../domain/Errors.ts"
 import type { PaymentSource } from "../ledger/Ledger.ts"
 import type { AuctionCleared } from "../market/Auction.ts"
+import type { HeldLease } from "../market/QuoteBook.ts"
 import type { Funding } from "../payment/Funding.ts"
 import type { FinishReason, UpstreamEvent } from "./Events.ts"
 import type { LiveStream } from "./LiveStreams.ts"
@@ -84,6 +85,8 @@ export interface Launch {
   readonly agent: Record<string, string>
   /** At most this is charged: the task budget hold a task's call took (the hold is its own cap). */
   readonly chargeCap?: number | undefined
+  /** The winner's capacity lease, when the reservation's own statement asked for it (credit, D311). */
+  readonly lease?: HeldLease | undefined
 }
 
 /** An admitted request being served: what the caller's encoder reads. */

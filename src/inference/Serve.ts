@@ -8,7 +8,7 @@ import { Settle } from "../ledger/Settle.ts"
 import type { RankedBid } from "../market/Auction.ts"
 import { Latency } from "../market/Latency.ts"
 import { Providers } from "../market/Providers.ts"
-import { QuoteBook, type Slot } from "../market/QuoteBook.ts"
+import { capacityExhausted, type HeldLease, QuoteBook, type Slot } from "../market/QuoteBook.ts"
 import { LiveStreams } from "./LiveStreams.ts"
 import { billableTokens, type Meter, meteredUsage, newMeter, recordContent } from "./Meter.ts"
 import type { Admitted, Funding, Launch, ServeEvent, ServeSummary } from "./Paid.ts"
@@ -44,6 +44,23 @@ interface Serving extends Reservation {
 interface Holding {
   scope: Scope.Closeable | undefined
   slot: Slot | undefined
+  /** The winner's lease the reservation's statement asked for (D311), until the first attempt takes it. */
+  reserved: HeldLease | undefined
+}
+
+/**
+ * The lease the reservation asked for, if it is this bid's (the winner's): taken once, by the first
+ * attempt. Granted, its slot is already held (`Serve.reserve`); refused, the quote's ceiling was
+ * reached, as `acquireSlot` would have found.
+ */
+const reservedLease = (holding: Holding, bid: RankedBid) => {
+  const reserved = holding.reserved
+  holding.reserved = undefined
+  return reserved !== undefined &&
+    reserved.lease.providerId === bid.provider_id &&
+    reserved.lease.modelClass === bid.model_class
+    ? reserved
+    : undefined
 }
 
 /** Lets the held slot go: in memory only once the settlement deleted its row, else with its own delete. */
@@ -150,13 +167,19 @@ const attempt = (deps: Deps) => (input: Serving, meter: Meter, holding: Holding,
           new UpstreamFailed({ code: "provider_unavailable", message: "provider left the market" })
         )
       }
-      yield* letGo(holding)
-      const scope = yield* Scope.make()
-      holding.scope = scope
-      holding.slot = yield* book.acquireSlot(quote.quote).pipe(
-        Scope.provide(scope),
-        Effect.mapError((e) => new UpstreamFailed({ code: e.code, message: e.message }))
-      )
+      const reserved = reservedLease(holding, bid)
+      if (reserved === undefined) {
+        yield* letGo(holding)
+        const scope = yield* Scope.make()
+        holding.scope = scope
+        holding.slot = yield* book.acquireSlot(quote.quote).pipe(
+          Scope.provide(scope),
+          Effect.mapError((e) => new UpstreamFailed({ code: e.code, message: e.message }))
+        )
+      } else if (!reserved.granted) {
+        const refused = capacityExhausted(bid.provider_id, bid.model_class)
+        return yield* new UpstreamFailed({ code: refused.code, message: refused.message })
+      }
       meter.servedBy = bid
       meter.heldSources = undefined
       const sentAt = yield* Clock.currentTimeMillis
@@ -329,18 +352,24 @@ export class Serve extends Context.Service<
       const attemptOn = attempt({ book, providers, latency, upstream, checkpoint })
       const release = settleReservation(settle)
 
+      // A lease the reservation's statement took is held from here, in the same uninterruptible step
+      // as the reservation and its release (which deletes the lease row with the capture).
       const reserve = <E>(admission: Effect.Effect<Launch, E, Scope.Scope>) =>
         Effect.acquireRelease(
           Effect.flatMap(admission, (launch) =>
-            Effect.map(
-              Deferred.make<ServeSummary>(),
-              (settled): Reservation => ({
+            Effect.gen(function* () {
+              const holding: Holding = { scope: undefined, slot: undefined, reserved: launch.lease }
+              if (launch.lease?.granted === true) {
+                holding.scope = yield* Scope.make()
+                holding.slot = yield* book.adoptSlot(launch.lease.lease).pipe(Scope.provide(holding.scope))
+              }
+              return {
                 ...launch,
                 meter: newMeter(launch.auction.winner),
-                holding: { scope: undefined, slot: undefined },
-                settled
-              })
-            )
+                holding,
+                settled: yield* Deferred.make<ServeSummary>()
+              } satisfies Reservation
+            })
           ),
           release
         )

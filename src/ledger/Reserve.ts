@@ -3,6 +3,7 @@ import type { SqlClient, SqlError } from "effect/sql"
 import { type Hex, hexToBigInt, toHex } from "viem"
 import { databaseUnavailable, isCheckViolation, pgFault } from "../db/SqlFaults.ts"
 import type { ServiceUnavailable } from "../domain/Errors.ts"
+import { acquireCapacity, type LeaseRequest } from "../market/QuoteBook.ts"
 
 /** An x402 authorization that cannot be reserved: its nonce was seen, or the payer's balance is spoken for. */
 export class NonceReplay extends Schema.TaggedError<NonceReplay>()("NonceReplay", {
@@ -39,6 +40,8 @@ export interface CreditReserved {
   readonly keyId: string
   readonly wallet: string
   readonly keyRemaining: number
+  /** With a `lease` in the record: whether the statement took it (false: the quote's ceiling is reached). */
+  readonly leaseGranted?: boolean | undefined
 }
 
 export interface ReservationRecord {
@@ -51,6 +54,11 @@ export interface ReservationRecord {
   readonly authorized: number
   readonly agent: Record<string, string>
   readonly sessionId?: string | undefined
+  /**
+   * A capacity lease on the winner's quote, taken by a credit reservation's own statement (D311); the
+   * other reservations take none.
+   */
+  readonly lease?: LeaseRequest | undefined
 }
 
 export interface X402Hold {
@@ -180,6 +188,10 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
    * queue held in this statement's snapshot, less what folds committed since that snapshot gave back
    * (`folded` moved), which the latest row already counts. Never more than the truth; exact unless a
    * capture commits while this statement waits for the key's row.
+   *
+   * With a `lease` in the record, the same statement takes the capacity lease once the request row is
+   * written (after the key's and the balance's row locks, so every such statement locks in one order),
+   * and says whether it was granted; a refused reservation takes none (D311).
    */
   const reserveWithKey = (record: Omit<ReservationRecord, "payer">, key: KeyRef) => {
     const found =
@@ -200,6 +212,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
       wallet: string | null
       remaining: string | null
       guard: number | null
+      lease_granted: boolean | null
     }>`
       WITH found AS (${found}), k AS (
         UPDATE api_keys SET reserved = reserved + ${record.authorized}, requests = requests + 1
@@ -223,11 +236,15 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
       ), entry AS (
         INSERT INTO ledger_entries (request_id, account, kind, amount)
         SELECT request_id, payer, 'credit_reserved', ${record.authorized} FROM request
-      )
+      ), lease AS (${
+        record.lease === undefined
+          ? sql`SELECT NULL::boolean AS granted`
+          : sql`SELECT ${acquireCapacity(sql, record.lease)} AS granted FROM request`
+      })
       SELECT found.key_id, found.kind, found.invited, found.expired, (SELECT wallet FROM k) AS wallet,
              (SELECT k.remaining + (SELECT coalesce(sum(u.authorized - u.charged), 0) FROM credit_unfolded u
                                     WHERE u.key_id = k.key_id) - (k.folded - found.folded)
-              FROM k)::text AS remaining,
+              FROM k)::text AS remaining, (SELECT granted FROM lease) AS lease_granted,
              CASE WHEN EXISTS (SELECT 1 FROM k) THEN 1 / (SELECT count(*)::int FROM w) END AS guard
       FROM found
     `.pipe(
@@ -262,7 +279,8 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
         return Effect.succeed({
           keyId: row.key_id,
           wallet: row.wallet,
-          keyRemaining: Number(row.remaining ?? 0)
+          keyRemaining: Number(row.remaining ?? 0),
+          leaseGranted: row.lease_granted ?? undefined
         } satisfies CreditReserved)
       })
     )

@@ -1,5 +1,5 @@
 import { Clock, Context, Effect, Layer, Schema, type Scope } from "effect"
-import { SqlClient } from "effect/sql"
+import { SqlClient, type Statement } from "effect/sql"
 import { type Hex, recoverMessageAddress } from "viem"
 import { repeatInBackground } from "../Background.ts"
 import { Conflict, Forbidden, InvalidRequest, ServiceUnavailable, Unauthorized } from "../domain/Errors.ts"
@@ -30,6 +30,44 @@ export interface Slot {
   readonly handOff: () => void
 }
 
+/**
+ * A capacity lease another statement takes with its own work (the credit reservation's, D311): the
+ * row's id and the quote's signed ceiling.
+ */
+export interface LeaseRequest {
+  readonly leaseId: string
+  readonly providerId: string
+  readonly modelClass: string
+  readonly capacity: number
+}
+
+/** A lease asked for with a reservation, and whether the ceiling let it be taken. */
+export interface HeldLease {
+  readonly lease: LeaseRequest
+  readonly granted: boolean
+}
+
+export const leaseRequestOf = (quote: SignedQuote): LeaseRequest => ({
+  leaseId: crypto.randomUUID(),
+  providerId: quote.provider_id,
+  modelClass: quote.model_class,
+  capacity: quote.capacity_rps
+})
+
+/**
+ * The expression that takes a lease (migration `acquire_capacity`): true when taken, false at the
+ * ceiling. Its count sees every lease committed before its advisory lock was granted, in a statement
+ * of its own or inside a larger one, so the ceiling holds across instances either way.
+ */
+export const acquireCapacity = (sql: SqlClient.SqlClient, lease: LeaseRequest): Statement.Fragment =>
+  sql`acquire_capacity(${lease.providerId}, ${lease.modelClass}, ${lease.capacity}, ${lease.leaseId}, ${LEASE_TTL}::interval)`
+
+export const capacityExhausted = (providerId: string, modelClass: string) =>
+  new ServiceUnavailable({
+    code: "capacity_exhausted",
+    message: `${providerId} is at its signed capacity for ${modelClass}`
+  })
+
 const slotKey = (providerId: string, modelClass: string) => `${providerId}\u0000${modelClass}`
 
 /** Canonical JSON of a quote, so a re-post of the identical quote is recognised. */
@@ -57,6 +95,11 @@ export class QuoteBook extends Context.Service<
      * scope; fails when the signed ceiling is reached across all instances.
      */
     readonly acquireSlot: (quote: SignedQuote) => Effect.Effect<Slot, ServiceUnavailable, Scope.Scope>
+    /**
+     * Holds, for the life of the scope, a lease another statement took (`acquireCapacity`): counted in
+     * flight here and released as `acquireSlot`'s is.
+     */
+    readonly adoptSlot: (lease: LeaseRequest) => Effect.Effect<Slot, never, Scope.Scope>
     readonly sync: Effect.Effect<void>
   }
 >()("router/market/QuoteBook") {
@@ -204,52 +247,55 @@ export class QuoteBook extends Context.Service<
 
       // The lease row and its release are one uninterruptible step (acquireRelease): a caller
       // hanging up while the row is being written still leaves a registered release behind it.
-      const acquireSlot = (quote: SignedQuote) => {
-        const key = slotKey(quote.provider_id, quote.model_class)
-        const leaseId = crypto.randomUUID()
+      const holdSlot = (lease: LeaseRequest, take: Effect.Effect<boolean>) => {
+        const key = slotKey(lease.providerId, lease.modelClass)
         let handedOff = false
         const slot: Slot = {
-          leaseId,
+          leaseId: lease.leaseId,
           handOff: () => {
             handedOff = true
           }
         }
         return Effect.acquireRelease(
-          sql<{ granted: boolean }>`
-            SELECT acquire_capacity(${quote.provider_id}, ${quote.model_class}, ${quote.capacity_rps}, ${leaseId},
-                                    ${LEASE_TTL}::interval) AS granted
-          `.pipe(
-            Effect.map((rows) => rows[0]?.granted === true),
-            Effect.tap((granted) =>
-              Effect.sync(() => {
-                if (granted) inFlight.set(key, (inFlight.get(key) ?? 0) + 1)
-              })
-            ),
-            Effect.orDie
+          Effect.tap(take, (granted) =>
+            Effect.sync(() => {
+              if (granted) inFlight.set(key, (inFlight.get(key) ?? 0) + 1)
+            })
           ),
           (granted) =>
             granted
               ? Effect.gen(function* () {
                   inFlight.set(key, Math.max(0, (inFlight.get(key) ?? 1) - 1))
                   if (!handedOff) {
-                    yield* sql`DELETE FROM capacity_leases WHERE lease_id = ${leaseId}`.pipe(Effect.ignore)
+                    yield* sql`DELETE FROM capacity_leases WHERE lease_id = ${lease.leaseId}`.pipe(
+                      Effect.ignore
+                    )
                   }
                 })
               : Effect.void
+        ).pipe(Effect.map((granted) => (granted ? slot : undefined)))
+      }
+
+      const acquireSlot = (quote: SignedQuote) => {
+        const lease = leaseRequestOf(quote)
+        return holdSlot(
+          lease,
+          sql<{ granted: boolean }>`SELECT ${acquireCapacity(sql, lease)} AS granted`.pipe(
+            Effect.map((rows) => rows[0]?.granted === true),
+            Effect.orDie
+          )
         ).pipe(
-          Effect.flatMap((granted) =>
-            granted
-              ? Effect.succeed(slot)
-              : Effect.fail(
-                  new ServiceUnavailable({
-                    code: "capacity_exhausted",
-                    message: `${quote.provider_id} is at its signed capacity for ${quote.model_class}`
-                  })
-                )
+          Effect.flatMap((slot) =>
+            slot === undefined
+              ? Effect.fail(capacityExhausted(quote.provider_id, quote.model_class))
+              : Effect.succeed(slot)
           ),
           Effect.withSpan("QuoteBook.acquireSlot")
         )
       }
+
+      const adoptSlot = (lease: LeaseRequest) =>
+        Effect.map(holdSlot(lease, Effect.succeed(true)), (slot) => slot!)
 
       yield* sync
       yield* repeatInBackground(sync, {
@@ -258,7 +304,7 @@ export class QuoteBook extends Context.Service<
         level: "warning"
       })
 
-      return QuoteBook.of({ ingest, live, acquireSlot, sync })
+      return QuoteBook.of({ ingest, live, acquireSlot, adoptSlot, sync })
     })
   )
 
@@ -269,6 +315,13 @@ export class QuoteBook extends Context.Service<
   static readonly layerTest = (quotes: ReadonlyArray<SignedQuote>) =>
     Layer.sync(QuoteBook, () => {
       const inFlight = new Map<string, number>()
+      const hold = (providerId: string, modelClass: string, leaseId: string) =>
+        Effect.gen(function* () {
+          const key = slotKey(providerId, modelClass)
+          inFlight.set(key, (inFlight.get(key) ?? 0) + 1)
+          yield* Effect.addFinalizer(() => Effect.sync(() => inFlight.set(key, (inFlight.get(key) ?? 1) - 1)))
+          return { leaseId, handOff: () => {} } satisfies Slot
+        })
       const byId = [...quotes].sort((a, b) =>
         a.quote_id < b.quote_id ? -1 : a.quote_id > b.quote_id ? 1 : 0
       )
@@ -282,20 +335,12 @@ export class QuoteBook extends Context.Service<
         ),
         acquireSlot: (quote) =>
           Effect.gen(function* () {
-            const key = slotKey(quote.provider_id, quote.model_class)
-            const held = inFlight.get(key) ?? 0
-            if (held >= quote.capacity_rps) {
-              return yield* new ServiceUnavailable({
-                code: "capacity_exhausted",
-                message: `${quote.provider_id} is at its signed capacity for ${quote.model_class}`
-              })
-            }
-            inFlight.set(key, held + 1)
-            yield* Effect.addFinalizer(() =>
-              Effect.sync(() => inFlight.set(key, (inFlight.get(key) ?? 1) - 1))
-            )
-            return { leaseId: `test-${crypto.randomUUID()}`, handOff: () => {} } satisfies Slot
+            const held = inFlight.get(slotKey(quote.provider_id, quote.model_class)) ?? 0
+            if (held >= quote.capacity_rps)
+              return yield* capacityExhausted(quote.provider_id, quote.model_class)
+            return yield* hold(quote.provider_id, quote.model_class, `test-${crypto.randomUUID()}`)
           }),
+        adoptSlot: (lease) => hold(lease.providerId, lease.modelClass, lease.leaseId),
         sync: Effect.void
       })
     })

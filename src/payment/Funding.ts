@@ -14,6 +14,7 @@ import {
   Ledger,
   type ReservationRecord
 } from "../ledger/Ledger.ts"
+import type { HeldLease } from "../market/QuoteBook.ts"
 import { CreditKeys } from "./CreditKeys.ts"
 import { creditKeyRefusal, hashSecret } from "./Keys.ts"
 import { PaymentVerifier, type QuoteInput, type VerifiedPayment } from "./PaymentVerifier.ts"
@@ -35,6 +36,8 @@ export interface Funded {
   readonly payer: string
   /** What was reserved: the worst case (a key) or the signed value (x402). */
   readonly authorized: number
+  /** The capacity lease `reservation.lease` asked for, when the reservation's statement took it (credit, D311). */
+  readonly lease?: HeldLease | undefined
 }
 
 export interface FundingInput<E> {
@@ -45,7 +48,10 @@ export interface FundingInput<E> {
   readonly description: string
   /** Whether `upto` is accepted besides `exact` (per-turn completions, spec 5.2); defaults to no. */
   readonly upto?: boolean
-  /** What the request is, minus who pays and how much. */
+  /**
+   * What the request is, minus who pays and how much. Its `lease`, if any, a credit reservation takes
+   * in its own statement (`Funded.lease`); an x402 one takes none.
+   */
   readonly reservation: Omit<ReservationRecord, "payer" | "authorized">
   /** What the refusals call the thing being paid for ("the worst case of this request", "the image"). */
   readonly subject: string
@@ -139,7 +145,7 @@ export class FundingService extends Context.Service<
               )
             // The paid path's case: the key is resolved by the reservation's own statement. A session
             // opening records its session (which names the key and its owner) before reserving.
-            const { keyId, wallet, keyRemaining } =
+            const { keyId, wallet, keyRemaining, leaseGranted } =
               beforeReserve === undefined
                 ? yield* refused(
                     ledger.reserveCreditKey(
@@ -159,10 +165,12 @@ export class FundingService extends Context.Service<
                       )
                     )
                   )
+            const lease = input.reservation.lease
             return {
               funding: { _tag: "Credit", keyId, wallet, keyRemaining },
               payer: wallet,
-              authorized
+              authorized,
+              lease: lease === undefined ? undefined : { lease, granted: leaseGranted === true }
             } satisfies Funded
           }
           if (input.paymentHeader === undefined) return yield* Effect.fail(quote(input))
@@ -179,7 +187,7 @@ export class FundingService extends Context.Service<
           yield* input.beforeReserve?.(payment.payer, authorized, { _tag: "X402" }) ?? Effect.void
           yield* ledger
             .reserveX402(
-              { ...input.reservation, payer: payment.payer, authorized },
+              { ...input.reservation, lease: undefined, payer: payment.payer, authorized },
               payment.scheme === "exact"
                 ? {
                     nonce: payment.authorization.nonce,

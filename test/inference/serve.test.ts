@@ -14,7 +14,7 @@ import { type AuctionCleared, runAuction } from "../../src/market/Auction.ts"
 import { defaultCatalog } from "../../src/market/Catalog.ts"
 import { Latency } from "../../src/market/Latency.ts"
 import { Providers } from "../../src/market/Providers.ts"
-import { QuoteBook } from "../../src/market/QuoteBook.ts"
+import { leaseRequestOf, QuoteBook } from "../../src/market/QuoteBook.ts"
 
 /**
  * The serve step on its own, with stand-ins for everything around it: a fixed book and registry, a
@@ -172,6 +172,50 @@ describe("Serve", () => {
       assert.strictEqual(settled[0]?.status, "released")
     }).pipe(Effect.scoped, Effect.provide(layerFor({ "http://prov-a.test": reply(["x"]) }, settled, 1)))
   })
+
+  it.effect("the winner serves on the lease its reservation took, and no slot of its own (D311)", () => {
+    const settled: Array<Served> = []
+    return Effect.gen(function* () {
+      const book = yield* QuoteBook
+      const cleared = auction()
+      const lease = leaseRequestOf(cleared.winningQuote)
+      const admitted = yield* reserveAndLaunch({ ...launch(cleared), lease: { lease, granted: true } })
+      yield* Stream.runDrain((yield* LiveStreams).follow(admitted.stream, 0))
+      // The winner's one slot of capacity is the reservation's: a second slot would be refused.
+      assert.deepStrictEqual(
+        [settled[0]?.servedBy.provider_id, settled[0]?.status, settled[0]?.lease],
+        ["prov-a", "ok", lease.leaseId]
+      )
+      // Held until settled, then let go.
+      assert.deepStrictEqual(
+        (yield* book.live).map((q) => q.inFlight),
+        [0, 0]
+      )
+    }).pipe(Effect.provide(layerFor({ "http://prov-a.test": reply(["Leased"]) }, settled, 1)))
+  })
+
+  it.effect(
+    "a lease the reservation was refused (the winner at its ceiling) falls back as a full slot would",
+    () => {
+      const settled: Array<Served> = []
+      return Effect.gen(function* () {
+        const cleared = auction()
+        const lease = leaseRequestOf(cleared.winningQuote)
+        const admitted = yield* reserveAndLaunch({ ...launch(cleared), lease: { lease, granted: false } })
+        yield* Stream.runDrain((yield* LiveStreams).follow(admitted.stream, 0))
+        // prov-a would have served had it been asked: the refused lease sent the request to prov-b.
+        assert.deepStrictEqual([settled[0]?.servedBy.provider_id, settled[0]?.status], ["prov-b", "ok"])
+        assert.notStrictEqual(settled[0]?.lease, lease.leaseId)
+      }).pipe(
+        Effect.provide(
+          layerFor(
+            { "http://prov-a.test": reply(["Winner"]), "http://prov-b.test": reply(["Runner-up"]) },
+            settled
+          )
+        )
+      )
+    }
+  )
 
   it.effect("a reply broken after its first token ends partial, charging what was delivered", () => {
     const settled: Array<Served> = []

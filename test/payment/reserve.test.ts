@@ -109,3 +109,46 @@ describe("a database fault during a key's reservation", () => {
     )
   })
 })
+
+describe("a key's reservation with the winner's capacity lease (D311)", () => {
+  layer(LedgerLayer, { excludeTestServices: true, timeout: 60_000 })((it) => {
+    it.effect("takes the lease in its own statement, within the quote's ceiling, and none when refused", () =>
+      Effect.gen(function* () {
+        const ledger = yield* Ledger
+        const sql = yield* SqlClient.SqlClient
+        const key = yield* fundedKey({ budget: 100_000, balance: 100_000 })
+        const lease = (leaseId: string) => ({
+          leaseId,
+          providerId: "p1",
+          modelClass: "chat-small",
+          capacity: 1
+        })
+        const reserve = (requestId: string, leaseId: string, authorized = 10_000) =>
+          ledger.reserveCredit(
+            { ...record(requestId), payer: key.wallet, authorized, lease: lease(leaseId) },
+            key.keyId
+          )
+        const leases = Effect.map(
+          sql<{ lease_id: string }>`SELECT lease_id FROM capacity_leases ORDER BY lease_id`,
+          (rows) => rows.map((r) => r.lease_id)
+        )
+        const first = yield* reserve("req_first", "lease-1")
+        assert.isTrue(first.leaseGranted)
+        assert.deepStrictEqual(yield* leases, ["lease-1"])
+        // The quote's ceiling (one) is reached: the reservation stands, the lease is refused.
+        const second = yield* reserve("req_second", "lease-2")
+        assert.isFalse(second.leaseGranted)
+        assert.deepStrictEqual(yield* leases, ["lease-1"])
+        // A reservation the balance refuses takes no lease, even with a slot free.
+        yield* sql`DELETE FROM capacity_leases`
+        const refused = yield* Effect.flip(reserve("req_refused", "lease-3", 90_000))
+        assert.strictEqual(refused._tag, "CreditRefused")
+        assert.deepStrictEqual(yield* leases, [])
+        // Without a lease asked for, none is taken.
+        const plain = yield* ledger.reserveCredit({ ...record("req_plain"), payer: key.wallet }, key.keyId)
+        assert.isUndefined(plain.leaseGranted)
+        assert.deepStrictEqual(yield* leases, [])
+      })
+    )
+  })
+})
