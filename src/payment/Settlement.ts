@@ -6,6 +6,8 @@ import { Authorizations, type ClaimedAuthorization } from "../ledger/Authorizati
 import { Ledger, permit2NonceOf } from "../ledger/Ledger.ts"
 import { type OutgoingTransfer, Treasury } from "../ledger/Treasury.ts"
 
+const RECOVER_EVERY_MS = 30_000
+
 /**
  * Submits captured x402 authorizations on chain, off every response's path: an `exact` one as the
  * signed EIP-3009 transfer, an `upto` one as a settlement of exactly its charge through the upto proxy
@@ -114,8 +116,15 @@ export class Settlement extends Context.Service<
         Effect.withSpan("Settlement.settle", { attributes: { request_id: row.request_id } })
       )
 
+    // A claim is stale after 3 minutes (`Authorizations.recover`): looking every 30 s, not on every
+    // 250 ms pass, spares the database four statements a second that almost always change nothing.
+    let recoveredAt = Number.NEGATIVE_INFINITY
     const runOnce = Effect.gen(function* () {
-      yield* authorizations.recover
+      const nowMs = yield* Clock.currentTimeMillis
+      if (nowMs - recoveredAt >= RECOVER_EVERY_MS) {
+        recoveredAt = nowMs
+        yield* authorizations.recover
+      }
       const rows = yield* authorizations.claimDue
       yield* Effect.forEach(rows, settleOne, { concurrency: 4, discard: true })
       return rows.length

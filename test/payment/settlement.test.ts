@@ -1,9 +1,13 @@
-import { assert, describe, layer } from "@effect/vitest"
+import { assert, describe, it, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
+import { TestClock } from "effect/testing"
 import { privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
 import { randomAuthorizationNonce, signTransferAuthorization } from "../../src/chain/Eip3009.ts"
+import { Authorizations } from "../../src/ledger/Authorizations.ts"
+import { Ledger } from "../../src/ledger/Ledger.ts"
+import { Treasury } from "../../src/ledger/Treasury.ts"
 import { Settlement } from "../../src/payment/Settlement.ts"
 import { submit } from "../support/ChainSend.ts"
 import { routerLayer } from "../support/Router.ts"
@@ -56,4 +60,41 @@ describe("settlement", () => {
         })
     )
   })
+})
+
+describe("settlement's look for stale claims", () => {
+  it.effect("runs on the first pass and then every 30 s, not on every 250 ms pass", () =>
+    Effect.gen(function* () {
+      let recovered = 0
+      const unused = Effect.die("not reached: no authorization is due")
+      const settlement = yield* Settlement.make.pipe(
+        Effect.provideService(
+          Authorizations,
+          Authorizations.of({
+            recover: Effect.sync(() => {
+              recovered++
+            }),
+            claimDue: Effect.succeed([]),
+            releaseClaimsOf: () => unused,
+            recordBroadcast: () => unused,
+            recordLanded: () => unused,
+            recordFailed: () => unused
+          })
+        ),
+        // Only a claimed authorization reaches the chain, the ledger or the treasury.
+        Effect.provideService(Chain, {} as Chain["Service"]),
+        Effect.provideService(Ledger, {} as Ledger["Service"]),
+        Effect.provideService(Treasury, {} as Treasury["Service"])
+      )
+      yield* settlement.runOnce
+      yield* settlement.runOnce
+      assert.strictEqual(recovered, 1)
+      yield* TestClock.adjust("29 seconds")
+      yield* settlement.runOnce
+      assert.strictEqual(recovered, 1)
+      yield* TestClock.adjust("1 second")
+      yield* settlement.runOnce
+      assert.strictEqual(recovered, 2)
+    })
+  )
 })
