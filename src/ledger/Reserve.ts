@@ -94,18 +94,33 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
    * One statement, one round trip, on the first-byte path: the request, its authorization
    * and the ledger row land together or not at all. A (payer, nonce) seen before violates
    * the primary key and the whole statement fails: a replay never reserves anything.
+   *
+   * With the balance the chain reported, the payer's authorizations not yet settled plus this one
+   * must fit it (they have not moved any money yet): the statement first locks the payer's
+   * `x402_outstanding` row (migration 0034, kept by a trigger on `x402_authorizations`) and goes on
+   * only when the row's outstanding plus this value is within the balance. Under READ COMMITTED
+   * Postgres evaluates that condition on the row as it stands once locked, so a concurrent
+   * reservation for the same payer waits for this one to commit and then sees its value (D327).
    */
   const reserveX402 = Effect.fn("Ledger.reserveX402")(function* (record: ReservationRecord, hold: X402Hold) {
     const payer = record.payer.toLowerCase()
     const scheme = hold.scheme ?? "exact"
     const ceiling = scheme === "upto" ? record.authorized : null
-    const insert = sql`
-      WITH request AS (
+    const balance = hold.balance?.toString() ?? null
+    const rows = yield* sql<{ reserved: number }>`
+      WITH guard AS (
+        INSERT INTO x402_outstanding AS o (payer, outstanding)
+        SELECT ${payer}, 0 WHERE ${balance}::numeric IS NULL OR ${record.authorized} <= ${balance}::numeric
+        ON CONFLICT (payer) DO UPDATE SET outstanding = o.outstanding
+        WHERE ${balance}::numeric IS NULL OR o.outstanding + ${record.authorized} <= ${balance}::numeric
+        RETURNING payer
+      ), request AS (
         INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
                               provider_id, authorized, status, agent, session_id)
-        VALUES (${record.requestId}, ${record.dialect}, 'x402', ${payer}, ${record.requestedModel},
-                ${record.modelClass}, ${record.providerId}, ${record.authorized}, 'reserved',
-                ${JSON.stringify(record.agent)}::jsonb, ${record.sessionId ?? null})
+        SELECT ${record.requestId}, ${record.dialect}, 'x402', ${payer}, ${record.requestedModel},
+               ${record.modelClass}, ${record.providerId}, ${record.authorized}, 'reserved',
+               ${JSON.stringify(record.agent)}::jsonb, ${record.sessionId ?? null}
+        FROM guard
         RETURNING request_id
       ), hold AS (
         INSERT INTO x402_authorizations (payer, nonce, request_id, value, valid_after, valid_before,
@@ -115,29 +130,13 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
                ${scheme}, ${ceiling}
         FROM request
         RETURNING request_id
+      ), entry AS (
+        INSERT INTO ledger_entries (request_id, account, kind, amount)
+        SELECT request_id, ${payer}, 'authorization_reserved', ${record.authorized} FROM hold
+        RETURNING request_id
       )
-      INSERT INTO ledger_entries (request_id, account, kind, amount)
-      SELECT request_id, ${payer}, 'authorization_reserved', ${record.authorized} FROM hold
-    `
-    // Per payer, serialized: the authorizations not yet settled plus this one must fit the
-    // balance the chain reported (they have not moved any money yet).
-    const reserve =
-      hold.balance === undefined
-        ? insert
-        : sql.withTransaction(
-            Effect.gen(function* () {
-              yield* sql`SELECT pg_advisory_xact_lock(hashtextextended(${payer}, 7403))`
-              const rows = yield* sql<{ outstanding: string }>`
-                SELECT coalesce(sum(value), 0)::text AS outstanding FROM x402_authorizations
-                WHERE payer = ${payer} AND status IN ('reserved', 'pending', 'submitted')
-              `
-              if (BigInt(rows[0]?.outstanding ?? "0") + BigInt(record.authorized) > hold.balance!) {
-                return yield* new NonceReplay({ payer, reason: "overcommitted" })
-              }
-              return yield* insert
-            })
-          )
-    yield* reserve.pipe(
+      SELECT count(*)::int AS reserved FROM entry
+    `.pipe(
       Effect.catchTag(
         "SqlError",
         (error): Effect.Effect<never, NonceReplay | ServiceUnavailable> =>
@@ -146,6 +145,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
             : Effect.fail(databaseUnavailable(error))
       )
     )
+    if (rows[0]?.reserved !== 1) return yield* new NonceReplay({ payer, reason: "overcommitted" })
   })
 
   const nonceUnused = (payer: string, nonce: Hex | UptoNonceKey) =>

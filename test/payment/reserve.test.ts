@@ -1,5 +1,5 @@
 import { assert, describe, layer } from "@effect/vitest"
-import { Effect, Layer } from "effect"
+import { Deferred, Effect, Fiber, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { Chain } from "../../src/chain/Chain.ts"
 import { randomAuthorizationNonce } from "../../src/chain/Eip3009.ts"
@@ -148,6 +148,120 @@ describe("a key's reservation with the winner's capacity lease (D311)", () => {
         const plain = yield* ledger.reserveCredit({ ...record("req_plain"), payer: key.wallet }, key.keyId)
         assert.isUndefined(plain.leaseGranted)
         assert.deepStrictEqual(yield* leases, [])
+      })
+    )
+  })
+})
+
+describe("an x402 payer's balance, committed once (D327)", () => {
+  layer(LedgerLayer, { excludeTestServices: true, timeout: 60_000 })((it) => {
+    const payer = "0x90F79bf6EB2c4f870365E785982E1f101E93b906"
+    const hold = (balance: bigint) => ({
+      nonce: randomAuthorizationNonce(),
+      validAfter: 0n,
+      validBefore: 9_999_999_999n,
+      signature: "0x01" as const,
+      balance
+    })
+    const reserve = (requestId: string, authorized: number, balance: bigint) =>
+      Ledger.use((ledger) =>
+        ledger.reserveX402({ ...record(requestId), payer, authorized }, hold(balance)).pipe(
+          Effect.as("reserved" as const),
+          Effect.catchTag("NonceReplay", (refused) => Effect.succeed(refused.reason ?? "nonce_replay"))
+        )
+      )
+    /** The row the reservation checks, and the sum it stands for. */
+    const committed = Effect.gen(function* () {
+      const sql = yield* SqlClient.SqlClient
+      const [row] = yield* sql<{ outstanding: string | null; sum: string }>`
+        SELECT (SELECT outstanding::text FROM x402_outstanding WHERE payer = ${payer.toLowerCase()}) AS outstanding,
+               (SELECT coalesce(sum(value), 0)::text FROM x402_authorizations
+                WHERE payer = ${payer.toLowerCase()} AND status IN ('reserved', 'pending', 'submitted')) AS sum`
+      return { outstanding: Number(row!.outstanding ?? 0), sum: Number(row!.sum) }
+    })
+
+    it.effect("concurrent authorizations beyond the balance are refused, whatever their order", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        // Every reservation starts (and takes its snapshot) while another transaction holds the payer's
+        // row, then they go one by one: each must see what the ones before it committed.
+        yield* sql`INSERT INTO x402_outstanding (payer, outstanding) VALUES (${payer.toLowerCase()}, 0)`
+        const locked = yield* Deferred.make<void>()
+        const release = yield* Deferred.make<void>()
+        const holder = yield* sql
+          .withTransaction(
+            Effect.gen(function* () {
+              yield* sql`SELECT 1 FROM x402_outstanding WHERE payer = ${payer.toLowerCase()} FOR UPDATE`
+              yield* Deferred.succeed(locked, undefined)
+              yield* Deferred.await(release)
+            })
+          )
+          .pipe(Effect.forkChild)
+        yield* Deferred.await(locked)
+        const racing = yield* Effect.all(
+          Array.from({ length: 8 }, (_, i) => reserve(`req_race_${i}`, 10_000, 35_000n)),
+          { concurrency: "unbounded" }
+        ).pipe(Effect.forkChild)
+        yield* Effect.sleep("500 millis")
+        const [waiting] = yield* sql<{ n: number }>`
+          SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`
+        assert.strictEqual(waiting!.n, 8, "all eight wait on the payer's row")
+        yield* Deferred.succeed(release, undefined)
+        yield* Fiber.join(holder)
+        const outcomes = yield* Fiber.join(racing)
+        assert.strictEqual(outcomes.filter((o) => o === "reserved").length, 3)
+        assert.strictEqual(outcomes.filter((o) => o === "overcommitted").length, 5)
+        assert.deepStrictEqual(yield* committed, { outstanding: 30_000, sum: 30_000 })
+        // A refusal wrote nothing: no request, no authorization, no ledger row.
+        const [counts] = yield* sql<{ requests: number; entries: number }>`
+          SELECT (SELECT count(*)::int FROM requests WHERE request_id LIKE 'req_race_%') AS requests,
+                 (SELECT count(*)::int FROM ledger_entries WHERE request_id LIKE 'req_race_%') AS entries`
+        assert.deepStrictEqual(counts, { requests: 3, entries: 3 })
+      })
+    )
+
+    it.effect("what settles, fails or is released frees the balance; a replay commits nothing", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        const setStatus = (requestId: string, status: string) =>
+          sql`UPDATE x402_authorizations SET status = ${status} WHERE request_id = ${requestId}`
+        // 30,000 are committed by the test before (three of its eight); 40,000 leaves room for 10,000.
+        const won = (yield* sql<{ request_id: string }>`
+          SELECT request_id FROM x402_authorizations WHERE request_id LIKE 'req_race_%' ORDER BY request_id`).map(
+          (row) => row.request_id
+        )
+        assert.strictEqual(won.length, 3)
+        assert.strictEqual(yield* reserve("req_t1", 10_000, 40_000n), "reserved")
+        assert.strictEqual(yield* reserve("req_t2", 1, 40_000n), "overcommitted")
+        // Captured (pending) and claimed (submitted) stay committed: they have not moved money yet.
+        yield* setStatus(won[0]!, "pending")
+        yield* setStatus(won[0]!, "submitted")
+        assert.strictEqual(yield* reserve("req_t3", 1, 40_000n), "overcommitted")
+        // Landed, released and failed free their value.
+        yield* setStatus(won[0]!, "landed")
+        yield* setStatus(won[1]!, "released")
+        assert.deepStrictEqual(yield* committed, { outstanding: 20_000, sum: 20_000 })
+        assert.strictEqual(yield* reserve("req_t4", 20_000, 40_000n), "reserved")
+        assert.strictEqual(yield* reserve("req_t5", 1, 40_000n), "overcommitted")
+        // An upto capture settles its charge, not its ceiling: the difference is freed.
+        yield* sql`UPDATE x402_authorizations SET status = 'pending', value = 4000 WHERE request_id = 'req_t4'`
+        assert.deepStrictEqual(yield* committed, { outstanding: 24_000, sum: 24_000 })
+        yield* setStatus("req_t1", "failed")
+        yield* sql`DELETE FROM ledger_entries WHERE request_id = ${won[2]!}`
+        yield* sql`DELETE FROM x402_authorizations WHERE request_id = ${won[2]!}`
+        assert.deepStrictEqual(yield* committed, { outstanding: 4_000, sum: 4_000 })
+        // A replayed nonce fails on the primary key; the balance it was checked against is untouched.
+        const replayed = hold(1_000_000n)
+        yield* Ledger.use((ledger) =>
+          ledger.reserveX402({ ...record("req_r1"), payer, authorized: 1_000 }, replayed)
+        )
+        const replay = yield* Effect.flip(
+          Ledger.use((ledger) =>
+            ledger.reserveX402({ ...record("req_r2"), payer, authorized: 1_000 }, replayed)
+          )
+        )
+        assert.strictEqual(replay._tag === "NonceReplay" ? replay.reason : replay._tag, "nonce_replay")
+        assert.deepStrictEqual(yield* committed, { outstanding: 5_000, sum: 5_000 })
       })
     )
   })

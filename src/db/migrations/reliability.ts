@@ -159,5 +159,54 @@ export const reliability: Migrations = {
         SELECT sum(c.charged) AS charged, sum(c.authorized) AS authorized FROM credit_unfolded c WHERE c.wallet = b.wallet
       ) u ON true
     `
+  }),
+  // What each x402 payer has committed and not yet settled (the sum of its authorizations `reserved`,
+  // `pending` or `submitted`), kept by a trigger on every insert, update and delete of an authorization:
+  // the reservation checks a new authorization against the payer's balance on this one row, locked and
+  // re-read by the statement itself, instead of a transaction that took an advisory lock and summed
+  // (ledger/Reserve.ts, D327).
+  "0034_x402_outstanding": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    yield* sql`
+      CREATE TABLE x402_outstanding (
+        payer TEXT PRIMARY KEY,
+        outstanding NUMERIC NOT NULL DEFAULT 0 CHECK (outstanding >= 0)
+      )
+    `
+    yield* sql`
+      CREATE FUNCTION x402_outstanding_track() RETURNS trigger LANGUAGE plpgsql AS $$
+      DECLARE
+        was NUMERIC := 0;
+        now_ NUMERIC := 0;
+        who TEXT;
+      BEGIN
+        IF TG_OP <> 'INSERT' AND OLD.status IN ('reserved', 'pending', 'submitted') THEN was := OLD.value; END IF;
+        IF TG_OP <> 'DELETE' AND NEW.status IN ('reserved', 'pending', 'submitted') THEN now_ := NEW.value; END IF;
+        IF TG_OP = 'UPDATE' AND OLD.payer <> NEW.payer THEN
+          UPDATE x402_outstanding SET outstanding = outstanding - was WHERE payer = OLD.payer;
+          was := 0;
+        END IF;
+        IF now_ <> was THEN
+          who := CASE WHEN TG_OP = 'DELETE' THEN OLD.payer ELSE NEW.payer END;
+          UPDATE x402_outstanding SET outstanding = outstanding + (now_ - was) WHERE payer = who;
+          -- A payer's first authorization (the reservation makes the row first; a direct insert may not).
+          -- The proposed row meets the CHECK before any conflict, so only a first, positive value gets here.
+          IF NOT FOUND THEN
+            INSERT INTO x402_outstanding AS o (payer, outstanding) VALUES (who, now_ - was)
+            ON CONFLICT (payer) DO UPDATE SET outstanding = o.outstanding + EXCLUDED.outstanding;
+          END IF;
+        END IF;
+        RETURN NULL;
+      END $$
+    `
+    yield* sql`
+      CREATE TRIGGER x402_outstanding_track AFTER INSERT OR UPDATE OF status, value, payer OR DELETE
+      ON x402_authorizations FOR EACH ROW EXECUTE FUNCTION x402_outstanding_track()
+    `
+    yield* sql`
+      INSERT INTO x402_outstanding (payer, outstanding)
+      SELECT payer, sum(value) FROM x402_authorizations
+      WHERE status IN ('reserved', 'pending', 'submitted') GROUP BY payer
+    `
   })
 }
