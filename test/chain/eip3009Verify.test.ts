@@ -1,8 +1,12 @@
 import { assert, describe, it } from "@effect/vitest"
+import { type Address, getAddress, type Hex, hashTypedData } from "viem"
 import { privateKeyToAccount } from "viem/accounts"
 import {
   randomAuthorizationNonce,
   signTransferAuthorization,
+  type TransferAuthorizationParams,
+  transferAuthorizationDigest,
+  transferWithAuthorizationTypes,
   verifyTransferAuthorization
 } from "../../src/chain/Eip3009.ts"
 
@@ -45,5 +49,60 @@ describe("verifyTransferAuthorization", () => {
     const again = verifyTransferAuthorization(signed)
     assert.notStrictEqual(again, first)
     assert.isTrue(await again)
+  })
+})
+
+describe("transferAuthorizationDigest", () => {
+  it("is viem's hashTypedData of the authorization, or viem's own error, whatever the inputs", () => {
+    const viemDigest = (from: Address, p: TransferAuthorizationParams) =>
+      hashTypedData({
+        domain: {
+          name: p.domain.name,
+          version: p.domain.version,
+          chainId: p.chainId,
+          verifyingContract: p.token
+        },
+        types: transferWithAuthorizationTypes,
+        primaryType: "TransferWithAuthorization",
+        message: {
+          from,
+          to: p.to,
+          value: p.value,
+          validAfter: p.validAfter,
+          validBefore: p.validBefore,
+          nonce: p.nonce
+        }
+      })
+    const outcome = (f: () => Hex) => {
+      try {
+        return f()
+      } catch (error) {
+        return `threw ${(error as Error).name}`
+      }
+    }
+    const nonce = randomAuthorizationNonce()
+    const cases: ReadonlyArray<[Address, TransferAuthorizationParams]> = [
+      [payer.address, { ...params, nonce }],
+      [payer.address.toLowerCase() as Address, { ...params, nonce }],
+      [
+        getAddress(params.to),
+        { ...params, token: getAddress(params.token), nonce: nonce.toUpperCase().replace("0X", "0x") as Hex }
+      ],
+      [payer.address, { ...params, nonce, value: 0n, validBefore: 2n ** 256n - 1n }],
+      [payer.address, { ...params, nonce, chainId: 8453, domain: { name: "USDC", version: "2" } }],
+      [payer.address, { ...params, nonce, token: "0x0000000000000000000000000000000000000A12" }],
+      // viem refuses these: a failed checksum, a uint beyond 256 bits, a negative one, a short nonce.
+      [payer.address.replace("C", "c") as Address, { ...params, nonce }],
+      [payer.address, { ...params, nonce, value: 2n ** 256n }],
+      [payer.address, { ...params, nonce, validAfter: -1n }],
+      [payer.address, { ...params, nonce: "0x1234" }]
+    ]
+    for (const [from, p] of cases) {
+      assert.strictEqual(
+        outcome(() => transferAuthorizationDigest(from, p)),
+        outcome(() => viemDigest(from, p)),
+        `${from} ${p.value} ${p.nonce}`
+      )
+    }
   })
 })
