@@ -1,7 +1,7 @@
 import * as NodeSdk from "@effect/opentelemetry/NodeSdk"
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http"
 import { BatchSpanProcessor, type SpanProcessor } from "@opentelemetry/sdk-trace-base"
-import { Config, Effect, Layer, Option } from "effect"
+import { Config, Effect, Layer, Option, References } from "effect"
 
 /**
  * Tracing. Span attributes carry ids, classes, winners and prices; never a prompt, a
@@ -13,11 +13,22 @@ export const tracingWith = (processors: ReadonlyArray<SpanProcessor>) =>
     spanProcessor: processors
   }))
 
-/** OTLP/HTTP export when `OTEL_EXPORTER_OTLP_ENDPOINT` is set; otherwise spans stay in-process. */
+/**
+ * Stack capture off for a span: `Effect.withSpan`/`Effect.fn` otherwise take a stack trace (an `Error`)
+ * per call, used only to name the span's frame in a failure's pretty print; the span's name says as
+ * much, and on a paid request's path the captures cost more than the spans (D320).
+ */
+export const NO_STACK = { captureStackTrace: false } as const
+
+/**
+ * OTLP/HTTP export when `OTEL_EXPORTER_OTLP_ENDPOINT` is set; otherwise no spans at all
+ * (`References.TracerEnabled` off: nobody could read them, and building them, their attributes and
+ * their parent links on every request and statement was CPU for nothing, D320).
+ */
 export const TelemetryLive = Layer.unwrap(
   Effect.gen(function* () {
     const endpoint = yield* Config.String("OTEL_EXPORTER_OTLP_ENDPOINT").pipe(Config.option)
-    if (Option.isNone(endpoint)) return Layer.empty
+    if (Option.isNone(endpoint)) return Layer.succeed(References.TracerEnabled, false)
     const url = `${endpoint.value.replace(/\/$/, "")}/v1/traces`
     return tracingWith([new BatchSpanProcessor(new OTLPTraceExporter({ url }))])
   })

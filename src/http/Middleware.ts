@@ -1,11 +1,5 @@
-import { ByteSize, Cause, Clock, Effect, Exit, type Schema, SchemaIssue } from "effect"
-import {
-  HttpIncomingMessage,
-  HttpRouter,
-  HttpServerError,
-  HttpServerRequest,
-  HttpServerResponse
-} from "effect/http"
+import { Cause, Clock, Effect, Exit, type Schema, SchemaIssue } from "effect"
+import { HttpRouter, HttpServerError, HttpServerRequest, HttpServerResponse } from "effect/http"
 import { HttpApi, HttpApiError } from "effect/http-api"
 import { databaseUnavailable, isSqlError } from "../db/SqlFaults.ts"
 import {
@@ -16,7 +10,6 @@ import {
   ServiceUnavailable,
   UnsupportedMediaType
 } from "../domain/Errors.ts"
-import { RouterConfig } from "../RouterConfig.ts"
 import { Api } from "./Api.ts"
 import { anthropicBody, type Dialect, openAiBody } from "./ErrorWire.ts"
 import { recordRequest } from "./Metrics.ts"
@@ -97,7 +90,16 @@ HttpApi.reflect(Api, {
 })
 export const registerRoutePattern = (pattern: string) =>
   routePatterns.push({ pattern, regex: new RegExp(`^${pattern.replace(/:[A-Za-z_]+/g, "[^/]+")}$`) })
-const routeOf = (path: string) => routePatterns.find((r) => r.regex.test(path))?.pattern ?? "unmatched"
+/** A path's pattern, remembered: a paid call's path is the same on every request (bounded, D322). */
+const routeByPath = new Map<string, string>()
+const routeOf = (path: string) => {
+  const known = routeByPath.get(path)
+  if (known !== undefined) return known
+  const route = routePatterns.find((r) => r.regex.test(path))?.pattern ?? "unmatched"
+  if (routeByPath.size >= 1000) routeByPath.clear()
+  routeByPath.set(path, route)
+  return route
+}
 
 /**
  * Global middleware: every response carries the auction version; every failure that
@@ -105,63 +107,58 @@ const routeOf = (path: string) => routePatterns.find((r) => r.regex.test(path))?
  * carries `Retry-After`; every request is counted and timed by route pattern.
  */
 export const RouterMiddleware = HttpRouter.middleware(
-  Effect.gen(function* () {
-    const { maxBodyBytes } = yield* RouterConfig
-    const maxBodySize = ByteSize.bytes(maxBodyBytes)
-    return (httpEffect) =>
-      Effect.gen(function* () {
-        const request = yield* HttpServerRequest.HttpServerRequest
-        const path = request.url.split("?")[0] ?? "/"
-        const started = yield* Clock.currentTimeMillis
-        const exit = yield* Effect.exit(
-          Effect.provideService(httpEffect, HttpIncomingMessage.MaxBodySize, maxBodySize)
-        )
-        let response: HttpServerResponse.HttpServerResponse
-        if (Exit.isSuccess(exit)) {
-          // The API framework answers a body it has no decoder for with a plain-text 415; the caller
-          // gets it as a JSON error in its own dialect like every other refusal.
-          response =
-            exit.value.status === 415 && exit.value.headers["content-type"]?.startsWith("text/plain") === true
-              ? renderError(
-                  dialectOf(path),
-                  new UnsupportedMediaType({
-                    code: "unsupported_media_type",
-                    param: "content-type",
-                    message: `Send the body as application/json (got ${(request.headers["content-type"] ?? "none").slice(0, 80)})`
-                  })
-                )
-              : exit.value
+  Effect.succeed((httpEffect) =>
+    Effect.gen(function* () {
+      const request = yield* HttpServerRequest.HttpServerRequest
+      const path = request.url.split("?")[0] ?? "/"
+      const started = yield* Clock.currentTimeMillis
+      const exit = yield* Effect.exit(httpEffect)
+      let response: HttpServerResponse.HttpServerResponse
+      if (Exit.isSuccess(exit)) {
+        // The API framework answers a body it has no decoder for with a plain-text 415; the caller
+        // gets it as a JSON error in its own dialect like every other refusal.
+        response =
+          exit.value.status === 415 && exit.value.headers["content-type"]?.startsWith("text/plain") === true
+            ? renderError(
+                dialectOf(path),
+                new UnsupportedMediaType({
+                  code: "unsupported_media_type",
+                  param: "content-type",
+                  message: `Send the body as application/json (got ${(request.headers["content-type"] ?? "none").slice(0, 80)})`
+                })
+              )
+            : exit.value
+      } else {
+        const known = frameworkError(exit.cause, path)
+        if (known !== undefined) {
+          response = renderError(dialectOf(path), known)
+        } else if (Cause.hasInterruptsOnly(exit.cause)) {
+          return yield* Effect.failCause(exit.cause)
         } else {
-          const known = frameworkError(exit.cause, path)
-          if (known !== undefined) {
-            response = renderError(dialectOf(path), known)
-          } else if (Cause.hasInterruptsOnly(exit.cause)) {
-            return yield* Effect.failCause(exit.cause)
-          } else {
-            yield* Effect.logError("unhandled request failure", Cause.pretty(exit.cause))
-            response = renderError(
-              dialectOf(path),
-              new ServiceUnavailable({
-                code: "internal_error",
-                message: "The router failed to handle this request"
-              })
-            )
-            response = HttpServerResponse.setStatus(response, 500)
-          }
+          yield* Effect.logError("unhandled request failure", Cause.pretty(exit.cause))
+          response = renderError(
+            dialectOf(path),
+            new ServiceUnavailable({
+              code: "internal_error",
+              message: "The router failed to handle this request"
+            })
+          )
+          response = HttpServerResponse.setStatus(response, 500)
         }
-        if (response.status === 503 && response.headers["retry-after"] === undefined) {
-          response = HttpServerResponse.setHeader(response, "retry-after", String(RETRY_AFTER_SECONDS))
-        }
-        const finished = yield* Clock.currentTimeMillis
-        yield* recordRequest(
-          { route: routeOf(path), method: request.method, status: String(response.status) },
-          (finished - started) / 1000
-        )
-        return response.headers["x-svc-auction-version"] === undefined
-          ? HttpServerResponse.setHeader(response, "x-svc-auction-version", AUCTION_VERSION)
-          : response
-      })
-  }),
+      }
+      if (response.status === 503 && response.headers["retry-after"] === undefined) {
+        response = HttpServerResponse.setHeader(response, "retry-after", String(RETRY_AFTER_SECONDS))
+      }
+      const finished = yield* Clock.currentTimeMillis
+      yield* recordRequest(
+        { route: routeOf(path), method: request.method, status: String(response.status) },
+        (finished - started) / 1000
+      )
+      return response.headers["x-svc-auction-version"] === undefined
+        ? HttpServerResponse.setHeader(response, "x-svc-auction-version", AUCTION_VERSION)
+        : response
+    })
+  ),
   { global: true }
 )
 

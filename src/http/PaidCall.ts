@@ -125,52 +125,28 @@ export class PaidCalls extends Context.Service<
         })
       const replies = new WeakMap<LiveStream<ServeEvent>, Reply>()
 
-      const serve = <P>(options: {
+      type ServeOptions<P> = {
         readonly path: string
         readonly dialect: PaidRequestContext["dialect"]
         readonly payload: P
         readonly chat: ChatCompletionRequest
         readonly request: HttpServerRequest
         readonly reply: ReplyOf<P>
-      }) =>
+      }
+
+      /**
+       * Admission is uninterruptible but for the wait for the first token; once it returns, the key (if
+       * any) is completed with its request id in the same step, so a hang-up either frees the key
+       * (nothing was served) or leaves it pointing at the request that answered it.
+       */
+      const admitAndRespond = <P>(options: ServeOptions<P>, context: PaidRequestContext, key?: string) =>
         Effect.gen(function* () {
-          const { request } = options
-          const context = paidContextOf(request, options.dialect, `${config.publicUrl}${options.path}`)
-          const scope =
-            request.headers["idempotency-key"] === undefined ? undefined : yield* callerScope(context)
-          // A key is the caller's own: scoped to the credential that pays, so nobody else can
-          // replay someone's reply (or the tokens that came with it). An unpaid call has no scope.
-          const key =
-            scope === undefined
-              ? undefined
-              : createHash("sha256").update(`${scope}\n${request.headers["idempotency-key"]}`).digest("hex")
-          if (key !== undefined) {
-            const claim = yield* idempotency.claim(
-              key,
-              bodyHash({ path: options.path, body: options.payload })
-            )
-            if (claim._tag === "Replay") {
-              const stream = live.get<ServeEvent>(claim.requestId)
-              const replayed = stream === undefined ? undefined : yield* replay(stream, 0)
-              if (replayed === undefined) {
-                return yield* new Conflict({
-                  code: "idempotency_replay",
-                  param: "Idempotency-Key",
-                  message: `This Idempotency-Key already produced request ${claim.requestId}; read its result at /v1/receipts/${claim.requestId}`
-                })
-              }
-              return replayed
-            }
-          }
-          // Admission is uninterruptible but for the wait for the first token; once it returns, the
-          // key is completed with its request id in the same step, so a hang-up either frees the
-          // key (nothing was served) or leaves it pointing at the request that answered it.
           const admitted = yield* Effect.uninterruptibleMask((restore) =>
-            restore(pipeline.admit(options.chat, context)).pipe(
-              Effect.tap((admitted) =>
-                key === undefined ? Effect.void : idempotency.complete(key, admitted.requestId)
-              )
-            )
+            key === undefined
+              ? restore(pipeline.admit(options.chat, context))
+              : restore(pipeline.admit(options.chat, context)).pipe(
+                  Effect.tap((admitted) => idempotency.complete(key, admitted.requestId))
+                )
           )
           const reply = options.reply({ admitted, agent: context.agent, payload: options.payload })
           replies.set(admitted.stream, reply)
@@ -179,7 +155,42 @@ export class PaidCalls extends Context.Service<
             return keptReply(reply, events)
           })
           return yield* respondLive(live, reply, 0)
+        })
+
+      /** A call with an `Idempotency-Key`: claimed (in a scope of its own, released once answered) or replayed. */
+      const idempotent = <P>(options: ServeOptions<P>, context: PaidRequestContext, idempotencyKey: string) =>
+        Effect.gen(function* () {
+          const scope = yield* callerScope(context)
+          // A key is the caller's own: scoped to the credential that pays, so nobody else can
+          // replay someone's reply (or the tokens that came with it). An unpaid call has no scope.
+          if (scope === undefined) return yield* admitAndRespond(options, context)
+          const key = createHash("sha256").update(`${scope}\n${idempotencyKey}`).digest("hex")
+          const claim = yield* idempotency.claim(key, bodyHash({ path: options.path, body: options.payload }))
+          if (claim._tag === "Replay") {
+            const stream = live.get<ServeEvent>(claim.requestId)
+            const replayed = stream === undefined ? undefined : yield* replay(stream, 0)
+            if (replayed === undefined) {
+              return yield* new Conflict({
+                code: "idempotency_replay",
+                param: "Idempotency-Key",
+                message: `This Idempotency-Key already produced request ${claim.requestId}; read its result at /v1/receipts/${claim.requestId}`
+              })
+            }
+            return replayed
+          }
+          return yield* admitAndRespond(options, context, key)
         }).pipe(Effect.scoped)
+
+      // Without an Idempotency-Key (the usual call) nothing is scoped: no scope is made per request.
+      const serve = <P>(options: ServeOptions<P>) =>
+        Effect.suspend(() => {
+          const { request } = options
+          const context = paidContextOf(request, options.dialect, `${config.publicUrl}${options.path}`)
+          const idempotencyKey = request.headers["idempotency-key"]
+          return idempotencyKey === undefined
+            ? admitAndRespond(options, context)
+            : idempotent(options, context, idempotencyKey)
+        })
 
       const notFound = (id: string) =>
         new NotFound({ code: "stream_not_found", message: `No live or recent stream ${id}` })

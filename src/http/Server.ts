@@ -1,7 +1,7 @@
 import { createServer } from "node:http"
 import { NodeHttpServer } from "@effect/platform-node"
-import { Layer } from "effect"
-import { HttpRouter } from "effect/http"
+import { ByteSize, Layer } from "effect"
+import { HttpIncomingMessage, HttpRouter } from "effect/http"
 import { HttpApiBuilder } from "effect/http-api"
 import { Images } from "../inference/Images.ts"
 import { RouterConfig } from "../RouterConfig.ts"
@@ -75,10 +75,20 @@ export const ApiRoutes = HttpApiBuilder.layer(Api, { openapiPath: "/openapi.json
   Layer.provide([RouterMiddleware, DrainGate, Cors])
 )
 
+/**
+ * Larger request bodies are refused (413): set once for the server's request fibers, which inherit it,
+ * rather than provided into each request's context by the middleware (a copy of the context per request).
+ */
+const MaxBodySizeLive = Layer.effect(
+  HttpIncomingMessage.MaxBodySize,
+  RouterConfig.useSync((config) => ByteSize.bytes(config.maxBodyBytes))
+)
+
 export const HttpServerLive = HttpRouter.serve(ApiRoutes, {
   disableListenLog: true,
   disableLogger: true
 }).pipe(
+  Layer.provide(MaxBodySizeLive),
   // The HttpServer stays visible (its `address`): with `PORT=0` the kernel picks the port.
   Layer.provideMerge(
     Layer.unwrap(

@@ -1,5 +1,6 @@
-import { createHash, randomBytes } from "node:crypto"
+import { createHash } from "node:crypto"
 import { Cause, Clock, Context, Data, Deferred, Effect, Fiber, Layer, Queue, Schedule, Stream } from "effect"
+import { randomText } from "../domain/RandomText.ts"
 
 /**
  * Served work runs detached from the HTTP connection, in a fiber this registry owns, and
@@ -99,7 +100,7 @@ export class LiveStreams extends Context.Service<
 
       const start = <E>(id: string, work: (emit: (event: E) => Effect.Effect<void>) => Effect.Effect<void>) =>
         Effect.gen(function* () {
-          const token = randomBytes(24).toString("base64url")
+          const token = randomText(24, "base64url")
           const stream: LiveStream<E> = {
             id,
             tokenHash: hashToken(token),

@@ -1,6 +1,6 @@
-import { randomBytes } from "node:crypto"
 import type { ChatCompletionRequest } from "../domain/Chat.ts"
 import type { PaidCallError } from "../domain/Errors.ts"
+import { randomText } from "../domain/RandomText.ts"
 import type { PaymentSource } from "../ledger/Ledger.ts"
 import type { AuctionCleared } from "../market/Auction.ts"
 import type { HeldLease } from "../market/QuoteBook.ts"
@@ -104,7 +104,7 @@ export interface Admitted {
 
 export type CompletionError = PaidCallError
 
-export const newRequestId = () => `req_${randomBytes(12).toString("hex")}`
+export const newRequestId = () => `req_${randomText(12, "hex")}`
 
 /** What a reservation records about the request, before funding says who pays and how much. */
 export const reservationOf = (

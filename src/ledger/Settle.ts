@@ -4,6 +4,7 @@ import type { TokenCounts } from "../domain/Billing.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import type { AuctionCleared, RankedBid } from "../market/Auction.ts"
 import { RouterConfig } from "../RouterConfig.ts"
+import { NO_STACK } from "../Telemetry.ts"
 import { epochOf } from "./Epochs.ts"
 import { type CaptureRecord, Ledger, type PaymentSource, type StaleReservation } from "./Ledger.ts"
 import { type MeterRecord, meterRecordOf } from "./Metered.ts"
@@ -283,9 +284,11 @@ export class Settle extends Context.Service<
               return false
             })
           ),
-          Effect.withSpan("Settle.request", {
-            attributes: { request_id: served.requestId, status: served.status }
-          })
+          Effect.withSpan(
+            "Settle.request",
+            { attributes: { request_id: served.requestId, status: served.status } },
+            NO_STACK
+          )
         )
       }
 

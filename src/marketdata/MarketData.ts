@@ -231,18 +231,31 @@ export class MarketData extends Context.Service<
 
       let current = yield* compute
       let currentFrame = frameOf(current)
+      // Whether something changed since `current` was computed while nobody was subscribed: every paid
+      // request's clear is a change, and computing the economics for no reader cost CPU on each (D323).
+      let stale = false
+      const refresh = Effect.map(compute, (snapshot) => {
+        current = snapshot
+        currentFrame = frameOf(snapshot)
+        stale = false
+      })
+      const fresh = Effect.suspend(() => (stale ? refresh : Effect.void))
       const fanout = makeFanout({ capacity: settings.eventsCapacity, queue: settings.subscriberQueue })
 
       // One computation per change, fanned out: the publisher waits for a change, computes and encodes
-      // the snapshot once, offers the same bytes to every subscriber, then lets a burst gather.
+      // the snapshot once, offers the same bytes to every subscriber, then lets a burst gather. With no
+      // subscriber it only marks the snapshot stale; the next read computes it.
       const wake = yield* Queue.sliding<void>(1)
       const changed = () => {
         Queue.offerUnsafe(wake, undefined)
       }
       const publish = Effect.gen(function* () {
         yield* Queue.take(wake)
-        current = yield* compute
-        currentFrame = frameOf(current)
+        if (fanout.size() === 0) {
+          stale = true
+          return
+        }
+        yield* refresh
         fanout.publish(currentFrame)
         yield* Effect.sleep(settings.minFrameGapMs)
       })
@@ -400,13 +413,13 @@ export class MarketData extends Context.Service<
       }).pipe(Effect.withSpan("MarketData.stats"))
 
       return MarketData.of({
-        snapshot: Effect.sync(() => current),
+        snapshot: Effect.map(fresh, () => current),
         candles: (query) => Effect.map(candlesOf(query), (answer) => answer.value),
         candlesBody: (query) => Effect.map(candlesOf(query), (answer) => answer.body()),
         index: (query) => Effect.map(indexOf(query), (answer) => answer.value),
         indexBody: (query) => Effect.map(indexOf(query), (answer) => answer.body()),
         stats,
-        subscribe: Effect.suspend(() => fanout.open(currentFrame)),
+        subscribe: Effect.flatMap(fresh, () => fanout.open(currentFrame)),
         window: Effect.sync(() => held),
         fanout
       })

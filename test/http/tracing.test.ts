@@ -1,11 +1,32 @@
-import { assert, describe, layer } from "@effect/vitest"
+import { assert, describe, it, layer } from "@effect/vitest"
 import { SpanKind } from "@opentelemetry/api"
 import { InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
-import { Effect, Layer } from "effect"
-import { tracingWith } from "../../src/Telemetry.ts"
+import { ConfigProvider, Effect, Layer, References } from "effect"
+import { TelemetryLive, tracingWith } from "../../src/Telemetry.ts"
 import { call, OPERATOR_TOKEN, routerLayer } from "../support/Router.ts"
 
 const exporter = new InMemorySpanExporter()
+
+/** Whether spans are recorded under `npm start`'s telemetry, with the environment given. */
+const tracerEnabledWith = (env: Record<string, string>) =>
+  Effect.gen(function* () {
+    return yield* References.TracerEnabled
+  }).pipe(
+    Effect.provide(
+      TelemetryLive.pipe(Layer.provide(ConfigProvider.layer(ConfigProvider.fromEnvRecord(env))))
+    ),
+    Effect.scoped
+  )
+
+describe("telemetry without an exporter", () => {
+  // D320: with nowhere to send them, no span is made (nor its attributes, links and context copies).
+  it.effect("records no spans unless OTEL_EXPORTER_OTLP_ENDPOINT is set", () =>
+    Effect.gen(function* () {
+      assert.isFalse(yield* tracerEnabledWith({}))
+      assert.isTrue(yield* tracerEnabledWith({ OTEL_EXPORTER_OTLP_ENDPOINT: "http://127.0.0.1:19599" }))
+    })
+  )
+})
 
 describe("tracing", () => {
   layer(routerLayer().pipe(Layer.provide(tracingWith([new SimpleSpanProcessor(exporter)]))), {
