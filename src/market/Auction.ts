@@ -17,11 +17,12 @@ import type {
   RankedBid,
   ScoringTokens
 } from "./AuctionRecords.ts"
-import { Candidates, profileRestriction, rankIndependentBids } from "./Award.ts"
+import { profileRestriction, rankIndependentBids } from "./Award.ts"
+import { Candidates } from "./Candidates.ts"
 import { type Catalog, findClass } from "./Catalog.ts"
 import { assertScoringTokens, clearWinner, lockedClear } from "./Clear.ts"
 import { byQuoteId, classTerms, exclusionReason, isLockedQuote, noEligibleReason } from "./Eligibility.ts"
-import { DEADLINE_MECHANISM_VERSION, PROFILES, resolveRoute } from "./Route.ts"
+import { DEADLINE_MECHANISM_VERSION, PROFILES, type Route, resolveRoute } from "./Route.ts"
 
 export type {
   AuctionCleared,
@@ -96,6 +97,21 @@ const exclusionsOf = (
   return inOrder ? excluded : excluded.sort(byQuoteId)
 }
 
+const noEligibleOutcome = (
+  route: Route,
+  reason: NoEligibleReason,
+  considered: number,
+  excluded: ReadonlyArray<Exclusion>
+) =>
+  ({
+    _tag: "NoEligibleQuote",
+    reason,
+    version: route.version,
+    profile: route.profile,
+    considered,
+    excluded
+  }) as const
+
 /** Runs one auction. Never throws for market conditions; throws RangeError only for invalid token counts. */
 export const runAuction = (
   request: AuctionRequest,
@@ -106,26 +122,42 @@ export const runAuction = (
   const tokens: ScoringTokens = { promptTokens: request.promptTokens, maxTokens: request.maxTokens }
   assertScoringTokens(tokens)
   const route = resolveRoute(request)
-  const weights = PROFILES[route.profile]
-  const lock = request.sessionLock
-  const noEligible = (reason: NoEligibleReason, considered: number, excluded: ReadonlyArray<Exclusion>) =>
-    ({
-      _tag: "NoEligibleQuote",
-      reason,
-      version: route.version,
-      profile: route.profile,
-      considered,
-      excluded
-    }) as const
   const pinned = route.pinnedClass
   if (pinned !== undefined && findClass(catalog, pinned) === undefined) {
-    return noEligible("unknown_model_class", 0, [])
+    return noEligibleOutcome(route, "unknown_model_class", 0, [])
   }
+  const candidates = Candidates.take(quotes)
+  const admission = admit(request, route, catalog, latency, candidates)
+  const outcome = decide(request, route, tokens, candidates, admission)
+  candidates.release()
+  return outcome
+}
 
+interface Admission {
+  /** The quotes in scope (of the pinned class, when one is). */
+  readonly considered: number
+  /** Each in-scope quote id is above the one before (the quote book's order). */
+  readonly inOrder: boolean
+}
+
+/**
+ * The one pass over the book: each in-scope quote's code (competing, or why not), and the competing
+ * ones scored into `candidates`.
+ */
+const admit = (
+  request: AuctionRequest,
+  route: Route,
+  catalog: Catalog,
+  latency: LatencyLookup,
+  candidates: Candidates
+): Admission => {
+  const quotes = candidates.input
+  const { codes } = candidates
+  const weights = PROFILES[route.profile]
+  const lock = request.sessionLock
+  const pinned = route.pinnedClass
   const terms = classTerms(catalog, request)
   const slo = request.latencySlo
-  const codes = new Uint8Array(quotes.length)
-  const candidates = new Candidates(quotes.length)
   let considered = 0
   let inOrder = true
   let previousId: string | undefined
@@ -141,7 +173,7 @@ export const runAuction = (
       codes[i] = codeOf("unknown_class")
       continue
     }
-    const cost = worstCase(tokens.promptTokens, tokens.maxTokens, quote)
+    const cost = worstCase(request.promptTokens, request.maxTokens, quote)
     const locked = isLockedQuote(quote, lock)
     const reason = exclusionReason(live, classTerms, request, cost, locked)
     if (reason !== undefined) {
@@ -154,24 +186,45 @@ export const runAuction = (
       continue
     }
     codes[i] = COMPETING
-    candidates.add(i, quote, classTerms, cost, estimate, locked, weights, live.provider)
+    candidates.add(i, classTerms, cost, estimate, locked, weights)
   }
+  return { considered, inOrder }
+}
 
-  // The session's provider wins with its cheapest usable quote (ties in the total order).
+/** The session's provider wins with its cheapest usable quote (ties in the total order), or -1. */
+const lockedWinnerOf = (candidates: Candidates): number => {
   let lockedWinner = -1
-  if (lock !== undefined) {
-    for (let c = 0; c < candidates.n; c++) {
-      if (!candidates.locked[c]) continue
-      if (
-        lockedWinner < 0 ||
-        candidates.cost[c]! - candidates.cost[lockedWinner]! < 0 ||
-        (candidates.cost[c] === candidates.cost[lockedWinner] && candidates.compare(c, lockedWinner) < 0)
-      )
-        lockedWinner = c
-    }
-    if (lockedWinner < 0) {
-      return noEligible("session_lock_unavailable", considered, exclusionsOf(quotes, codes, inOrder))
-    }
+  for (let c = 0; c < candidates.n; c++) {
+    if (!candidates.locked[c]) continue
+    if (
+      lockedWinner < 0 ||
+      candidates.cost[c]! - candidates.cost[lockedWinner]! < 0 ||
+      (candidates.cost[c] === candidates.cost[lockedWinner] && candidates.compare(c, lockedWinner) < 0)
+    )
+      lockedWinner = c
+  }
+  return lockedWinner
+}
+
+/** After admission: the session lock, the profile's restriction, one bid per provider, the clear. */
+const decide = (
+  request: AuctionRequest,
+  route: Route,
+  tokens: ScoringTokens,
+  candidates: Candidates,
+  { considered, inOrder }: Admission
+): AuctionOutcome => {
+  const quotes = candidates.input
+  const { codes } = candidates
+  const lock = request.sessionLock
+  const lockedWinner = lock === undefined ? -1 : lockedWinnerOf(candidates)
+  if (lock !== undefined && lockedWinner < 0) {
+    return noEligibleOutcome(
+      route,
+      "session_lock_unavailable",
+      considered,
+      exclusionsOf(quotes, codes, inOrder)
+    )
   }
   const restriction =
     lock === undefined
@@ -192,12 +245,11 @@ export const runAuction = (
   })
   const excluded = exclusionsOf(quotes, codes, inOrder)
   if (ranked.length === 0) {
-    return noEligible(noEligibleReason(considered, excluded), considered, excluded)
+    return noEligibleOutcome(route, noEligibleReason(considered, excluded), considered, excluded)
   }
 
   const winner = ranked[0]!
-  const winnerTerms = candidates.terms[winner]!
-  const reserveCost = winnerTerms.reserve
+  const reserveCost = candidates.termsOf(winner).reserve
   const { clear, priceSetter } =
     lock !== undefined
       ? { clear: lockedClear(lock.tariff), priceSetter: "session-lock" as const }
@@ -216,14 +268,14 @@ export const runAuction = (
     excluded,
     bids,
     winner: bids[0]!,
-    winningQuote: candidates.quote[winner]!,
+    winningQuote: candidates.quoteOf(winner),
     clear,
     priceSetter,
     ownCost,
     clearedCost,
     reserveCost,
     premium: clearedCost - ownCost,
-    premiumCapBps: weights.premiumCapBps,
+    premiumCapBps: PROFILES[route.profile].premiumCapBps,
     scoringTokens: tokens
   }
 }

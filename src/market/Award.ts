@@ -8,10 +8,9 @@
  * provider keeps its best quote in one pass, and only the bids (one per provider) are sorted, by a
  * packed numeric key (D281). Objects are made only for what the outcome shows: bids and exclusions.
  */
-import type { SignedQuote } from "../domain/Quote.ts"
-import type { ExclusionReason, RankedBid, ScoreBreakdown, TaskFitBreakdown } from "./AuctionRecords.ts"
+import type { ExclusionReason, TaskFitBreakdown } from "./AuctionRecords.ts"
+import type { Candidates } from "./Candidates.ts"
 import type { ModelClass } from "./Catalog.ts"
-import type { LatencyEstimate } from "./LatencyStats.ts"
 import type { ProfileWeights } from "./Route.ts"
 
 /** The TTFT quantile used in scores (an SLO uses its own confidence). */
@@ -61,164 +60,6 @@ export interface ClassTerms {
   readonly taskFit: TaskFitBreakdown | undefined
 }
 
-/**
- * The eligible quotes of one auction, candidate `i` across the arrays. `score` is cost x multiplier when
- * that is a safe integer (then exact); otherwise NaN there and the exact bigint in `wideScore`.
- */
-export class Candidates {
-  n = 0
-  readonly quote: Array<SignedQuote> = []
-  readonly terms: Array<ClassTerms> = []
-  readonly estimate: Array<LatencyEstimate> = []
-  readonly locked: Array<boolean> = []
-  readonly wideScore: Array<bigint | undefined> = []
-  /** The candidate's index in the auction's input (where its exclusion, if any, is written). */
-  readonly position: Int32Array
-  /** The candidate's provider number (`LiveQuote.provider`, or the auction's own: `numberProviders`). */
-  readonly provider: Int32Array
-  /** One more than the largest provider number; -1 once a candidate came without a usable one. */
-  providerBound = 0
-  readonly cost: Float64Array
-  readonly multiplier: Float64Array
-  readonly score: Float64Array
-  readonly latencyMs: Float64Array
-  readonly latencyPenalty: Float64Array
-
-  constructor(capacity: number) {
-    this.position = new Int32Array(capacity)
-    this.provider = new Int32Array(capacity)
-    this.cost = new Float64Array(capacity)
-    this.multiplier = new Float64Array(capacity)
-    this.score = new Float64Array(capacity)
-    this.latencyMs = new Float64Array(capacity)
-    this.latencyPenalty = new Float64Array(capacity)
-  }
-
-  /** Scores a quote that passed eligibility and adds it; returns its candidate index. */
-  add(
-    position: number,
-    quote: SignedQuote,
-    terms: ClassTerms,
-    cost: number,
-    estimate: LatencyEstimate,
-    locked: boolean,
-    weights: ProfileWeights,
-    provider: number | undefined
-  ): number {
-    const i = this.n++
-    if (provider !== undefined && (provider | 0) === provider && provider >= 0 && this.providerBound >= 0) {
-      this.provider[i] = provider
-      if (provider >= this.providerBound) this.providerBound = provider + 1
-    } else this.providerBound = -1
-    const latencyMs = Math.round(estimate.quantile(SCORING_LATENCY_QUANTILE))
-    const penalty = latencyPenalty(latencyMs)
-    const multiplier = multiplierBps(weights, terms.qualityPenalty, penalty)
-    const product = cost * multiplier
-    const safe = Number.isSafeInteger(product)
-    this.position[i] = position
-    this.quote.push(quote)
-    this.terms.push(terms)
-    this.estimate.push(estimate)
-    this.locked.push(locked)
-    this.wideScore.push(safe ? undefined : BigInt(cost) * BigInt(multiplier))
-    this.cost[i] = cost
-    this.multiplier[i] = multiplier
-    this.score[i] = safe ? product : Number.NaN
-    this.latencyMs[i] = latencyMs
-    this.latencyPenalty[i] = penalty
-    return i
-  }
-
-  /**
-   * Makes the provider numbers dense enough to index an array by: the book's when every candidate came
-   * with one and they stay below a few per candidate, else numbers by provider id, in order of first sight.
-   */
-  numberProviders(): void {
-    if (this.providerBound >= 0 && this.providerBound <= 4 * this.n + 64) return
-    const numbers = new Map<string, number>()
-    for (let i = 0; i < this.n; i++) {
-      const id = this.quote[i]!.provider_id
-      let number = numbers.get(id)
-      if (number === undefined) {
-        number = numbers.size
-        numbers.set(id, number)
-      }
-      this.provider[i] = number
-    }
-    this.providerBound = numbers.size
-  }
-
-  /** The exact score (cost x multiplier) of candidate `i`. */
-  exactScore(i: number): bigint {
-    return this.wideScore[i] ?? BigInt(this.score[i]!)
-  }
-
-  /** Total order: score, then own cost, then quote id, then provider id. */
-  compare(a: number, b: number): number {
-    const sa = this.score[a]!
-    const sb = this.score[b]!
-    let byScore: number
-    if (Number.isNaN(sa) || Number.isNaN(sb)) {
-      const wa = this.exactScore(a)
-      const wb = this.exactScore(b)
-      byScore = wa < wb ? -1 : wa > wb ? 1 : 0
-    } else byScore = sa - sb
-    return (
-      byScore ||
-      this.cost[a]! - this.cost[b]! ||
-      compareStrings(this.quote[a]!.quote_id, this.quote[b]!.quote_id) ||
-      compareStrings(this.quote[a]!.provider_id, this.quote[b]!.provider_id)
-    )
-  }
-
-  breakdown(i: number): ScoreBreakdown {
-    const terms = this.terms[i]!
-    const breakdown = {
-      cost: this.cost[i]!,
-      quality: terms.quality,
-      quality_penalty: terms.qualityPenalty,
-      latency_ms: this.latencyMs[i]!,
-      latency_quantile: SCORING_LATENCY_QUANTILE,
-      latency_penalty: this.latencyPenalty[i]!,
-      maturity: this.estimate[i]!.maturity,
-      multiplier_bps: this.multiplier[i]!
-    }
-    return terms.taskFit === undefined ? breakdown : { ...breakdown, task_fit: terms.taskFit }
-  }
-
-  toBid(i: number, index: number): RankedBid {
-    const quote = this.quote[i]!
-    const raw = this.score[i]!
-    const score = (Number.isNaN(raw) ? Number(this.exactScore(i)) : raw) / 10_000
-    const outcome = index === 0 ? "won" : "lost"
-    // One object literal per shape (with or without a cached price), keys in the published order.
-    return quote.price_in_cached === undefined
-      ? {
-          rank: index + 1,
-          quote_id: quote.quote_id,
-          provider_id: quote.provider_id,
-          model_class: quote.model_class,
-          price_in: quote.price_in,
-          price_out: quote.price_out,
-          score,
-          score_breakdown: this.breakdown(i),
-          outcome
-        }
-      : {
-          rank: index + 1,
-          quote_id: quote.quote_id,
-          provider_id: quote.provider_id,
-          model_class: quote.model_class,
-          price_in: quote.price_in,
-          price_out: quote.price_out,
-          price_in_cached: quote.price_in_cached,
-          score,
-          score_breakdown: this.breakdown(i),
-          outcome
-        }
-  }
-}
-
 /** The first candidate of `among` in the total order, or -1. */
 export const firstOf = (candidates: Candidates, among: (i: number) => boolean): number => {
   let best = -1
@@ -240,14 +81,17 @@ export const profileRestriction = (
   if (deadline) {
     // Under deadline-price the profile is `cheapest`, so score order is cost order.
     const cheapest = firstOf(candidates, () => true)
-    const cheapestClass = cheapest < 0 ? undefined : candidates.terms[cheapest]!.modelClass.id
-    return { keep: (i) => candidates.terms[i]!.modelClass.id === cheapestClass, reason: "class_not_selected" }
+    const cheapestClass = cheapest < 0 ? undefined : candidates.termsOf(cheapest).modelClass.id
+    return {
+      keep: (i) => candidates.termsOf(i).modelClass.id === cheapestClass,
+      reason: "class_not_selected"
+    }
   }
   if (band === undefined) return undefined
   // The quality scored: a task's ratings move the band as they move the score (D232).
   let top = Number.NEGATIVE_INFINITY
-  for (let i = 0; i < candidates.n; i++) top = Math.max(top, candidates.terms[i]!.quality)
-  return { keep: (i) => candidates.terms[i]!.quality >= top - band - 1e-9, reason: "below_quality_tier" }
+  for (let i = 0; i < candidates.n; i++) top = Math.max(top, candidates.termsOf(i).quality)
+  return { keep: (i) => candidates.termsOf(i).quality >= top - band - 1e-9, reason: "below_quality_tier" }
 }
 
 /**

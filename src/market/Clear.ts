@@ -6,7 +6,7 @@
  */
 import { charge, chargeNumerator, type Tariff, type TokenCounts } from "../domain/Billing.ts"
 import type { ClearingTariff, PriceSetter, ScoringTokens } from "./AuctionRecords.ts"
-import type { Candidates } from "./Award.ts"
+import type { Candidates } from "./Candidates.ts"
 
 /** Upper bound on promptTokens and maxTokens; the exact clearing construction relies on maxTokens <= 1e6. */
 export const MAX_SCORING_TOKENS = 1_000_000
@@ -94,5 +94,5 @@ export const clearWinner = (
   const critical =
     runnerUp < 0 ? undefined : criticalCost(candidates.multiplier[winner]!, candidates.exactScore(runnerUp))
   const { target, priceSetter } = clearingPrice(candidates.cost[winner]!, critical, reserveCost)
-  return { clear: clearingTariff(candidates.quote[winner]!, tokens, target), priceSetter }
+  return { clear: clearingTariff(candidates.quoteOf(winner), tokens, target), priceSetter }
 }

@@ -933,4 +933,43 @@ describe("the optimized auction decides exactly as the reference it replaced", (
   it("on larger books of many providers, with measured latencies and scores beyond 2^53", () => {
     matchesReference(wideBookArb, measuredLatencyArb, 500)
   })
+
+  it("an auction run inside another's latency lookup, or after one that threw, decides as the reference", () => {
+    // Auctions share their buffers from one to the next (D302): neither may see the other's.
+    fc.assert(
+      fc.property(requestArb, wideBookArb, bookArb, measuredLatencyArb, (req, outer, inner, latency) => {
+        const request = { ...req, sessionLock: undefined }
+        const nested: Array<[AuctionOutcome, AuctionOutcome]> = []
+        const reentrant: LatencyLookup = (providerId, classId) => {
+          if (nested.length < 2)
+            nested.push([
+              runAuction(request, inner, defaultCatalog, latency),
+              referenceAuction(request, inner, defaultCatalog, latency)
+            ])
+          return latency(providerId, classId)
+        }
+        same(
+          runAuction(request, outer, defaultCatalog, reentrant),
+          referenceAuction(request, outer, defaultCatalog, latency)
+        )
+        for (const [got, expected] of nested) same(got, expected)
+        const failing: LatencyLookup = () => {
+          throw new Error("lookup failed")
+        }
+        let threw = false
+        try {
+          runAuction(request, outer, defaultCatalog, failing)
+        } catch (e) {
+          threw = (e as Error).message === "lookup failed"
+        }
+        // The lookup is asked only for a quote that passed every other filter.
+        assert.strictEqual(threw, nested.length > 0)
+        same(
+          runAuction(request, inner, defaultCatalog, latency),
+          referenceAuction(request, inner, defaultCatalog, latency)
+        )
+      }),
+      { numRuns: 200 }
+    )
+  })
 })
