@@ -1,9 +1,9 @@
-import { Effect } from "effect"
+import { Config, Effect } from "effect"
 import type { SqlClient } from "effect/sql"
 import { repeatInBackground } from "../Background.ts"
 
-/** How often captured credit requests are folded into their key's and owner's rows. */
-const FOLD_EVERY = "50 millis"
+/** How often captured credit requests are folded into their key's and owner's rows (a test lengthens it). */
+const foldEveryMs = Config.Int("CREDIT_FOLD_EVERY_MS").pipe(Config.withDefault(50))
 /** At most this many captures a statement; a pass runs statements until the queue is empty. */
 const FOLD_BATCH = 5000
 /** The advisory lock one fold at a time holds (any instance): two folds never wait on each other's rows. */
@@ -75,10 +75,11 @@ export const makeCreditFold = (sql: SqlClient.SqlClient) => {
   return {
     /** Everything captured before the call is folded when it returns (waits for a fold under way). */
     foldNow: foldAll(true).pipe(Effect.orDie, Effect.withSpan("Ledger.foldCredit")),
-    /** The background pass (every 50 ms) and a last one when the layer closes (shutdown). */
+    /** The background pass (at once, then every 50 ms) and a last one when the layer closes (shutdown). */
     start: Effect.gen(function* () {
+      const every = yield* foldEveryMs
       yield* repeatInBackground(foldAll(false), {
-        every: FOLD_EVERY,
+        every: `${every} millis`,
         failure: "folding credit captures failed"
       })
       yield* Effect.addFinalizer(() => Effect.ignore(foldAll(true)))

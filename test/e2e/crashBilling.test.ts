@@ -4,7 +4,7 @@ import { join } from "node:path"
 import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
 import { afterAll, describe, expect, it } from "vitest"
-import { fundedKey, keyState } from "../support/Keys.ts"
+import { fundedKey, keyRows, keyState } from "../support/Keys.ts"
 import { freshDatabase, pollFor, startRouterProcess, stopped, waitUntilServing } from "../support/Process.ts"
 import { loadStretch } from "../support/Stopwatch.ts"
 
@@ -121,20 +121,12 @@ describe("a request open when its router was killed", () => {
         await second.exited
         // The capture went to the fold queue (D315); the restarted instance folded it into the key's and the
         // owner's rows themselves (its pass, or the last one of its shutdown): nothing left queued.
-        const folded = await query(
-          Effect.flatMap(
-            SqlClient.SqlClient,
-            (sql) => sql<{ queued: number; spent: string; reserved: string; wallet_reserved: string }>`
-              SELECT (SELECT count(*)::int FROM credit_unfolded) AS queued, k.spent::text, k.reserved::text,
-                     b.reserved::text AS wallet_reserved
-              FROM api_keys k JOIN wallet_balances b ON b.wallet = k.wallet WHERE k.key_id = ${key!.keyId}`
-          )
-        )
-        expect(folded[0]).toEqual({
+        expect(await query(keyRows(key!.keyId))).toEqual({
           queued: 0,
-          spent: String(recorded.charged),
-          reserved: "0",
-          wallet_reserved: "0"
+          spent: recorded.charged,
+          reserved: 0,
+          available: 1_000_000_000 - recorded.charged,
+          walletReserved: 0
         })
       } catch (error) {
         console.log(second.output().slice(-5000))

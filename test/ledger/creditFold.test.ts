@@ -6,7 +6,7 @@ import type { ReceiptBody } from "../../src/domain/Receipt.ts"
 import { FOLD_LOCK } from "../../src/ledger/CreditFold.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
 import { TestDatabase } from "../support/Database.ts"
-import { fundedKey, keyState } from "../support/Keys.ts"
+import { fundedKey, keyRows, keyState } from "../support/Keys.ts"
 import { seededEconomics } from "./support.ts"
 
 /**
@@ -105,20 +105,8 @@ const holdFolds = Effect.gen(function* () {
   return Deferred.succeed(release, undefined).pipe(Effect.andThen(Fiber.join(holder)), Effect.orDie)
 })
 
-const rawRows = (keyId: string) =>
-  Effect.gen(function* () {
-    const sql = yield* SqlClient.SqlClient
-    const [row] = yield* sql<{ spent: string; reserved: string; available: string; wallet_reserved: string }>`
-      SELECT k.spent::text, k.reserved::text, b.available::text, b.reserved::text AS wallet_reserved
-      FROM api_keys k JOIN wallet_balances b ON b.wallet = k.wallet WHERE k.key_id = ${keyId}
-    `
-    return {
-      spent: Number(row!.spent),
-      reserved: Number(row!.reserved),
-      available: Number(row!.available),
-      walletReserved: Number(row!.wallet_reserved)
-    }
-  }).pipe(Effect.orDie)
+/** The rows as folded so far, without the queue's count. */
+const rawRows = (keyId: string) => Effect.map(keyRows(keyId), ({ queued: _, ...rows }) => rows)
 
 const unfolded = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
@@ -188,6 +176,89 @@ describe("folding credit captures into the key's and the owner's rows", () => {
           // One fold statement took all n + 1: one more update of each row, not n + 1.
           assert.strictEqual(yield* updates("api_keys", key.keyId), n + 2)
           assert.strictEqual(yield* updates("wallet_balances", key.wallet), n + 2)
+        })
+    )
+
+    it.effect(
+      "a session funded by a key: opening, close and a released opening settle the key as before",
+      () =>
+        Effect.gen(function* () {
+          const ledger = yield* Ledger
+          const sql = yield* SqlClient.SqlClient
+          const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
+          const budget = 50_000
+          const openSession = (sessionId: string, requestId: string) =>
+            Effect.gen(function* () {
+              yield* sql`
+              INSERT INTO sessions (session_id, token_hash, payer, funding_kind, funding_request_id, key_id, budget,
+                                    provider_id, model_class, price_in, price_out, expires_at, status, in_flight)
+              VALUES (${sessionId}, 'x', ${key.wallet}, 'credit', ${requestId}, ${key.keyId}, ${budget}, 'p1',
+                      'chat-small', 1, 1, now() + interval '1 hour', 'open', ${requestId})`
+              yield* ledger.reserveCredit({ ...record(requestId), authorized: budget, sessionId }, key.keyId)
+            }).pipe(Effect.orDie)
+          const opening = (sessionId: string, requestId: string, charged: number) => ({
+            receipt: {
+              ...receiptOf(requestId, key.wallet),
+              authorized: budget,
+              charged,
+              session_id: sessionId
+            },
+            economics: seededEconomics(requestId),
+            source: {
+              _tag: "SessionOpening" as const,
+              sessionId,
+              funding: { _tag: "Credit" as const, keyId: key.keyId },
+              prefixTokens: 0
+            }
+          })
+          const release = yield* holdFolds
+
+          // Served: the budget stays reserved on the key until the session closes; nothing is queued.
+          yield* openSession("s_served", "open_served")
+          yield* ledger.capture(opening("s_served", "open_served", CHARGED))
+          assert.strictEqual(yield* unfolded, 0)
+          assert.deepStrictEqual(yield* keyState(key.keyId), {
+            budget: 1_000_000,
+            spent: 0,
+            reserved: budget,
+            available: 1_000_000 - budget,
+            walletReserved: budget
+          })
+          assert.isTrue(yield* ledger.closeSession("s_served", false, 1))
+          const closed = {
+            budget: 1_000_000,
+            spent: CHARGED,
+            reserved: 0,
+            available: 1_000_000 - CHARGED,
+            walletReserved: 0
+          }
+          assert.deepStrictEqual(yield* keyState(key.keyId), closed)
+
+          // Never served: the opening's release goes back whole through the fold.
+          yield* openSession("s_failed", "open_failed")
+          yield* ledger.release({
+            ...opening("s_failed", "open_failed", 0),
+            receipt: {
+              ...opening("s_failed", "open_failed", 0).receipt,
+              status: "released",
+              settlement: "none"
+            }
+          })
+          assert.strictEqual(yield* unfolded, 1)
+          assert.deepStrictEqual(yield* keyState(key.keyId), closed)
+          yield* release
+          yield* ledger.foldCredit
+          assert.strictEqual(yield* unfolded, 0)
+          assert.deepStrictEqual(yield* rawRows(key.keyId), {
+            spent: CHARGED,
+            reserved: 0,
+            available: 1_000_000 - CHARGED,
+            walletReserved: 0
+          })
+          const sessions = yield* sql<{
+            n: number
+          }>`SELECT count(*)::int AS n FROM sessions WHERE session_id = 's_failed'`
+          assert.strictEqual(sessions[0]!.n, 0)
         })
     )
 

@@ -47,3 +47,31 @@ export const keyState = (keyId: string) =>
       walletReserved: Number(row.wallet_reserved)
     }
   }).pipe(Effect.orDie)
+
+/**
+ * The key's and its owner's rows themselves (what the fold has applied, D315) and how many credit captures
+ * are still queued for it (all keys).
+ */
+export const keyRows = (keyId: string) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const rows = yield* sql<{
+      queued: number
+      spent: string
+      reserved: string
+      available: string
+      wallet_reserved: string
+    }>`
+      SELECT (SELECT count(*)::int FROM credit_unfolded) AS queued, k.spent::text, k.reserved::text,
+             w.available::text, w.reserved::text AS wallet_reserved
+      FROM api_keys k JOIN wallet_balances w ON w.wallet = k.wallet WHERE k.key_id = ${keyId}
+    `
+    const row = rows[0]!
+    return {
+      queued: row.queued,
+      spent: Number(row.spent),
+      reserved: Number(row.reserved),
+      available: Number(row.available),
+      walletReserved: Number(row.wallet_reserved)
+    }
+  }).pipe(Effect.orDie)

@@ -136,3 +136,27 @@ export const freshDatabase = async () => {
     drop: () => run(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
   }
 }
+
+/**
+ * Runs `body` against `router`, then stops the router: at once (`kill`, SIGKILL) or gracefully (`drain`,
+ * SIGTERM and its exit awaited; SIGKILL when `body` failed). A failing `body` prints the router's last output.
+ */
+export const whileRunning = async <A>(
+  router: RouterProcess,
+  end: "kill" | "drain",
+  body: () => Promise<A>
+): Promise<A> => {
+  try {
+    const value = await body()
+    if (end === "drain") {
+      router.child.kill("SIGTERM")
+      await router.exited
+    }
+    return value
+  } catch (error) {
+    console.log(router.output().slice(-5000))
+    throw error
+  } finally {
+    await stopped(router)
+  }
+}
