@@ -18,7 +18,7 @@ import {
 } from "viem"
 import { testUsdcAbi } from "./artifacts.ts"
 import { ChainError, fromViemError } from "./ChainError.ts"
-import { makeQuickReads, type QuickReads } from "./QuickReads.ts"
+import { httpPost, makeQuickReads, type QuickReads } from "./QuickReads.ts"
 
 /**
  * How the router reaches a chain: the viem clients (quick reads bounded, background calls retried), a
@@ -94,7 +94,7 @@ export const connect = (rpcUrl: string, chainId: number, pollingInterval: number
     chain: viemChain,
     transport: http(rpcUrl, { timeout: QUICK_READ_TIMEOUT_MS, retryCount: 0 })
   })
-  const quickReads = makeQuickReads(rpcUrl, QUICK_READ_TIMEOUT_MS)
+  const quickReads = makeQuickReads(httpPost(rpcUrl, QUICK_READ_TIMEOUT_MS))
   return { rpcUrl, chainId, viemChain, publicClient, quickClient, quickReads }
 }
 

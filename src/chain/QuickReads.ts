@@ -1,3 +1,5 @@
+import * as http from "node:http"
+import * as https from "node:https"
 import { Effect } from "effect"
 import { type Address, type Hex, toFunctionSelector } from "viem"
 import { ChainError } from "./ChainError.ts"
@@ -78,15 +80,54 @@ const answerError = (operation: string, error: NonNullable<RpcAnswer["error"]>) 
     : rpcError(operation, message)
 }
 
+/** One HTTP POST of a JSON body: the status and the body of the answer. */
+export type PostJson = (body: string) => Promise<{ readonly status: number; readonly body: string }>
+
 /**
- * Reads through `rpcUrl`, batched per event-loop turn. `fetch` is the global one unless given (tests
- * count the requests); `timeoutMs` bounds each HTTP request.
+ * POSTs over Node's own HTTP client with kept-alive connections (a few): cheaper per request than the
+ * global `fetch` (WHATWG streams, a Response and its body reader), which the profile showed.
  */
-export const makeQuickReads = (
-  rpcUrl: string,
-  timeoutMs: number,
-  fetchImpl: typeof fetch = globalThis.fetch
-): QuickReads => {
+export const httpPost = (rpcUrl: string, timeoutMs: number): PostJson => {
+  const url = new URL(rpcUrl)
+  const client = url.protocol === "https:" ? https : http
+  const agent = new client.Agent({ keepAlive: true, maxSockets: 8 })
+  return (body) =>
+    new Promise((resolve, reject) => {
+      const request = client.request(
+        url,
+        {
+          method: "POST",
+          agent,
+          headers: { "content-type": "application/json", "content-length": Buffer.byteLength(body) }
+        },
+        (response) => {
+          const chunks: Array<Buffer> = []
+          response.on("data", (chunk: Buffer) => chunks.push(chunk))
+          response.on("end", () => {
+            clearTimeout(timer)
+            resolve({ status: response.statusCode ?? 0, body: Buffer.concat(chunks).toString("utf8") })
+          })
+          response.on("error", fail)
+        }
+      )
+      const fail = (error: Error) => {
+        clearTimeout(timer)
+        reject(error)
+      }
+      const timer = setTimeout(() => {
+        const timedOut = new Error("the node did not answer in time")
+        timedOut.name = "TimeoutError"
+        request.destroy(timedOut)
+      }, timeoutMs)
+      request.on("error", fail)
+      request.end(body)
+    })
+}
+
+/**
+ * Reads through `post` (the RPC endpoint), batched per event-loop turn; `post` bounds each request's time.
+ */
+export const makeQuickReads = (post: PostJson): QuickReads => {
   let queued: Array<Pending> = []
 
   const send = async (batch: ReadonlyArray<Pending>) => {
@@ -100,16 +141,10 @@ export const makeQuickReads = (
     )
     let answers: unknown
     try {
-      const response = await fetchImpl(rpcUrl, {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body,
-        signal: AbortSignal.timeout(timeoutMs)
-      })
-      answers = response.ok ? await response.json() : `HTTP ${response.status}`
+      const response = await post(body)
+      answers = response.status === 200 ? JSON.parse(response.body) : `HTTP ${response.status}`
     } catch (error) {
-      const timedOut =
-        error instanceof Error && (error.name === "TimeoutError" || error.name === "AbortError")
+      const timedOut = error instanceof Error && error.name === "TimeoutError"
       for (const read of batch) {
         read.resume(
           Effect.fail(
@@ -118,7 +153,7 @@ export const makeQuickReads = (
                   reason: "Timeout",
                   message: `${read.operation}: the node did not answer in time`
                 })
-              : rpcError(read.operation, "the node could not be reached")
+              : rpcError(read.operation, "the node could not be reached or answered no JSON")
           )
         )
       }

@@ -87,6 +87,9 @@ let generatorTable: Table | undefined
 const knownSigners = new Map<string, Table>()
 
 const remember = (address: Address, publicKey: Hex) => {
+  // Checked again here: the calls of a payer's first burst all recover (the check before the recovery
+  // found no key) and each would build the same table, ~1,400 point additions apiece.
+  if (knownSigners.has(address.toLowerCase())) return
   knownSigners.set(address.toLowerCase(), tableOf(secp256k1.ProjectivePoint.fromHex(publicKey.slice(2)), 6))
   if (knownSigners.size > KNOWN_SIGNERS) knownSigners.delete(knownSigners.keys().next().value!)
 }

@@ -1,3 +1,5 @@
+import { createServer } from "node:http"
+import type { AddressInfo } from "node:net"
 import { assert, layer } from "@effect/vitest"
 import { ConfigProvider, Effect, Layer } from "effect"
 import { type Address, getAddress } from "viem"
@@ -7,27 +9,34 @@ import { Chain, randomAuthorizationNonce, signTransferAuthorization } from "../.
 import { QUICK_READ_TIMEOUT_MS } from "../../src/chain/Connection.ts"
 import { PERMIT2_ADDRESS } from "../../src/chain/Permit2.ts"
 import { permit2Abi } from "../../src/chain/permit2Artifact.ts"
-import { makeQuickReads, QUICK_BATCH_LIMIT, readCalldata } from "../../src/chain/QuickReads.ts"
+import {
+  httpPost,
+  makeQuickReads,
+  type PostJson,
+  QUICK_BATCH_LIMIT,
+  readCalldata
+} from "../../src/chain/QuickReads.ts"
 import { submit } from "../support/ChainSend.ts"
 
 const ChainEmbedded = Chain.layer.pipe(Layer.provide(ConfigProvider.layer(ConfigProvider.fromEnvRecord({}))))
 
-/** The global fetch, counting the HTTP requests and the reads each carried. */
-const countingFetch = () => {
+/** The router's POST to the node, counting the HTTP requests and the reads each carried. */
+const countingPost = (rpcUrl: string) => {
   const batches: Array<number> = []
-  const fetchImpl: typeof fetch = (input, init) => {
-    batches.push(JSON.parse(String(init?.body)).length)
-    return fetch(input, init)
+  const post = httpPost(rpcUrl, QUICK_READ_TIMEOUT_MS)
+  const counted: PostJson = (body) => {
+    batches.push(JSON.parse(body).length)
+    return post(body)
   }
-  return { batches, fetchImpl }
+  return { batches, counted }
 }
 
 layer(ChainEmbedded, { timeout: "60 seconds" })("QuickReads (embedded Anvil)", (it) => {
   it.effect("reads asked for in one turn go out as one batch, each answered as viem reads it", () =>
     Effect.gen(function* () {
       const chain = yield* Chain
-      const { batches, fetchImpl } = countingFetch()
-      const reads = makeQuickReads(chain.rpcUrl, QUICK_READ_TIMEOUT_MS, fetchImpl)
+      const { batches, counted } = countingPost(chain.rpcUrl)
+      const reads = makeQuickReads(counted)
       // One authorization used on chain, one not: the batch must tell them apart.
       const wallet = chain.demoWallets[0]!
       const account = privateKeyToAccount(wallet.privateKey!)
@@ -119,8 +128,8 @@ layer(ChainEmbedded, { timeout: "60 seconds" })("QuickReads (embedded Anvil)", (
   it.effect("a read that fails fails alone; a turn bigger than a batch sends several", () =>
     Effect.gen(function* () {
       const chain = yield* Chain
-      const { batches, fetchImpl } = countingFetch()
-      const reads = makeQuickReads(chain.rpcUrl, QUICK_READ_TIMEOUT_MS, fetchImpl)
+      const { batches, counted } = countingPost(chain.rpcUrl)
+      const reads = makeQuickReads(counted)
       const owner = chain.demoWallets[1]!.address
       const noCode = getAddress("0x00000000000000000000000000000000000Fee01")
       const [ok, missing, bad] = yield* Effect.all(
@@ -150,9 +159,9 @@ layer(ChainEmbedded, { timeout: "60 seconds" })("QuickReads (embedded Anvil)", (
     })
   )
 
-  it.effect("an unreachable node fails every read of the batch as an RPC failure", () =>
+  it.effect("an unreachable node fails every read of the batch; a silent one times each out", () =>
     Effect.gen(function* () {
-      const reads = makeQuickReads("http://127.0.0.1:9/", QUICK_READ_TIMEOUT_MS)
+      const reads = makeQuickReads(httpPost("http://127.0.0.1:9/", QUICK_READ_TIMEOUT_MS))
       const owner = getAddress("0x000000000000000000000000000000000000dEaD")
       const failures = yield* Effect.all(
         [
@@ -166,6 +175,27 @@ layer(ChainEmbedded, { timeout: "60 seconds" })("QuickReads (embedded Anvil)", (
       assert.deepStrictEqual(
         failures.map((failure) => failure.reason),
         ["Rpc", "Rpc"]
+      )
+      // A node that takes the request and never answers: each read fails Timeout within the bound.
+      const silent = createServer(() => {})
+      yield* Effect.acquireRelease(
+        Effect.callback<void>((resume) => {
+          silent.listen(0, "127.0.0.1", () => resume(Effect.void))
+        }),
+        () => Effect.sync(() => silent.close())
+      )
+      const port = (silent.address() as AddressInfo).port
+      const late = makeQuickReads(httpPost(`http://127.0.0.1:${port}/`, 200))
+      const timedOut = yield* Effect.all(
+        [
+          Effect.flip(late.uint("balance", owner, () => readCalldata.balanceOf(owner))),
+          Effect.flip(late.uint("balance", owner, () => readCalldata.balanceOf(owner)))
+        ],
+        { concurrency: "unbounded" }
+      )
+      assert.deepStrictEqual(
+        timedOut.map((failure) => failure.reason),
+        ["Timeout", "Timeout"]
       )
     })
   )
