@@ -109,8 +109,8 @@ export const makeAdmission = Effect.gen(function* () {
       reservation: {
         ...reservationOf(requestId, context.dialect, request.model, auction.winner, context.agent),
         sessionId,
-        // A key's reservation takes the winner's capacity slot in the same statement (D311).
-        lease: context.creditKey === undefined ? undefined : leaseRequestOf(auction.winningQuote)
+        // The reservation takes the winner's capacity slot in the same statement (D311).
+        lease: leaseRequestOf(auction.winningQuote)
       },
       subject: opening ? "this session's budget" : "the worst case of this request",
       // Spec 5.2: a per-turn completion takes `upto` too; a session's budget is `exact` only.

@@ -85,7 +85,7 @@ export interface Launch {
   readonly agent: Record<string, string>
   /** At most this is charged: the task budget hold a task's call took (the hold is its own cap). */
   readonly chargeCap?: number | undefined
-  /** The winner's capacity lease, when the reservation's own statement asked for it (credit, D311). */
+  /** The winner's capacity lease, when the reservation's own statement asked for it (D311). */
   readonly lease?: HeldLease | undefined
 }
 

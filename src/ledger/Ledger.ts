@@ -16,7 +16,8 @@ import {
   type NonceReplay,
   type ReservationRecord,
   type UptoNonceKey,
-  type X402Hold
+  type X402Hold,
+  type X402Reserved
 } from "./Reserve.ts"
 import { makeSessionClose } from "./SessionClose.ts"
 
@@ -30,7 +31,8 @@ export {
   type ReservationRecord,
   type UptoNonceKey,
   uptoNonceKey,
-  type X402Hold
+  type X402Hold,
+  type X402Reserved
 } from "./Reserve.ts"
 
 /** A reservation still open: what the reaper needs to settle it from its durable record. */
@@ -69,7 +71,7 @@ export class Ledger extends Context.Service<
     readonly reserveX402: (
       record: ReservationRecord,
       hold: X402Hold
-    ) => Effect.Effect<void, NonceReplay | ServiceUnavailable>
+    ) => Effect.Effect<X402Reserved, NonceReplay | ServiceUnavailable>
     readonly nonceUnused: (payer: string, nonce: Hex | UptoNonceKey) => Effect.Effect<boolean>
     readonly reserveSessionTurn: (record: ReservationRecord) => Effect.Effect<void, ServiceUnavailable>
     /**

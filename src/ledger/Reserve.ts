@@ -35,6 +35,11 @@ type KeyRef =
   | { readonly _tag: "Id"; readonly keyId: string }
   | { readonly _tag: "Secret"; readonly keyHash: string; readonly nowMs: number }
 
+/** An x402 reservation: with a `lease` in the record, whether its statement took it (D311). */
+export interface X402Reserved {
+  readonly leaseGranted?: boolean | undefined
+}
+
 /** A reservation on a funded key: whose key, and what it may still spend after it. */
 export interface CreditReserved {
   readonly keyId: string
@@ -55,8 +60,8 @@ export interface ReservationRecord {
   readonly agent: Record<string, string>
   readonly sessionId?: string | undefined
   /**
-   * A capacity lease on the winner's quote, taken by a credit reservation's own statement (D311); the
-   * other reservations take none.
+   * A capacity lease on the winner's quote, taken by a key's or an x402 reservation's own statement
+   * (D311); a session turn's takes none.
    */
   readonly lease?: LeaseRequest | undefined
 }
@@ -91,6 +96,16 @@ const isUniqueViolation = (error: SqlError.SqlError) => error.reason._tag === "U
  */
 export const makeReservations = (sql: SqlClient.SqlClient) => {
   /**
+   * The body of a reservation statement's `lease` CTE (D311): the record's capacity lease, taken once
+   * the CTE `written` has its row (the reservation is made), after every row lock the statement takes
+   * before it, so all such statements lock in one order; none asked for, none taken.
+   */
+  const leaseOnceWritten = (lease: LeaseRequest | undefined, written: string) =>
+    lease === undefined
+      ? sql`SELECT NULL::boolean AS granted`
+      : sql`SELECT ${acquireCapacity(sql, lease)} AS granted FROM ${sql.literal(written)}`
+
+  /**
    * One statement, one round trip, on the first-byte path: the request, its authorization
    * and the ledger row land together or not at all. A (payer, nonce) seen before violates
    * the primary key and the whole statement fails: a replay never reserves anything.
@@ -107,7 +122,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
     const scheme = hold.scheme ?? "exact"
     const ceiling = scheme === "upto" ? record.authorized : null
     const balance = hold.balance?.toString() ?? null
-    const rows = yield* sql<{ reserved: number }>`
+    const rows = yield* sql<{ reserved: number; lease_granted: boolean | null }>`
       WITH guard AS (
         INSERT INTO x402_outstanding AS o (payer, outstanding)
         SELECT ${payer}, 0 WHERE ${balance}::numeric IS NULL OR ${record.authorized} <= ${balance}::numeric
@@ -134,8 +149,8 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
         INSERT INTO ledger_entries (request_id, account, kind, amount)
         SELECT request_id, ${payer}, 'authorization_reserved', ${record.authorized} FROM hold
         RETURNING request_id
-      )
-      SELECT count(*)::int AS reserved FROM entry
+      ), lease AS (${leaseOnceWritten(record.lease, "entry")})
+      SELECT (SELECT count(*)::int FROM entry) AS reserved, (SELECT granted FROM lease) AS lease_granted
     `.pipe(
       Effect.catchTag(
         "SqlError",
@@ -146,6 +161,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
       )
     )
     if (rows[0]?.reserved !== 1) return yield* new NonceReplay({ payer, reason: "overcommitted" })
+    return { leaseGranted: rows[0].lease_granted ?? undefined } satisfies X402Reserved
   })
 
   const nonceUnused = (payer: string, nonce: Hex | UptoNonceKey) =>
@@ -236,11 +252,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
       ), entry AS (
         INSERT INTO ledger_entries (request_id, account, kind, amount)
         SELECT request_id, payer, 'credit_reserved', ${record.authorized} FROM request
-      ), lease AS (${
-        record.lease === undefined
-          ? sql`SELECT NULL::boolean AS granted`
-          : sql`SELECT ${acquireCapacity(sql, record.lease)} AS granted FROM request`
-      })
+      ), lease AS (${leaseOnceWritten(record.lease, "request")})
       SELECT found.key_id, found.kind, found.invited, found.expired, (SELECT wallet FROM k) AS wallet,
              (SELECT k.remaining + (SELECT coalesce(sum(u.authorized - u.charged), 0) FROM credit_unfolded u
                                     WHERE u.key_id = k.key_id) - (k.folded - found.folded)

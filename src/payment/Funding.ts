@@ -36,7 +36,7 @@ export interface Funded {
   readonly payer: string
   /** What was reserved: the worst case (a key) or the signed value (x402). */
   readonly authorized: number
-  /** The capacity lease `reservation.lease` asked for, when the reservation's statement took it (credit, D311). */
+  /** The capacity lease `reservation.lease` asked for, and whether the reservation's statement took it (D311). */
   readonly lease?: HeldLease | undefined
 }
 
@@ -49,8 +49,8 @@ export interface FundingInput<E> {
   /** Whether `upto` is accepted besides `exact` (per-turn completions, spec 5.2); defaults to no. */
   readonly upto?: boolean
   /**
-   * What the request is, minus who pays and how much. Its `lease`, if any, a credit reservation takes
-   * in its own statement (`Funded.lease`); an x402 one takes none.
+   * What the request is, minus who pays and how much. Its `lease`, if any, the reservation takes in its
+   * own statement (`Funded.lease`).
    */
   readonly reservation: Omit<ReservationRecord, "payer" | "authorized">
   /** What the refusals call the thing being paid for ("the worst case of this request", "the image"). */
@@ -122,6 +122,11 @@ export class FundingService extends Context.Service<
 
       const fund = <E = never>(input: FundingInput<E>) =>
         Effect.gen(function* () {
+          // The lease the reservation's statement was asked to take, and whether it did (D311).
+          const leaseOf = (granted: boolean | undefined): HeldLease | undefined => {
+            const lease = input.reservation.lease
+            return lease === undefined ? undefined : { lease, granted: granted === true }
+          }
           const refuse = (code: PaymentRequiredCode, error: string) =>
             Effect.andThen(input.undo ?? Effect.void, Effect.fail(quote(input, code, error)))
           if (input.creditKey !== undefined) {
@@ -165,12 +170,11 @@ export class FundingService extends Context.Service<
                       )
                     )
                   )
-            const lease = input.reservation.lease
             return {
               funding: { _tag: "Credit", keyId, wallet, keyRemaining },
               payer: wallet,
               authorized,
-              lease: lease === undefined ? undefined : { lease, granted: leaseGranted === true }
+              lease: leaseOf(leaseGranted)
             } satisfies Funded
           }
           if (input.paymentHeader === undefined) return yield* Effect.fail(quote(input))
@@ -185,9 +189,9 @@ export class FundingService extends Context.Service<
           // `upto`: the ceiling is reserved (and committed against the balance); the actual is settled.
           const authorized = Number(payment.value)
           yield* input.beforeReserve?.(payment.payer, authorized, { _tag: "X402" }) ?? Effect.void
-          yield* ledger
+          const { leaseGranted } = yield* ledger
             .reserveX402(
-              { ...input.reservation, lease: undefined, payer: payment.payer, authorized },
+              { ...input.reservation, payer: payment.payer, authorized },
               payment.scheme === "exact"
                 ? {
                     nonce: payment.authorization.nonce,
@@ -206,7 +210,12 @@ export class FundingService extends Context.Service<
                   }
             )
             .pipe(Effect.catchTag("NonceReplay", (refused) => refuse("payment_invalid", refused.refusal)))
-          return { funding: { _tag: "X402", payment }, payer: payment.payer, authorized } satisfies Funded
+          return {
+            funding: { _tag: "X402", payment },
+            payer: payment.payer,
+            authorized,
+            lease: leaseOf(leaseGranted)
+          } satisfies Funded
         })
 
       /** Why a turn could not take its session, as the spec answers it. */

@@ -5,8 +5,8 @@ import { Effect, Layer } from "effect"
 import type { ProviderConfig } from "../../src/devnet/fleet/FleetConfig.ts"
 import { tracingWith } from "../../src/Telemetry.ts"
 import { fundedKey } from "../support/Keys.ts"
-import { waitForQuote } from "../support/Pay.ts"
-import { postJson, routerWithFleet } from "../support/Router.ts"
+import { payer, waitForQuote } from "../support/Pay.ts"
+import { postJson, RouterUrl, routerWithFleet } from "../support/Router.ts"
 
 /**
  * Issue 12 item 3: what a paid credit-key request costs the database. Every SQL statement the
@@ -100,6 +100,48 @@ describe("the paid credit-key path's database cost", () => {
         // the background fold (D315), which is a trace of its own.
         assert.strictEqual(cost.keyUpdates, 1, `key updates:\n  ${listing}`)
         assert.strictEqual(cost.walletUpdates, 1, `balance updates:\n  ${listing}`)
+      })
+    )
+
+    it.effect("an x402 request takes its capacity lease in its reservation's statement too", () =>
+      Effect.gen(function* () {
+        yield* waitForQuote("chat-small")
+        const url = yield* RouterUrl
+        const { payingFetch } = yield* payer(1)
+        const paidX402 = Effect.promise(async () => {
+          const response = await payingFetch(`${url}/v1/chat/completions`, {
+            method: "POST",
+            headers: { "content-type": "application/json" },
+            body: JSON.stringify({
+              model: "chat-small",
+              messages: [{ role: "user", content: "count my round trips" }],
+              max_tokens: 16
+            })
+          })
+          return { status: response.status, text: await response.text() }
+        })
+        const warm = yield* paidX402
+        assert.strictEqual(warm.status, 200, warm.text)
+        yield* Effect.sleep("200 millis")
+        exporter.reset()
+        const reply = yield* paidX402
+        assert.strictEqual(reply.status, 200, reply.text)
+        yield* Effect.sleep("300 millis")
+        const spans = exporter.getFinishedSpans()
+        // The paid retry's trace: the one that reserved.
+        const reserved = spans.find((s) => s.name === "Ledger.reserveX402")
+        assert.isDefined(reserved, `spans: ${spans.map((s) => s.name).join(", ")}`)
+        const trace = spans.filter((s) => s.spanContext().traceId === reserved!.spanContext().traceId)
+        const { statements } = costOf(trace)
+        const listing = statements.map((s) => s.replace(/\s+/g, " ").slice(0, 90)).join("\n  ")
+        assert.isFalse(
+          statements.some((text) => /^\s*SELECT acquire_capacity/i.test(text)),
+          `no lease statement of its own:\n  ${listing}`
+        )
+        assert.isTrue(
+          statements.some((text) => /INSERT INTO x402_authorizations[\s\S]*acquire_capacity/i.test(text)),
+          `the reservation takes the lease:\n  ${listing}`
+        )
       })
     )
   })

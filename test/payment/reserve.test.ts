@@ -110,7 +110,7 @@ describe("a database fault during a key's reservation", () => {
   })
 })
 
-describe("a key's reservation with the winner's capacity lease (D311)", () => {
+describe("a reservation with the winner's capacity lease (D311)", () => {
   layer(LedgerLayer, { excludeTestServices: true, timeout: 60_000 })((it) => {
     it.effect("takes the lease in its own statement, within the quote's ceiling, and none when refused", () =>
       Effect.gen(function* () {
@@ -147,6 +147,54 @@ describe("a key's reservation with the winner's capacity lease (D311)", () => {
         // Without a lease asked for, none is taken.
         const plain = yield* ledger.reserveCredit({ ...record("req_plain"), payer: key.wallet }, key.keyId)
         assert.isUndefined(plain.leaseGranted)
+        assert.deepStrictEqual(yield* leases, [])
+      })
+    )
+
+    it.effect("an x402 reservation takes it the same way, and none when overcommitted or replayed", () =>
+      Effect.gen(function* () {
+        const ledger = yield* Ledger
+        const sql = yield* SqlClient.SqlClient
+        yield* sql`DELETE FROM capacity_leases`
+        const hold = (nonce = randomAuthorizationNonce()) => ({
+          nonce,
+          validAfter: 0n,
+          validBefore: 9_999_999_999n,
+          signature: "0x01" as const,
+          balance: 25_000n
+        })
+        const lease = (leaseId: string) => ({
+          leaseId,
+          providerId: "p2",
+          modelClass: "chat-small",
+          capacity: 1
+        })
+        const leases = Effect.map(
+          sql<{ lease_id: string }>`SELECT lease_id FROM capacity_leases ORDER BY lease_id`,
+          (rows) => rows.map((r) => r.lease_id)
+        )
+        const first = hold()
+        const granted = yield* ledger.reserveX402({ ...record("req_x1"), lease: lease("x-1") }, first)
+        assert.isTrue(granted.leaseGranted)
+        assert.deepStrictEqual(yield* leases, ["x-1"])
+        const atCeiling = yield* ledger.reserveX402({ ...record("req_x2"), lease: lease("x-2") }, hold())
+        assert.isFalse(atCeiling.leaseGranted)
+        yield* sql`DELETE FROM capacity_leases`
+        // 20,000 of the 25,000 are committed: another 10,000 is refused, and takes no lease.
+        const over = yield* Effect.flip(
+          ledger.reserveX402({ ...record("req_x3"), lease: lease("x-3") }, hold())
+        )
+        assert.deepStrictEqual(
+          [over._tag, over._tag === "NonceReplay" ? over.reason : ""],
+          ["NonceReplay", "overcommitted"]
+        )
+        const replay = yield* Effect.flip(
+          ledger.reserveX402({ ...record("req_x4"), authorized: 1_000, lease: lease("x-4") }, first)
+        )
+        assert.deepStrictEqual(
+          [replay._tag, replay._tag === "NonceReplay" ? replay.reason : ""],
+          ["NonceReplay", "nonce_replay"]
+        )
         assert.deepStrictEqual(yield* leases, [])
       })
     )
