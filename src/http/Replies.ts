@@ -88,24 +88,24 @@ export const respondLive = (live: LiveStreams["Service"], reply: Reply, from: nu
     const stream = reply.stream
     if (stream.kept !== undefined) return keptResponse(stream.kept, from)
     if (reply.streaming || from > 0) {
-      const frames = Stream.suspend(() => {
-        const encoder = reply.encoder()
-        return Stream.concat(
-          Stream.fromIterable(from === 0 ? encoder.start() : []),
-          live.follow(stream, 0).pipe(
-            Stream.map(({ event, index }) => {
-              const frames = encoder.push(event, index)
-              return index >= from ? frames : []
-            }),
-            Stream.flattenIterable
-          )
+      // Encoded as each event is published (LiveStreams `follow` with a reader): the response's body
+      // is one stream stage while it waits (D306).
+      const encoder = reply.encoder()
+      const bytesOf = (frames: ReadonlyArray<string>) =>
+        frames.length === 0 ? undefined : utf8.encode(frames.length === 1 ? frames[0]! : frames.join(""))
+      const opening = from === 0 ? bytesOf(encoder.start()) : undefined
+      const body = live
+        .follow(stream, 0, {
+          opening: opening === undefined ? [] : [opening],
+          map: ({ event, index }) => {
+            const frames = encoder.push(event, index)
+            return index >= from ? bytesOf(frames) : undefined
+          }
+        })
+        .pipe(
+          // Compacted between the response and its first read: nothing went out yet.
+          Stream.catchTag("Compacted", () => Stream.make(keptBody(stream.kept!, from)))
         )
-      })
-      const body = frames.pipe(
-        Stream.encodeText,
-        // Compacted between the response and its first read: the opening frames already went out.
-        Stream.catchTag("Compacted", () => Stream.make(keptBody(stream.kept!, from, true)))
-      )
       return HttpServerResponse.stream(body, { contentType: SSE, headers: sseHeaders(reply.headers) })
     }
     return yield* Stream.runCollect(live.follow(stream, 0)).pipe(

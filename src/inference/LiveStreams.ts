@@ -35,13 +35,29 @@ export interface KeptReply {
 /** A reader came after the stream's events were replaced by its kept reply: read `stream.kept` instead. */
 export class Compacted extends Data.TaggedError("Compacted")<{}> {}
 
+/**
+ * How a reader takes the events: `map` turns each (from the first, in order) into what it reads, or
+ * nothing to skip it, and `opening` comes before them. Done as the event is published, so a reader that
+ * encodes (a reply being written) needs no stream stages of its own while it waits (D306).
+ */
+export interface ReaderOptions<E, A> {
+  readonly opening?: ReadonlyArray<A>
+  readonly map: (indexed: Indexed<E>) => A | undefined
+}
+
+type Reader = Queue.Queue<unknown, Cause.Done | Compacted>
+type ReaderMap<E> = (indexed: Indexed<E>) => unknown
+
+const asIndexed = <E>(indexed: Indexed<E>) => indexed
+
 export interface LiveStream<E> {
   readonly id: string
   readonly tokenHash: string
   /** Every event while the work runs; emptied when it finishes and a keeper turned them into `kept`. */
   events: Array<E>
   readonly done: Deferred.Deferred<void>
-  readonly readers: Set<Queue.Queue<Indexed<E>, Cause.Done | Compacted>>
+  /** The live readers, each with what it makes of an event. */
+  readonly readers: Map<Reader, ReaderMap<E>>
   fiber: Fiber.Fiber<void> | undefined
   finishedAt: number | undefined
   stopRequested: boolean
@@ -78,7 +94,10 @@ export class LiveStreams extends Context.Service<
      * Events from index `from` on, live until the work ends; fails with `Compacted` (before any event)
      * once a finished stream's events were replaced by its kept reply.
      */
-    readonly follow: <E>(stream: LiveStream<E>, from: number) => Stream.Stream<Indexed<E>, Compacted>
+    readonly follow: {
+      <E>(stream: LiveStream<E>, from: number): Stream.Stream<Indexed<E>, Compacted>
+      <E, A>(stream: LiveStream<E>, from: number, reader: ReaderOptions<E, A>): Stream.Stream<A, Compacted>
+    }
     /**
      * What a finished stream keeps: when its work ends (at once if it has), `keeper` turns its events
      * into the kept reply, and the events and `keeper` are let go.
@@ -106,7 +125,7 @@ export class LiveStreams extends Context.Service<
             tokenHash: hashToken(token),
             events: [],
             done: yield* Deferred.make<void>(),
-            readers: new Set(),
+            readers: new Map(),
             fiber: undefined,
             finishedAt: undefined,
             stopRequested: false,
@@ -120,13 +139,16 @@ export class LiveStreams extends Context.Service<
               // is delivered); only a later reconnect would miss it.
               const indexed = { index: stream.events.length, event }
               if (stream.events.length < MAX_EVENTS) stream.events.push(event)
-              for (const reader of stream.readers) Queue.offerUnsafe(reader, indexed)
+              for (const [reader, map] of stream.readers) {
+                const item = map(indexed)
+                if (item !== undefined) Queue.offerUnsafe(reader, item)
+              }
             })
           stream.fiber = yield* work(emit).pipe(
             Effect.ensuring(
               Effect.gen(function* () {
                 stream.finishedAt = yield* Clock.currentTimeMillis
-                for (const reader of stream.readers) Queue.endUnsafe(reader)
+                for (const reader of stream.readers.keys()) Queue.endUnsafe(reader)
                 stream.readers.clear()
                 // Kept for replay are the events and this record only: the finished fiber holds the
                 // context it was started in (the caller's HTTP request among it) and `work`'s closure.
@@ -148,8 +170,8 @@ export class LiveStreams extends Context.Service<
           if (stream.fiber !== undefined) yield* Fiber.interrupt(stream.fiber)
         })
 
-      const follow = <E>(stream: LiveStream<E>, from: number) =>
-        Stream.callback<Indexed<E>, Compacted>((queue) =>
+      const follow = <E, A>(stream: LiveStream<E>, from: number, reader?: ReaderOptions<E, A>) =>
+        Stream.callback<unknown, Compacted>((queue) =>
           Effect.acquireRelease(
             Effect.sync(() => {
               // Checked in the same step that reads the events: nothing can compact in between.
@@ -157,11 +179,14 @@ export class LiveStreams extends Context.Service<
                 Queue.failCauseUnsafe(queue, Cause.fail(new Compacted()))
                 return
               }
+              const map: ReaderMap<E> = reader?.map ?? asIndexed
+              for (const item of reader?.opening ?? []) Queue.offerUnsafe(queue, item)
               for (let i = Math.max(0, from); i < stream.events.length; i++) {
-                Queue.offerUnsafe(queue, { index: i, event: stream.events[i]! })
+                const item = map({ index: i, event: stream.events[i]! })
+                if (item !== undefined) Queue.offerUnsafe(queue, item)
               }
               if (stream.finishedAt !== undefined) Queue.endUnsafe(queue)
-              else stream.readers.add(queue)
+              else stream.readers.set(queue, map)
             }),
             () =>
               Effect.suspend(() => {
@@ -195,7 +220,7 @@ export class LiveStreams extends Context.Service<
       return LiveStreams.of({
         start,
         get: <E>(id: string) => streams.get(id) as LiveStream<E> | undefined,
-        follow,
+        follow: follow as LiveStreams["Service"]["follow"],
         keep: (stream, keeper) => {
           stream.keeper = keeper
           compact(stream)

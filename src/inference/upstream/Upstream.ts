@@ -1,5 +1,17 @@
 import { NodeHttpClient } from "@effect/platform-node"
-import { Clock, Context, Duration, Effect, Layer, Option, Redacted, type Result, Stream } from "effect"
+import {
+  Array as Arr,
+  Cause,
+  Clock,
+  Context,
+  Duration,
+  Effect,
+  Layer,
+  Option,
+  Redacted,
+  Result,
+  Stream
+} from "effect"
 import { HttpClient, type HttpClientError, HttpClientRequest, type HttpClientResponse } from "effect/http"
 import type { ChatCompletionRequest } from "../../domain/Chat.ts"
 import type { MessagesRequest } from "../../domain/Messages.ts"
@@ -70,59 +82,97 @@ export const anthropicCodec: DialectCodec<typeof initialAnthropicState> = {
   completeAtEnd: () => false
 }
 
-const Done = { _tag: "Done" } as const
-const isEvent = (item: UpstreamEvent | typeof Done): item is UpstreamEvent => item !== Done
+const timeoutError = () =>
+  new UpstreamError({ reason: "timeout", message: "upstream sent no first byte within the timeout" })
+
+const dropped = (message: string) => new UpstreamError({ reason: "dropped", message })
 
 /**
  * Raw body bytes to dialect-neutral events, as they arrive. Reading stops at the terminal
- * frame; a body that ends (or breaks) before it fails with `dropped`. An `undefined` frame
- * marks the end of the body, so the dialect can judge whether the reply was whole.
+ * frame; a body that ends (or breaks) before it fails with `dropped`; the end of the body lets
+ * the dialect judge whether the reply was whole. `firstPullMillis` bounds the wait for the first
+ * piece of the body (later pieces may take any time); `redact` is applied to every failure.
+ *
+ * One stream stage, not one per step (bytes → frames → events → up to the terminal frame): a held
+ * stream keeps every stage's pull, closures and scope for as long as it is open (issue 12 item 5, D305).
  */
 export const decodeUpstreamStream = <S, E>(
   codec: DialectCodec<S>,
-  bytes: Stream.Stream<Uint8Array, E>
+  bytes: Stream.Stream<Uint8Array, E>,
+  options: {
+    readonly firstPullMillis?: number | undefined
+    readonly redact?: ((error: UpstreamError) => UpstreamError) | undefined
+  } = {}
 ): Stream.Stream<UpstreamEvent, UpstreamError> =>
-  Stream.suspend(() => {
-    const sse = makeSseDecoder()
-    return bytes.pipe(
-      Stream.mapError((error) =>
-        error instanceof UpstreamError
-          ? error
-          : new UpstreamError({
-              reason: "dropped",
-              message: "upstream body broke off before the reply ended"
-            })
-      ),
-      Stream.map((chunk): ReadonlyArray<SseEvent | undefined> => sse.push(chunk)),
-      Stream.concat(Stream.sync(() => [...sse.end(), undefined])),
-      Stream.flattenIterable,
-      Stream.mapAccumEffect(
-        () => codec.initial,
-        (state, frame) => {
-          if (frame !== undefined) {
-            return Effect.map(Effect.fromResult(codec.step(state, frame)), (s) => {
-              const items: ReadonlyArray<UpstreamEvent | typeof Done> = s.done
-                ? [...s.events, Done]
-                : s.events
-              return [s.state, items] as const
-            })
+  Stream.transformPull(bytes, (pull) =>
+    Effect.sync(() => {
+      const sse = makeSseDecoder()
+      let state = codec.initial
+      let finished = false
+      /** A failure found after some events of the same piece: told on the next pull, once those are out. */
+      let failure: UpstreamError | undefined
+      const { firstPullMillis, redact = (error: UpstreamError) => error } = options
+      let first = firstPullMillis !== undefined
+      const read = Effect.catch(pull, (error) =>
+        Cause.isDone(error)
+          ? Effect.succeed(undefined)
+          : Effect.fail(
+              error instanceof UpstreamError
+                ? error
+                : dropped("upstream body broke off before the reply ended")
+            )
+      )
+      const nextPiece = Effect.suspend(() => {
+        if (!first) return read
+        first = false
+        return Effect.timeoutOrElse(read, {
+          duration: firstPullMillis!,
+          orElse: () => Effect.fail(timeoutError())
+        })
+      })
+      /** The events of these frames, up to the terminal frame (then `finished`), or the first failure. */
+      const step = (frames: ReadonlyArray<SseEvent>, events: Array<UpstreamEvent>) => {
+        for (const frame of frames) {
+          const stepped = codec.step(state, frame)
+          if (Result.isFailure(stepped)) {
+            failure = stepped.failure
+            return
           }
-          return codec.completeAtEnd(state)
-            ? Effect.succeed([state, [Done]] as const)
-            : Effect.fail(
-                new UpstreamError({
-                  reason: "dropped",
-                  message: "upstream stream ended before its terminal event"
-                })
-              )
+          state = stepped.success.state
+          for (const event of stepped.success.events) events.push(event)
+          if (stepped.success.done) {
+            finished = true
+            return
+          }
         }
-      ),
-      Stream.takeWhile(isEvent)
-    )
-  })
-
-const timeoutError = () =>
-  new UpstreamError({ reason: "timeout", message: "upstream sent no first byte within the timeout" })
+      }
+      const pullEvents: Effect.Effect<
+        Arr.NonEmptyReadonlyArray<UpstreamEvent>,
+        UpstreamError | Cause.Done
+      > = Effect.gen(function* () {
+        while (true) {
+          if (failure !== undefined) return yield* Effect.fail(redact(failure))
+          if (finished) return yield* Cause.done()
+          const chunks = yield* Effect.mapError(nextPiece, redact)
+          const events: Array<UpstreamEvent> = []
+          if (chunks === undefined) {
+            step(sse.end(), events)
+            if (!finished && failure === undefined) {
+              if (codec.completeAtEnd(state)) finished = true
+              else failure = dropped("upstream stream ended before its terminal event")
+            }
+          } else {
+            for (const chunk of chunks) {
+              if (finished || failure !== undefined) break
+              step(sse.push(chunk), events)
+            }
+          }
+          if (Arr.isArrayNonEmpty(events)) return events
+        }
+      })
+      return pullEvents
+    })
+  )
 
 /** The system error code (`ECONNREFUSED`, ...) somewhere down a fetch failure's cause chain. */
 const errorCode = (error: unknown, depth = 0): string | undefined => {
@@ -167,21 +217,6 @@ const readErrorBody = (response: HttpClientResponse.HttpClientResponse) =>
     Effect.timeoutOrElse({ duration: "2 seconds", orElse: () => Effect.succeed("") }),
     Effect.orElseSucceed(() => "")
   )
-
-/** Fails the first pull that takes longer than `millis`; later pulls may take any time. */
-const firstPullWithin =
-  (millis: number) =>
-  <A, E, R>(stream: Stream.Stream<A, E, R>): Stream.Stream<A, E | UpstreamError, R> =>
-    Stream.transformPull(stream, (pull) =>
-      Effect.sync(() => {
-        let first = true
-        return Effect.suspend(() => {
-          if (!first) return pull
-          first = false
-          return Effect.timeoutOrElse(pull, { duration: millis, orElse: () => Effect.fail(timeoutError()) })
-        })
-      })
-    )
 
 export const make = Effect.fnUntraced(function* (options: UpstreamOptions = {}) {
   const timeout = Duration.fromInputUnsafe(options.firstByteTimeout ?? Duration.seconds(30))
@@ -235,12 +270,10 @@ export const make = Effect.fnUntraced(function* (options: UpstreamOptions = {}) 
             })
           }
           const left = Math.max(0, timeoutMillis - ((yield* Clock.currentTimeMillis) - started))
-          return decodeUpstreamStream(codec, response.stream.pipe(firstPullWithin(left)))
-        })
+          return decodeUpstreamStream(codec, response.stream, { firstPullMillis: left, redact })
+        }).pipe(Effect.mapError(redact))
       )
-    return (target.dialect === "openai" ? events(openAiCodec) : events(anthropicCodec)).pipe(
-      Stream.mapError(redact)
-    )
+    return target.dialect === "openai" ? events(openAiCodec) : events(anthropicCodec)
   }
 
   return { stream }
