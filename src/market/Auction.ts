@@ -81,18 +81,20 @@ const codeOf = (reason: ExclusionReason): number => REASONS.indexOf(reason) + 2
 
 /**
  * The exclusions by quote id. The quote book hands its quotes in quote id order (`QuoteBook.live`), and
- * then they are listed as they come (`inOrder`: each in-scope id above the one before); any other
- * order is sorted.
+ * then they are listed as they come: each excluded id is checked to be above the one before (D303; then
+ * no two share an id, so no tie by reason either); any other order is sorted.
  */
-const exclusionsOf = (
-  quotes: ReadonlyArray<LiveQuote>,
-  codes: Uint8Array,
-  inOrder: boolean
-): Array<Exclusion> => {
+const exclusionsOf = (quotes: ReadonlyArray<LiveQuote>, codes: Uint8Array): Array<Exclusion> => {
   const excluded: Array<Exclusion> = []
+  let inOrder = true
+  let previousId: string | undefined
   for (let i = 0; i < quotes.length; i++) {
     const code = codes[i]!
-    if (code > COMPETING) excluded.push({ quote_id: quotes[i]!.quote.quote_id, reason: REASONS[code - 2]! })
+    if (code <= COMPETING) continue
+    const id = quotes[i]!.quote.quote_id
+    if (inOrder && previousId !== undefined && !(previousId < id)) inOrder = false
+    previousId = id
+    excluded.push({ quote_id: id, reason: REASONS[code - 2]! })
   }
   return inOrder ? excluded : excluded.sort(byQuoteId)
 }
@@ -127,22 +129,15 @@ export const runAuction = (
     return noEligibleOutcome(route, "unknown_model_class", 0, [])
   }
   const candidates = Candidates.take(quotes)
-  const admission = admit(request, route, catalog, latency, candidates)
-  const outcome = decide(request, route, tokens, candidates, admission)
+  const considered = admit(request, route, catalog, latency, candidates)
+  const outcome = decide(request, route, tokens, candidates, considered)
   candidates.release()
   return outcome
 }
 
-interface Admission {
-  /** The quotes in scope (of the pinned class, when one is). */
-  readonly considered: number
-  /** Each in-scope quote id is above the one before (the quote book's order). */
-  readonly inOrder: boolean
-}
-
 /**
  * The one pass over the book: each in-scope quote's code (competing, or why not), and the competing
- * ones scored into `candidates`.
+ * ones scored into `candidates`. Returns how many quotes were in scope (of the pinned class, if one is).
  */
 const admit = (
   request: AuctionRequest,
@@ -150,7 +145,7 @@ const admit = (
   catalog: Catalog,
   latency: LatencyLookup,
   candidates: Candidates
-): Admission => {
+): number => {
   const quotes = candidates.input
   const { codes } = candidates
   const weights = PROFILES[route.profile]
@@ -159,15 +154,11 @@ const admit = (
   const terms = classTerms(catalog, request)
   const slo = request.latencySlo
   let considered = 0
-  let inOrder = true
-  let previousId: string | undefined
   for (let i = 0; i < quotes.length; i++) {
     const live = quotes[i]!
     const { quote } = live
     if (pinned !== undefined && quote.model_class !== pinned) continue
     considered++
-    if (previousId !== undefined && !(previousId < quote.quote_id)) inOrder = false
-    previousId = quote.quote_id
     const classTerms = terms.get(quote.model_class)
     if (classTerms === undefined) {
       codes[i] = codeOf("unknown_class")
@@ -188,7 +179,7 @@ const admit = (
     codes[i] = COMPETING
     candidates.add(i, classTerms, cost, estimate, locked, weights)
   }
-  return { considered, inOrder }
+  return considered
 }
 
 /** The session's provider wins with its cheapest usable quote (ties in the total order), or -1. */
@@ -212,19 +203,14 @@ const decide = (
   route: Route,
   tokens: ScoringTokens,
   candidates: Candidates,
-  { considered, inOrder }: Admission
+  considered: number
 ): AuctionOutcome => {
   const quotes = candidates.input
   const { codes } = candidates
   const lock = request.sessionLock
   const lockedWinner = lock === undefined ? -1 : lockedWinnerOf(candidates)
   if (lock !== undefined && lockedWinner < 0) {
-    return noEligibleOutcome(
-      route,
-      "session_lock_unavailable",
-      considered,
-      exclusionsOf(quotes, codes, inOrder)
-    )
+    return noEligibleOutcome(route, "session_lock_unavailable", considered, exclusionsOf(quotes, codes))
   }
   const restriction =
     lock === undefined
@@ -243,7 +229,7 @@ const decide = (
   const ranked = rankIndependentBids(candidates, competing, lockedWinner, (c) => {
     codes[candidates.position[c]!] = betterQuote
   })
-  const excluded = exclusionsOf(quotes, codes, inOrder)
+  const excluded = exclusionsOf(quotes, codes)
   if (ranked.length === 0) {
     return noEligibleOutcome(route, noEligibleReason(considered, excluded), considered, excluded)
   }
