@@ -5,6 +5,7 @@ import { Chain } from "../../src/chain/Chain.ts"
 import type { ReceiptBody } from "../../src/domain/Receipt.ts"
 import { FOLD_LOCK } from "../../src/ledger/CreditFold.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
+import { Wallets } from "../../src/ledger/Wallets.ts"
 import { TestDatabase } from "../support/Database.ts"
 import { fundedKey, keyRows, keyState } from "../support/Keys.ts"
 import { seededEconomics } from "./support.ts"
@@ -14,7 +15,7 @@ import { seededEconomics } from "./support.ts"
  * fold applies many captures to each in one statement. Counted by a trigger on both tables.
  */
 const Database = Layer.mergeAll(TestDatabase, Chain.layer)
-const LedgerLayer = Ledger.layer.pipe(Layer.provideMerge(Database))
+const LedgerLayer = Wallets.layer.pipe(Layer.provideMerge(Ledger.layer), Layer.provideMerge(Database))
 
 const AUTHORIZED = 10_000
 const CHARGED = 7_000
@@ -259,6 +260,44 @@ describe("folding credit captures into the key's and the owner's rows", () => {
           }>`SELECT count(*)::int AS n FROM sessions WHERE session_id = 's_failed'`
           assert.strictEqual(sessions[0]!.n, 0)
         })
+    )
+
+    it.effect("a withdrawal of the whole balance readers see folds first, so it is not refused", () =>
+      Effect.gen(function* () {
+        const ledger = yield* Ledger
+        const wallets = yield* Wallets
+        const key = yield* fundedKey({ budget: 1_000_000, balance: 100_000 })
+        const release = yield* holdFolds
+        yield* paidRequest(ledger, key, "before_withdrawal")
+        const { available } = yield* wallets.balance(key.wallet)
+        assert.strictEqual(available, 100_000 - CHARGED)
+        // The debit waits for the fold the test holds up; the row alone would not cover it.
+        const withdrawal = yield* Effect.forkScoped(
+          wallets.debitWithdrawal({
+            withdrawalId: "wd_fold",
+            wallet: key.wallet,
+            to: key.wallet,
+            amount: available,
+            nonce: "fold-1"
+          })
+        )
+        // It is waiting for the fold's lock (a debit that did not fold first would have been refused by now).
+        const sql = yield* SqlClient.SqlClient
+        yield* sql<{
+          n: number
+        }>`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`.pipe(
+          Effect.repeat({ until: (rows) => rows[0]!.n > 0 || withdrawal.pollUnsafe() !== undefined }),
+          Effect.orDie
+        )
+        yield* release
+        assert.strictEqual(yield* Fiber.join(withdrawal), "debited")
+        assert.deepStrictEqual(yield* rawRows(key.keyId), {
+          spent: CHARGED,
+          reserved: 0,
+          available: 0,
+          walletReserved: 0
+        })
+      })
     )
 
     it.effect("instances folding at once while captures go on never apply a capture twice", () =>
