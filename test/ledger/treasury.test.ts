@@ -185,6 +185,28 @@ describe("Treasury: every transfer exactly once, on a real chain and database", 
       })
     )
 
+    it.effect("a sender's row is written once per process, not in every send's transaction", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        yield* fundTreasury(50_000_000n)
+        // Counts the INSERT statements on treasury_senders (a statement trigger fires on a conflict too).
+        yield* sql.unsafe("CREATE TABLE sender_inserts (n INT NOT NULL)")
+        yield* sql.unsafe("INSERT INTO sender_inserts VALUES (0)")
+        yield* sql.unsafe(`CREATE FUNCTION count_sender_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+          BEGIN UPDATE sender_inserts SET n = n + 1; RETURN NULL; END $$`)
+        yield* sql.unsafe(`CREATE TRIGGER count_sender_insert BEFORE INSERT ON treasury_senders
+          FOR EACH STATEMENT EXECUTE FUNCTION count_sender_insert()`)
+        const treasury = yield* Treasury.make()
+        for (const amount of [1_000n, 2_000n, 3_000n]) {
+          const hash = yield* treasury.send(withdrawal(freshAddress(), amount))
+          assert.strictEqual((yield* treasury.confirm(hash)).status, "success")
+        }
+        const [counted] = yield* sql<{ n: number }>`SELECT n FROM sender_inserts`
+        assert.strictEqual(counted!.n, 1)
+        yield* sql.unsafe("DROP TRIGGER count_sender_insert ON treasury_senders")
+      }).pipe(Effect.orDie)
+    )
+
     it.effect(
       "killed between signing and recording: nothing recorded, nothing sent, the nonce still free",
       () =>
