@@ -12,8 +12,9 @@
  * ratios and the memory figures (idle, per held-open stream, after the load). Asserts nothing.
  *
  * Knobs: BENCH_SECONDS (per closed-loop phase, default 8), BENCH_ROUNDS (default 2), BENCH_OPEN_SECONDS
- * (default 8), BENCH_STREAMS (held-open streams, default 5000), BENCH_TARGETS (comma list of
- * direct,portkey,router; default all), WORKERS (passed to the router unchanged).
+ * (default 8), BENCH_RATE (the open loop's requests per second, default 100), BENCH_STREAMS (held-open
+ * streams, default 5000), BENCH_TARGETS (comma list of direct,portkey,router; default all), WORKERS (passed to
+ * the router unchanged).
  */
 import { chmodSync, mkdtempSync, readFileSync, rmSync } from "node:fs"
 import { Agent } from "node:http"
@@ -34,7 +35,7 @@ const SECONDS = Number(process.env.BENCH_SECONDS ?? 8)
 const OPEN_SECONDS = Number(process.env.BENCH_OPEN_SECONDS ?? 8)
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2)
 const STREAMS = Number(process.env.BENCH_STREAMS ?? 5000)
-const OPEN_RATE = 100
+const OPEN_RATE = Number(process.env.BENCH_RATE ?? 100)
 const TOKEN = "bench-load-operator"
 const log = (line: string) => process.stderr.write(`[bench:load] ${line}\n`)
 const MB = 1024 * 1024
