@@ -110,7 +110,11 @@ export const respondLive = (live: LiveStreams["Service"], reply: Reply, from: nu
     }
     return yield* Stream.runCollect(live.follow(stream, 0)).pipe(
       Effect.map((events) =>
-        HttpServerResponse.jsonUnsafe(reply.body(events.map((e) => e.event)), { headers: reply.headers })
+        // The work ended, and its keeper wrote this very body then (the same bytes): sent as kept,
+        // not assembled and serialized a second time (D324).
+        stream.kept !== undefined
+          ? keptResponse(stream.kept, 0)
+          : HttpServerResponse.jsonUnsafe(reply.body(events.map((e) => e.event)), { headers: reply.headers })
       ),
       Effect.catchTag("Compacted", () => Effect.succeed(keptResponse(stream.kept!, from)))
     )

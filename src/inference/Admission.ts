@@ -8,7 +8,7 @@ import { Rfq } from "../market/Rfq.ts"
 import { FundingService } from "../payment/Funding.ts"
 import { type SessionRow, Sessions } from "../payment/Sessions.ts"
 import { TaskBudgets } from "../payment/TaskBudgets.ts"
-import { NO_STACK } from "../Telemetry.ts"
+import { traced } from "../Telemetry.ts"
 import { agentRecord, type Launch, newRequestId, type PaidRequestContext, reservationOf } from "./Paid.ts"
 import { marketRequestOf } from "./Requirements.ts"
 
@@ -55,27 +55,28 @@ export const makeAdmission = Effect.gen(function* () {
             )
           )
 
-  const route = Effect.fnUntraced(
-    function* (request: ChatCompletionRequest, promptTokens: number, opensSession: boolean) {
-      const outcome = yield* rfq.run({
-        ...marketRequestOf(request, promptTokens),
-        requireSessionTariff: opensSession
+  const route = Effect.fnUntraced(function* (
+    request: ChatCompletionRequest,
+    promptTokens: number,
+    opensSession: boolean
+  ) {
+    const outcome = yield* rfq.run({
+      ...marketRequestOf(request, promptTokens),
+      requireSessionTariff: opensSession
+    })
+    if (outcome._tag === "Cleared") return outcome
+    if (outcome.reason === "unknown_model_class") {
+      return yield* new NotFound({
+        code: "model_not_found",
+        param: "model",
+        message: `Unknown model "${request.model}": use auto, best, cheapest, fastest or a class from /v1/models`
       })
-      if (outcome._tag === "Cleared") return outcome
-      if (outcome.reason === "unknown_model_class") {
-        return yield* new NotFound({
-          code: "model_not_found",
-          param: "model",
-          message: `Unknown model "${request.model}": use auto, best, cheapest, fastest or a class from /v1/models`
-        })
-      }
-      return yield* new ServiceUnavailable({
-        code: "no_eligible_quote",
-        message: `No live quote can serve this request (${outcome.reason}); nothing was charged`
-      })
-    },
-    Effect.withSpan("Completions.route", undefined, NO_STACK)
-  )
+    }
+    return yield* new ServiceUnavailable({
+      code: "no_eligible_quote",
+      message: `No live quote can serve this request (${outcome.reason}); nothing was charged`
+    })
+  }, traced("Completions.route"))
 
   /** A request of its own: routed, then funded; with `routing.session_id` it opens that session. */
   const fresh = Effect.fnUntraced(function* (

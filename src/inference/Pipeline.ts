@@ -1,7 +1,7 @@
 import { Context, Effect, Exit, Layer, Scope } from "effect"
 import type { ChatCompletionRequest } from "../domain/Chat.ts"
 import { Sessions } from "../payment/Sessions.ts"
-import { NO_STACK } from "../Telemetry.ts"
+import { traced } from "../Telemetry.ts"
 import { makeAdmission } from "./Admission.ts"
 import { gateChat } from "./Gate.ts"
 import type { Admitted, CompletionError, Launch, PaidRequestContext } from "./Paid.ts"
@@ -42,29 +42,29 @@ export class Pipeline extends Context.Service<
       const serve = yield* Serve
       const admission = yield* makeAdmission
 
-      const admit = Effect.fnUntraced(
-        function* (request: ChatCompletionRequest, context: PaidRequestContext) {
-          yield* gateChat(request)
-          const promptEstimate = estimatePromptTokens(request.messages)
-          const sessionId = request.routing?.session_id
-          const session = sessionId === undefined ? undefined : yield* sessions.find(sessionId)
-          // The request's own scope holds its reservation (`Serve.reserve`: acquired with the release
-          // that settles it) and what it took before funding (a task's budget hold). A refused admission
-          // closes it here; from launch on the serving fiber owns it and closes it with its exit, which
-          // settles the reservation (what was delivered captured, the rest released), then the hold.
-          const scope = yield* Scope.make()
-          const admitting: Effect.Effect<Launch, CompletionError, Scope.Scope> =
-            session === undefined
-              ? admission.fresh(request, context, promptEstimate)
-              : admission.turn(request, context, session, promptEstimate)
-          const reservation = yield* serve.reserve(admitting).pipe(
-            Scope.provide(scope),
-            Effect.onError((cause) => Scope.close(scope, Exit.failCause(cause)))
-          )
-          return yield* serve.launch(reservation, scope)
-        },
-        Effect.withSpan("Completions.admit", undefined, NO_STACK)
-      )
+      const admit = Effect.fnUntraced(function* (
+        request: ChatCompletionRequest,
+        context: PaidRequestContext
+      ) {
+        yield* gateChat(request)
+        const promptEstimate = estimatePromptTokens(request.messages)
+        const sessionId = request.routing?.session_id
+        const session = sessionId === undefined ? undefined : yield* sessions.find(sessionId)
+        // The request's own scope holds its reservation (`Serve.reserve`: acquired with the release
+        // that settles it) and what it took before funding (a task's budget hold). A refused admission
+        // closes it here; from launch on the serving fiber owns it and closes it with its exit, which
+        // settles the reservation (what was delivered captured, the rest released), then the hold.
+        const scope = yield* Scope.make()
+        const admitting: Effect.Effect<Launch, CompletionError, Scope.Scope> =
+          session === undefined
+            ? admission.fresh(request, context, promptEstimate)
+            : admission.turn(request, context, session, promptEstimate)
+        const reservation = yield* serve.reserve(admitting).pipe(
+          Scope.provide(scope),
+          Effect.onError((cause) => Scope.close(scope, Exit.failCause(cause)))
+        )
+        return yield* serve.launch(reservation, scope)
+      }, traced("Completions.admit"))
 
       return Pipeline.of({
         // From the reservation on, the request must reach the fiber that settles it: admission

@@ -9,7 +9,7 @@ import type { RankedBid } from "../market/Auction.ts"
 import { Latency } from "../market/Latency.ts"
 import { Providers } from "../market/Providers.ts"
 import { capacityExhausted, type HeldLease, QuoteBook, type Slot } from "../market/QuoteBook.ts"
-import { NO_STACK } from "../Telemetry.ts"
+import { traced } from "../Telemetry.ts"
 import { LiveStreams } from "./LiveStreams.ts"
 import { billableTokens, type Meter, meteredUsage, newMeter, recordContent } from "./Meter.ts"
 import type { Admitted, Funding, Launch, ServeEvent, ServeSummary } from "./Paid.ts"
@@ -419,7 +419,7 @@ export class Serve extends Context.Service<
           // task hold it was taken under; the readers are told once it is settled.
           Effect.onExit((exit) => Effect.andThen(Scope.close(scope, exit), announce(input))),
           Effect.catchCause(() => Effect.void),
-          Effect.withSpan("Serve.run", { attributes: { request_id: input.requestId } }, NO_STACK)
+          traced("Serve.run", { attributes: { request_id: input.requestId } })
         )
       }
 

@@ -4,7 +4,7 @@ import type { TokenCounts } from "../domain/Billing.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import type { AuctionCleared, RankedBid } from "../market/Auction.ts"
 import { RouterConfig } from "../RouterConfig.ts"
-import { NO_STACK } from "../Telemetry.ts"
+import { traced } from "../Telemetry.ts"
 import { epochOf } from "./Epochs.ts"
 import { type CaptureRecord, Ledger, type PaymentSource, type StaleReservation } from "./Ledger.ts"
 import { type MeterRecord, meterRecordOf } from "./Metered.ts"
@@ -284,11 +284,7 @@ export class Settle extends Context.Service<
               return false
             })
           ),
-          Effect.withSpan(
-            "Settle.request",
-            { attributes: { request_id: served.requestId, status: served.status } },
-            NO_STACK
-          )
+          traced("Settle.request", { attributes: { request_id: served.requestId, status: served.status } })
         )
       }
 

@@ -4,7 +4,7 @@ import { type Hex, recoverMessageAddress } from "viem"
 import { repeatInBackground } from "../Background.ts"
 import { Conflict, Forbidden, InvalidRequest, ServiceUnavailable, Unauthorized } from "../domain/Errors.ts"
 import { quoteSigningString, SignedQuote } from "../domain/Quote.ts"
-import { NO_STACK } from "../Telemetry.ts"
+import { traced } from "../Telemetry.ts"
 import type { LiveQuote } from "./Auction.ts"
 import { ModelCatalog } from "./ModelCatalog.ts"
 import { Providers } from "./Providers.ts"
@@ -291,7 +291,7 @@ export class QuoteBook extends Context.Service<
               ? Effect.fail(capacityExhausted(quote.provider_id, quote.model_class))
               : Effect.succeed(slot)
           ),
-          Effect.withSpan("QuoteBook.acquireSlot", undefined, NO_STACK)
+          traced("QuoteBook.acquireSlot")
         )
       }
 

@@ -2,7 +2,7 @@ import { assert, describe, it, layer } from "@effect/vitest"
 import { SpanKind } from "@opentelemetry/api"
 import { InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
 import { ConfigProvider, Effect, Layer, References } from "effect"
-import { TelemetryLive, tracingWith } from "../../src/Telemetry.ts"
+import { TelemetryLive, traced, tracingWith } from "../../src/Telemetry.ts"
 import { call, OPERATOR_TOKEN, routerLayer } from "../support/Router.ts"
 
 const exporter = new InMemorySpanExporter()
@@ -24,6 +24,19 @@ describe("telemetry without an exporter", () => {
     Effect.gen(function* () {
       assert.isFalse(yield* tracerEnabledWith({}))
       assert.isTrue(yield* tracerEnabledWith({ OTEL_EXPORTER_OTLP_ENDPOINT: "http://127.0.0.1:19599" }))
+    })
+  )
+
+  // D324: `traced` is the span where spans are on, and adds nothing (not even a no-op span) where off.
+  it.effect("traced opens its span only where spans are on", () =>
+    Effect.gen(function* () {
+      const inside = Effect.currentSpan.pipe(
+        Effect.map((span) => span.name),
+        Effect.orElseSucceed(() => "none"),
+        traced("Hotpath.probe")
+      )
+      assert.strictEqual(yield* inside, "Hotpath.probe")
+      assert.strictEqual(yield* Effect.provideService(inside, References.TracerEnabled, false), "none")
     })
   )
 })
