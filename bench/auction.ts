@@ -15,6 +15,7 @@ import { SignedQuote } from "../src/domain/Quote.ts"
 import { type AuctionRequest, type LiveQuote, runAuction } from "../src/market/Auction.ts"
 import { defaultCatalog } from "../src/market/Catalog.ts"
 import { Latency } from "../src/market/Latency.ts"
+import { providerNumber } from "../src/market/ProviderNumbers.ts"
 
 const PROVIDERS = Number(process.env.BENCH_PROVIDERS ?? 250)
 const RUNS = Number(process.env.BENCH_RUNS ?? 2_000)
@@ -44,8 +45,8 @@ const arrival: ReadonlyArray<LiveQuote> = Array.from({ length: PROVIDERS }, (_, 
       sig: `0x${"ab".repeat(65)}`
     }),
     inFlight: p % 5,
-    // The quote book's number for the provider (as first seen: here the provider's index).
-    provider: p
+    // The provider's number, as the quote book hands it.
+    provider: providerNumber(`provider-${String(p).padStart(4, "0")}`)
   }))
 ).flat()
 /** The book as the router's quote book hands it: in quote id order. */

@@ -171,7 +171,7 @@ const admit = (
       codes[i] = codeOf(reason)
       continue
     }
-    const estimate = latency(quote.provider_id, quote.model_class)
+    const estimate = latency(quote.provider_id, quote.model_class, live.provider)
     if (!locked && slo !== undefined && !(estimate.quantile(slo.confidence) <= slo.deadlineMs)) {
       codes[i] = codeOf("latency_slo")
       continue

@@ -36,15 +36,18 @@ export interface LiveQuote {
   /** Requests currently holding one of the quote's capacity slots. */
   readonly inFlight: number
   /**
-   * The book's number for the quote's provider: a whole number from 0, the same for two quotes exactly
-   * when their provider ids are (`QuoteBook` numbers providers as it first sees them), so the auction
-   * keeps each provider's best bid in an array, not a map by id. Without it on every quote the auction
-   * numbers the providers itself.
+   * The provider's number (`providerNumber(provider_id)`, ProviderNumbers.ts), which `QuoteBook.live`
+   * hands: the auction keeps each provider's best bid in an array by it, and passes it to the latency
+   * lookup. Without it on every quote the auction numbers the providers itself (D301, D304).
    */
   readonly provider?: number | undefined
 }
 
-export type LatencyLookup = (providerId: string, classId: string) => LatencyEstimate
+/**
+ * A provider's latency in a class. `provider`, when given, is the provider's number (`LiveQuote.provider`):
+ * the router's statistics then find the provider by index instead of by id (D304).
+ */
+export type LatencyLookup = (providerId: string, classId: string, provider?: number) => LatencyEstimate
 
 export type ExclusionReason =
   | "unknown_class"

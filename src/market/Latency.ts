@@ -1,6 +1,7 @@
 import { Clock, Context, Effect, Layer } from "effect"
 import type { LatencyLookup } from "./Auction.ts"
 import { defaultLatencyConfig, emptyLatencyState, LatencyEntry, record } from "./LatencyStats.ts"
+import { knownProviderNumber, providerNumber } from "./ProviderNumbers.ts"
 
 /**
  * Per-instance decayed time-to-first-token statistics per (provider, class), fed by the
@@ -16,17 +17,19 @@ export class Latency extends Context.Service<
   }
 >()("router/market/Latency") {
   static readonly layer = Layer.sync(Latency, () => {
-    // Provider, then class: no key string is built per lookup (an auction looks up every live quote).
+    // Provider (by its process-wide number, D304), then class: no key string is built per lookup, and an
+    // auction, which hands each quote's provider number, reads the provider by index.
     // An entry keeps the observed quantiles asked of its state until the next observation replaces it.
-    const states = new Map<string, Map<string, LatencyEntry>>()
+    const states: Array<Map<string, LatencyEntry> | undefined> = []
     const never = new LatencyEntry(emptyLatencyState)
     return Latency.of({
       observe: (providerId, modelClass, ttftMs) =>
         Effect.map(Clock.currentTimeMillis, (now) => {
-          let classes = states.get(providerId)
+          const number = providerNumber(providerId)
+          let classes = states[number]
           if (classes === undefined) {
             classes = new Map()
-            states.set(providerId, classes)
+            states[number] = classes
           }
           const previous = classes.get(modelClass)?.state ?? emptyLatencyState
           classes.set(
@@ -37,8 +40,8 @@ export class Latency extends Context.Service<
       lookup: Effect.map(
         Clock.currentTimeMillis,
         (now): LatencyLookup =>
-          (providerId, classId) =>
-            (states.get(providerId)?.get(classId) ?? never).estimate(now)
+          (providerId, classId, provider = knownProviderNumber(providerId)) =>
+            ((provider === undefined ? undefined : states[provider])?.get(classId) ?? never).estimate(now)
       )
     })
   })

@@ -7,6 +7,7 @@ import { quoteSigningString, SignedQuote } from "../domain/Quote.ts"
 import { traced } from "../Telemetry.ts"
 import type { LiveQuote } from "./Auction.ts"
 import { ModelCatalog } from "./ModelCatalog.ts"
+import { providerNumber } from "./ProviderNumbers.ts"
 import { Providers } from "./Providers.ts"
 import { QuotesById } from "./QuotesById.ts"
 
@@ -112,16 +113,6 @@ export class QuoteBook extends Context.Service<
       const catalog = yield* ModelCatalog
       const standing = new Map<string, SignedQuote>()
       const byId = new QuotesById()
-      // A number per provider, as first seen (never reused): the auction indexes its bids by it.
-      const providerNumbers = new Map<string, number>()
-      const providerNumber = (providerId: string): number => {
-        let number = providerNumbers.get(providerId)
-        if (number === undefined) {
-          number = providerNumbers.size
-          providerNumbers.set(providerId, number)
-        }
-        return number
-      }
       const inFlight = new Map<string, number>()
       let lastSeq = 0n
 

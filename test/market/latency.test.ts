@@ -1,5 +1,7 @@
 import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
 import fc from "fast-check"
+import { Latency } from "../../src/market/Latency.ts"
 import {
   BUCKET_COUNT,
   defaultLatencyConfig,
@@ -13,6 +15,7 @@ import {
   quantile,
   record
 } from "../../src/market/LatencyStats.ts"
+import { providerNumber } from "../../src/market/ProviderNumbers.ts"
 
 const HALF_LIFE = defaultLatencyConfig.halfLifeMs
 
@@ -197,5 +200,39 @@ describe("LatencyStats", () => {
       ),
       { numRuns: 1_000 }
     )
+  })
+})
+
+describe("Latency service", () => {
+  it("finds a provider by its number as by its id (D304)", () => {
+    const lookup = Effect.runSync(
+      Effect.gen(function* () {
+        const latency = yield* Latency
+        for (let i = 0; i < 30; i++) {
+          yield* latency.observe("lat-fast", "chat-small", 150)
+          yield* latency.observe("lat-slow", "chat-small", 3_000)
+          yield* latency.observe("lat-slow", "chat-large", 900)
+        }
+        return yield* latency.lookup
+      }).pipe(Effect.provide(Latency.layer))
+    )
+    const fast = providerNumber("lat-fast")
+    const slow = providerNumber("lat-slow")
+    assert.notStrictEqual(fast, slow)
+    for (const [id, number, classId] of [
+      ["lat-fast", fast, "chat-small"],
+      ["lat-slow", slow, "chat-small"],
+      ["lat-slow", slow, "chat-large"],
+      ["lat-fast", fast, "chat-large"]
+    ] as const) {
+      const byId = lookup(id, classId)
+      const byNumber = lookup(id, classId, number)
+      assert.strictEqual(byNumber.quantile(0.9), byId.quantile(0.9))
+      assert.strictEqual(byNumber.maturity, byId.maturity)
+    }
+    assert.isBelow(lookup("lat-fast", "chat-small", fast).quantile(0.9), 200)
+    assert.isAbove(lookup("lat-slow", "chat-small", slow).quantile(0.9), 2_500)
+    assert.strictEqual(lookup("lat-fast", "chat-large", fast).maturity, "cold")
+    assert.strictEqual(lookup("lat-never-seen", "chat-small").quantile(0.9), defaultLatencyConfig.priorMs)
   })
 })
