@@ -24,14 +24,33 @@ export interface Activity {
   readonly started: number
 }
 
-/** Whether to collect now: quiet since the last look, and grown enough since the last collection. */
-export const shouldCollect = (activity: Activity, heapUsed: number, afterLastCollection: number) =>
-  activity.inFlight === 0 && activity.started === 0 && heapUsed - afterLastCollection >= GROWTH
+/**
+ * Whether to collect now: quiet since the last look, and grown enough since the last collection or the
+ * last collection freed enough that another may free more.
+ */
+export const shouldCollect = (
+  activity: Activity,
+  heapUsed: number,
+  afterLastCollection: number,
+  lastFreed = 0
+) =>
+  activity.inFlight === 0 &&
+  activity.started === 0 &&
+  (heapUsed - afterLastCollection >= GROWTH || lastFreed >= GROWTH)
 
-const exposedGc = (): (() => void) | undefined => {
-  const gc = (globalThis as { gc?: unknown }).gc
-  return typeof gc === "function" ? (gc as () => void) : undefined
+interface GcOptions {
+  readonly type: "major"
+  readonly execution: "sync"
+  readonly flavor: "last-resort"
 }
+
+const exposedGc = (): ((options: GcOptions) => void) | undefined => {
+  const gc = (globalThis as { gc?: unknown }).gc
+  return typeof gc === "function" ? (gc as (options: GcOptions) => void) : undefined
+}
+
+/** V8's compacting full collection: live objects moved together, emptied pages released. */
+const COMPACTING: GcOptions = { type: "major", execution: "sync", flavor: "last-resort" }
 
 export const IdleCollection = {
   layer: Layer.effectDiscard(
@@ -54,13 +73,15 @@ export const IdleCollection = {
         () => Effect.sync(() => diagnostics.unsubscribe("http.server.request.start", onStart))
       )
       let afterLast = v8.getHeapStatistics().used_heap_size
+      let lastFreed = 0
       yield* Effect.sync(() => {
         const activity = { inFlight, started }
         started = 0
         const used = v8.getHeapStatistics().used_heap_size
-        if (shouldCollect(activity, used, afterLast)) {
-          gc()
+        if (shouldCollect(activity, used, afterLast, lastFreed)) {
+          gc(COMPACTING)
           afterLast = v8.getHeapStatistics().used_heap_size
+          lastFreed = used - afterLast
         } else if (used < afterLast) {
           afterLast = used
         }
