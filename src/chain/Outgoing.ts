@@ -1,4 +1,4 @@
-import { Effect } from "effect"
+import { Clock, Effect } from "effect"
 import {
   type Address,
   BaseError,
@@ -72,6 +72,30 @@ export interface OutgoingTransactions {
 /** Gas estimates move with state between estimate and inclusion; a quarter more costs nothing unused. */
 const GAS_MARGIN_PERCENT = 125n
 
+/**
+ * How long one fee estimate serves every plan of the chain (docs/decisions.md D330). The signed ceiling is twice
+ * the estimate, so an estimate this old is still far inside it; a node that refuses a transaction as underpriced
+ * empties the cache, and the next plan asks again.
+ */
+export const FEE_ESTIMATE_TTL_MS = 1_500
+
+export interface OutgoingOptions {
+  /** Overrides `FEE_ESTIMATE_TTL_MS` (tests; 0 asks the node for every plan). */
+  readonly feeTtlMs?: number
+}
+
+interface FeeEstimate {
+  readonly maxFeePerGas: bigint
+  readonly maxPriorityFeePerGas: bigint
+}
+
+/** A node's refusal that says the fees were too low: the cached estimate is no longer to be trusted. */
+const isUnderpricedError = (error: unknown) =>
+  error instanceof BaseError &&
+  /underpriced|fee too low|max fee per gas less than|fee cap less than|feecap/i.test(
+    `${error.shortMessage} ${error.details ?? ""}`
+  )
+
 const isKnownError = (error: unknown) =>
   error instanceof BaseError &&
   /already known|already imported|known transaction|already exists/i.test(
@@ -91,9 +115,26 @@ const isNotFound = (error: unknown) =>
 export const makeOutgoing = (
   client: PublicClient<HttpTransport, ViemChain>,
   chainId: number,
-  accounts: ReadonlyArray<LocalAccount>
+  accounts: ReadonlyArray<LocalAccount>,
+  options: OutgoingOptions = {}
 ): OutgoingTransactions => {
   const accountOf = (address: Address) => accounts.find((account) => isAddressEqual(account.address, address))
+  const feeTtlMs = options.feeTtlMs ?? FEE_ESTIMATE_TTL_MS
+
+  // The chain's last fee estimate and when it was asked for (Clock time); undefined: ask the node.
+  let cachedFees: { readonly at: number; readonly fees: FeeEstimate } | undefined
+  const freshFees = Effect.tryPromise({
+    try: () => client.estimateFeesPerGas({ type: "eip1559" }),
+    catch: fromViemError("Outgoing.plan")
+  })
+  const feeEstimate = Effect.gen(function* () {
+    const asked = yield* Clock.currentTimeMillis
+    const cached = cachedFees
+    if (cached !== undefined && asked - cached.at < feeTtlMs && asked >= cached.at) return cached.fees
+    const fees = yield* freshFees
+    cachedFees = { at: asked, fees }
+    return fees
+  })
 
   const plan = (call: OutgoingCall) =>
     Effect.gen(function* () {
@@ -103,10 +144,7 @@ export const makeOutgoing = (
             try: () => client.estimateGas({ account: call.from, to: call.to, data: call.data }),
             catch: fromViemError("Outgoing.plan")
           }),
-          Effect.tryPromise({
-            try: () => client.estimateFeesPerGas({ type: "eip1559" }),
-            catch: fromViemError("Outgoing.plan")
-          })
+          feeEstimate
         ],
         { concurrency: 2 }
       )
@@ -150,13 +188,14 @@ export const makeOutgoing = (
       catch: (error) => error
     }).pipe(
       Effect.as<BroadcastResult>("accepted"),
-      Effect.catch((error) =>
-        isKnownError(error)
-          ? Effect.succeed<BroadcastResult>("accepted")
-          : isNonceUsedError(error)
-            ? Effect.succeed<BroadcastResult>("nonceUsed")
-            : Effect.fail(fromViemError("Outgoing.broadcast")(error))
-      )
+      Effect.catch((error) => {
+        if (isKnownError(error)) return Effect.succeed<BroadcastResult>("accepted")
+        if (isNonceUsedError(error)) return Effect.succeed<BroadcastResult>("nonceUsed")
+        // Refused for its fees: the recorded bytes stay as they are (rebroadcast, never replaced), but the
+        // next plan asks the node for a fresh estimate.
+        if (isUnderpricedError(error)) cachedFees = undefined
+        return Effect.fail(fromViemError("Outgoing.broadcast")(error))
+      })
     )
 
   const state = (hash: Hash) =>
