@@ -5,9 +5,10 @@
  * the fleet's, with measured latencies recorded through the router's own `Latency` service, so the
  * auction reads a real latency lookup. Each profile (`auto`, `best`, `cheapest`, `fastest`) and a
  * latency SLO request are timed; the same-run baseline is the least any auction does: computing every
- * quote's worst case and sorting the book by it. The book is in quote id order, as `QuoteBook.live` hands
- * it (D282); one line times the same auction over the book in arrival order (the auction then sorts its
- * exclusions). Prints CPU and wall time per auction; asserts nothing.
+ * quote's worst case and sorting the book by it. The book is in quote id order with each quote's provider
+ * number, as `QuoteBook.live` hands it (D282, D304); one line times the same auction over the book in
+ * arrival order (the auction then sorts its exclusions). Prints CPU and wall time per auction; asserts
+ * nothing.
  */
 import { Effect, Schema } from "effect"
 import { worstCase } from "../src/domain/Billing.ts"
