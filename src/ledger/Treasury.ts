@@ -4,6 +4,7 @@ import { SqlClient } from "effect/sql"
 import { type Address, getAddress, type Hash, type Hex } from "viem"
 import { repeatInBackground } from "../Background.ts"
 import {
+  type BroadcastResult,
   Chain,
   ChainError,
   type OutgoingCall,
@@ -125,6 +126,9 @@ const Recorded = Schema.Struct({
 type Recorded = typeof Recorded.Type
 const decodeRecorded = Schema.decodeUnknownEffect(Schema.Array(Recorded))
 
+/** How long one answer of the node's mined count backs the kept nonce of a sender (D331). */
+export const NONCE_TRUST_MS = 30_000
+
 const COLUMNS =
   "id::text AS id, purpose, sender, nonce::text AS nonce, tx_hash, raw_tx, to_address, call_data, status, block_number::text AS block_number"
 
@@ -221,6 +225,13 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
       // Senders whose row a committed transaction of this process wrote or found: rows are never deleted,
       // so their insert is not sent again (one statement fewer in every send's transaction).
       const knownSenders = new Set<string>()
+      // When this process last asked the node for a sender's mined count (Clock ms), per sender. Within
+      // `NONCE_TRUST_MS` of that ask and with no doubt since, the kept `next_nonce` is authoritative: every
+      // nonce of the sender is handed out under its row lock, and the ask put the kept one at or above the
+      // chain's count. A nonce found taken (a broadcast refused `nonceUsed`, a record voided) drops the
+      // sender from here, so the next send asks the node again (docs/decisions.md D331).
+      const nonceAskedAt = new Map<string, number>()
+      const distrustNonce = (sender: string) => Effect.sync(() => nonceAskedAt.delete(sender.toLowerCase()))
       const signAndRecord = (
         purpose: string,
         kind: string,
@@ -238,9 +249,12 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
               SELECT next_nonce::text AS next_nonce FROM treasury_senders WHERE address = ${sender} FOR UPDATE`
               // Another instance may have recorded this purpose while we waited for the lock.
               const raced = yield* liveFor(purpose)
-              if (raced !== undefined) return raced
-              const mined = yield* chain.outgoing.minedNonce(call.from)
-              const nonce = Math.max(Number(lock?.next_nonce ?? 0), mined)
+              if (raced !== undefined) return { row: raced, askedAt: undefined }
+              const kept = Number(lock?.next_nonce ?? 0)
+              const now = yield* Clock.currentTimeMillis
+              const askedAt = nonceAskedAt.get(sender)
+              const trusted = askedAt !== undefined && now >= askedAt && now - askedAt < NONCE_TRUST_MS
+              const nonce = trusted ? kept : Math.max(kept, yield* chain.outgoing.minedNonce(call.from))
               const signed = yield* chain.outgoing.sign(call, plan, nonce)
               const [row] = yield* sql`
               INSERT INTO outgoing_transactions (purpose, kind, sender, nonce, tx_hash, raw_tx, to_address, call_data, status)
@@ -249,10 +263,18 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
               RETURNING ${sql.literal(COLUMNS)}`.pipe(Effect.flatMap(decodeRecorded), Effect.orDie)
               yield* sql`UPDATE treasury_senders SET next_nonce = ${nonce + 1}, updated_at = now()
                        WHERE address = ${sender}`
-              return row!
+              return { row: row!, askedAt: trusted ? undefined : now }
             })
           )
-          .pipe(Effect.tap(() => Effect.sync(() => knownSenders.add(call.from.toLowerCase()))))
+          .pipe(
+            // After commit only: a rolled-back transaction may leave the kept nonce below what the node said.
+            Effect.map((recorded) => {
+              const sender = call.from.toLowerCase()
+              knownSenders.add(sender)
+              if (recorded.askedAt !== undefined) nonceAskedAt.set(sender, recorded.askedAt)
+              return recorded.row
+            })
+          )
 
       const noteBroadcast = (record: Recorded, error: string | undefined) =>
         (error === undefined
@@ -267,20 +289,24 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
        * Offers the recorded bytes to the node. A refusal or an unreachable node is noted, not raised: the
        * transaction is recorded, and `confirm` and the recovery loop offer it again.
        */
-      const broadcast = (record: Recorded) =>
+      const broadcast = (record: Recorded): Effect.Effect<BroadcastResult | "failed"> =>
         chain.outgoing.broadcast(record.raw_tx as Hex).pipe(
-          Effect.flatMap((result) =>
-            // A used nonce may be this very transaction, mined: resolving the record tells which.
-            result === "accepted" ? noteBroadcast(record, undefined) : Effect.void
+          Effect.tap((result) =>
+            // A used nonce may be this very transaction, mined: resolving the record tells which. Either
+            // way the sender's kept nonce is in doubt until the node is asked again.
+            result === "accepted" ? noteBroadcast(record, undefined) : distrustNonce(record.sender)
           ),
           Effect.catchTag("ChainError", (e) =>
-            Effect.andThen(
-              noteBroadcast(record, e.message),
-              Effect.logWarning("transaction recorded but not broadcast; it will be offered again", {
-                purpose: record.purpose,
-                tx_hash: record.tx_hash,
-                error: e.message
-              })
+            Effect.as(
+              Effect.andThen(
+                noteBroadcast(record, e.message),
+                Effect.logWarning("transaction recorded but not broadcast; it will be offered again", {
+                  purpose: record.purpose,
+                  tx_hash: record.tx_hash,
+                  error: e.message
+                })
+              ),
+              "failed" as const
             )
           )
         )
@@ -292,6 +318,7 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
                 updated_at = now()
             WHERE id = ${record.id} AND status IN ('signed', 'broadcast')`.pipe(
           Effect.orDie,
+          Effect.andThen(outcome.status === "replaced" ? distrustNonce(record.sender) : Effect.void),
           Effect.tap(() =>
             outcome.status === "success"
               ? Effect.void
@@ -366,6 +393,17 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
           for (const earlier of below) yield* resolve(earlier)
         })
 
+      /**
+       * Whether a just-recorded transaction the node refused `nonceUsed` is void: the careful look of
+       * `resolve` (mined count past its nonce, and its hash still not mined). Any doubt (pending, mined, the
+       * node unreachable) answers false and the record stays for `confirm` and recovery.
+       */
+      const voidedNow = (record: Recorded) =>
+        resolve(record).pipe(
+          Effect.map((resolution) => resolution.status === "replaced"),
+          Effect.orElseSucceed(() => false)
+        )
+
       const send = (transfer: OutgoingTransfer) =>
         Effect.gen(function* () {
           const purpose = purposeOf(transfer)
@@ -379,11 +417,17 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
           }
           // Estimated before the lock is taken: a call that would revert is refused with nothing signed.
           const plan = yield* chain.outgoing.plan(call)
-          const record = yield* signAndRecord(purpose, transfer._tag, call, plan).pipe(
-            Effect.catchTag("SqlError", (e) => Effect.die(e))
+          const recordNew = signAndRecord(purpose, transfer._tag, call, plan).pipe(
+            Effect.catchTag("SqlError", (e) => Effect.die(e)),
+            Effect.tap((record) => requireSameCall(record, call))
           )
-          yield* requireSameCall(record, call)
-          yield* broadcast(record)
+          let record = yield* recordNew
+          if ((yield* broadcast(record)) === "nonceUsed" && (yield* voidedNow(record))) {
+            // Its nonce was taken by a transaction not ours (D331): the record is void and can never be
+            // mined, so the purpose is signed once more, with a nonce the node has just been asked for.
+            record = yield* recordNew
+            yield* broadcast(record)
+          }
           yield* Effect.annotateCurrentSpan({ tx_hash: record.tx_hash, nonce: record.nonce })
           return record.tx_hash as Hash
         }).pipe(Effect.withSpan("Treasury.send", { attributes: attributes(transfer) }))

@@ -431,6 +431,72 @@ describe("Treasury: every transfer exactly once, on a real chain and database", 
     )
 
     it.effect(
+      "the kept nonce is trusted after one ask of the node; a nonce taken outside is found at broadcast and the purpose still lands once (D331)",
+      () =>
+        Effect.gen(function* () {
+          const chain = yield* Chain
+          yield* fundTreasury(1_000_000n)
+          let asked = 0
+          const treasury = yield* treasuryWith((chain) => ({
+            minedNonce: (address) =>
+              Effect.andThen(
+                Effect.sync(() => asked++),
+                chain.outgoing.minedNonce(address)
+              )
+          }))
+          for (const amount of [11n, 12n, 13n]) {
+            const hash = yield* treasury.send(withdrawal(freshAddress(), amount))
+            assert.strictEqual((yield* treasury.confirm(hash)).status, "success")
+          }
+          // One ask for three sends: the kept nonce was authoritative after it.
+          assert.strictEqual(asked, 1)
+
+          // Someone else with the key uses the next two nonces: the kept one is now two behind the chain.
+          const taken = (yield* onChain(freshAddress())).nonce
+          const operator = createWalletClient({
+            account: privateKeyToAccount(devKey(1)),
+            chain: chain.publicClient.chain,
+            transport: http(chain.rpcUrl)
+          })
+          for (const nonce of [taken, taken + 1]) {
+            const hash = yield* Effect.promise(() =>
+              operator.sendTransaction({
+                to: chain.token,
+                data: encodeFunctionData({
+                  abi: testUsdcAbi,
+                  functionName: "transfer",
+                  args: [freshAddress(), 1n]
+                }),
+                nonce
+              })
+            )
+            yield* Effect.promise(() => chain.publicClient.waitForTransactionReceipt({ hash }))
+          }
+
+          const to = freshAddress()
+          const transfer = withdrawal(to, 4_321n)
+          const hash = yield* treasury.send(transfer)
+          assert.strictEqual((yield* treasury.confirm(hash)).status, "success")
+          // The stale attempt is void (never mined), the one signed after asking the node again landed.
+          const rows = yield* records(`withdrawal:${transfer.withdrawalId}`)
+          assert.deepStrictEqual(
+            rows.map((r) => [r.status, Number(r.nonce)]),
+            [
+              ["void", taken],
+              ["mined", taken + 2]
+            ]
+          )
+          assert.strictEqual((yield* onChain(to)).balance, 4_321n)
+          assert.lengthOf(yield* transfersTo(to), 1)
+          // Trusted again after that ask: the next send asks nothing.
+          const before = asked
+          const next = yield* treasury.send(withdrawal(freshAddress(), 14n))
+          assert.strictEqual((yield* treasury.confirm(next)).status, "success")
+          assert.strictEqual(asked, before)
+        })
+    )
+
+    it.effect(
       "two router instances on one database send at once: one nonce sequence, one transfer per purpose",
       () =>
         Effect.gen(function* () {
