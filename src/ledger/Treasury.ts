@@ -256,13 +256,16 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
               const trusted = askedAt !== undefined && now >= askedAt && now - askedAt < NONCE_TRUST_MS
               const nonce = trusted ? kept : Math.max(kept, yield* chain.outgoing.minedNonce(call.from))
               const signed = yield* chain.outgoing.sign(call, plan, nonce)
+              // The record and the sender's next nonce in one statement (D332): a data-modifying CTE runs
+              // exactly once whether or not it is read, and fails or commits with the insert.
               const [row] = yield* sql`
+              WITH kept AS (
+                UPDATE treasury_senders SET next_nonce = ${nonce + 1}, updated_at = now() WHERE address = ${sender}
+              )
               INSERT INTO outgoing_transactions (purpose, kind, sender, nonce, tx_hash, raw_tx, to_address, call_data, status)
               VALUES (${purpose}, ${kind}, ${sender}, ${nonce}, ${signed.hash}, ${signed.raw},
                       ${call.to.toLowerCase()}, ${call.data.toLowerCase()}, 'signed')
               RETURNING ${sql.literal(COLUMNS)}`.pipe(Effect.flatMap(decodeRecorded), Effect.orDie)
-              yield* sql`UPDATE treasury_senders SET next_nonce = ${nonce + 1}, updated_at = now()
-                       WHERE address = ${sender}`
               return { row: row!, askedAt: trusted ? undefined : now }
             })
           )

@@ -1,0 +1,80 @@
+import { assert, describe, layer } from "@effect/vitest"
+import { SpanKind } from "@opentelemetry/api"
+import { InMemorySpanExporter, type ReadableSpan, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
+import { ConfigProvider, Effect, Layer } from "effect"
+import type { Address, Hash } from "viem"
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
+import { Chain } from "../../src/chain/Chain.ts"
+import { databaseFromUrl } from "../../src/db/Database.ts"
+import { Treasury } from "../../src/ledger/Treasury.ts"
+import { tracingWith } from "../../src/Telemetry.ts"
+import { freshDatabaseUrl } from "../support/Database.ts"
+import { fundTreasury } from "./support.ts"
+
+/**
+ * Issue 12 (sends): what one outgoing transfer costs the database and the node once its sender is known
+ * (every settlement of an x402 authorization is one). Every statement is a span (effect/sql), counted
+ * over the send's own trace: a regression in statements fails here.
+ */
+const exporter = new InMemorySpanExporter()
+
+const Database = Layer.unwrap(Effect.map(freshDatabaseUrl, databaseFromUrl))
+// An empty provider: RPC_URL is unset whatever the environment says, so the layer starts its own Anvil.
+const EmbeddedChain = Chain.layer.pipe(Layer.provide(ConfigProvider.layer(ConfigProvider.fromEnvRecord({}))))
+
+const isStatement = (span: ReadableSpan) =>
+  span.kind === SpanKind.CLIENT && typeof span.attributes["db.query.text"] === "string"
+
+/** The statements of the trace `root` names, in order. */
+const statementsOf = (root: string) => {
+  const spans = exporter.getFinishedSpans()
+  const top = spans.filter((s) => s.name === root).at(-1)
+  assert.isDefined(top, `spans: ${spans.map((s) => s.name).join(", ")}`)
+  const trace = spans.filter((s) => s.spanContext().traceId === top!.spanContext().traceId)
+  return {
+    statements: trace.filter(isStatement).map((s) => String(s.attributes["db.query.text"])),
+    transactions: trace.filter((s) => s.name === "sql.transaction").length
+  }
+}
+
+const freshAddress = (): Address => privateKeyToAccount(generatePrivateKey()).address
+
+describe("one outgoing transfer's cost (issue 12, sends)", () => {
+  layer(Layer.mergeAll(Database, EmbeddedChain, tracingWith([new SimpleSpanProcessor(exporter)])), {
+    excludeTestServices: true,
+    timeout: 120_000
+  })((it) => {
+    it.effect(
+      "a send of a known sender: five statements, one transaction; the record and the nonce in one",
+      () =>
+        Effect.gen(function* () {
+          yield* fundTreasury(1_000_000n)
+          const treasury = yield* Treasury.make()
+          // The first send writes the sender's row and asks the node for its count.
+          const first = yield* treasury.send({
+            _tag: "Withdrawal",
+            withdrawalId: "cost_0",
+            to: freshAddress(),
+            amount: 1n
+          })
+          yield* treasury.confirm(first as Hash)
+          exporter.reset()
+          const hash = yield* treasury.send({
+            _tag: "Withdrawal",
+            withdrawalId: "cost_1",
+            to: freshAddress(),
+            amount: 2n
+          })
+          const { statements, transactions } = statementsOf("Treasury.send")
+          // Adopt check; the lock, the raced check, the record with the nonce; the broadcast noted.
+          assert.strictEqual(statements.length, 5, statements.join("\n---\n"))
+          assert.strictEqual(transactions, 1)
+          assert.isFalse(
+            statements.some((text) => /^\s*UPDATE\s+treasury_senders/i.test(text)),
+            "the next nonce is written by the record's statement"
+          )
+          assert.strictEqual((yield* treasury.confirm(hash)).status, "success")
+        })
+    )
+  })
+})
