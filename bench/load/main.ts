@@ -13,8 +13,9 @@
  *
  * Knobs: BENCH_SECONDS (per closed-loop phase, default 8), BENCH_ROUNDS (default 2), BENCH_OPEN_SECONDS
  * (default 8), BENCH_RATE (the open loop's requests per second, default 100), BENCH_STREAMS (held-open
- * streams, default 5000), BENCH_TARGETS (comma list of direct,portkey,router; default all), WORKERS (passed to
- * the router unchanged).
+ * streams, default 5000), BENCH_LATE_SECONDS (how much longer than the "5 s after the streams" readings the
+ * last RSS reading waits, default 20), BENCH_TARGETS (comma list of direct,portkey,router; default all),
+ * WORKERS (passed to the router unchanged). BENCH_ROUNDS=0 runs only the memory part.
  */
 import { chmodSync, mkdtempSync, readFileSync, rmSync } from "node:fs"
 import { Agent } from "node:http"
@@ -35,6 +36,7 @@ const SECONDS = Number(process.env.BENCH_SECONDS ?? 8)
 const OPEN_SECONDS = Number(process.env.BENCH_OPEN_SECONDS ?? 8)
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2)
 const STREAMS = Number(process.env.BENCH_STREAMS ?? 5000)
+const LATE_SECONDS = Number(process.env.BENCH_LATE_SECONDS ?? 20)
 const OPEN_RATE = Number(process.env.BENCH_RATE ?? 100)
 const TOKEN = "bench-load-operator"
 const log = (line: string) => process.stderr.write(`[bench:load] ${line}\n`)
@@ -406,9 +408,15 @@ const main = async () => {
       )
       await sleep(3_000)
     }
+    const released = Date.now()
     await sleep(5_000)
     const afterStreams = usage(routerProcess.pid!)
     const afterStreamsHeap = await heapUsed(router)
+    // Later, from /proc only: a request (a /metrics read) would keep the router from going quiet, and its
+    // idle collection (D271, D307) runs only then. Settling thousands of released streams takes seconds.
+    await sleep(LATE_SECONDS * 1000)
+    const lateStreams = usage(routerProcess.pid!)
+    const lateSeconds = Math.round((Date.now() - released) / 1000)
     clearInterval(refresher)
 
     // Print
@@ -501,6 +509,7 @@ const main = async () => {
             `  per held-open stream          ${name.padEnd(8)} ${fmt(s.perStreamKb, 1)} KB RSS, ${fmt(s.heapPerStreamKb, 1)} KB heap at ${s.held} streams (${s.failures} failed)`
         ),
         `  5 s after the streams         router ${fmt(afterStreams.rss.node / MB, 0)} MB RSS (${fmt((afterStreams.rss.node - idle.rss.node) / MB, 0)} MB over idle), ${fmt(afterStreamsHeap / MB, 0)} MB heap (${fmt((afterStreamsHeap - idleHeap) / MB, 0)} MB over idle)`,
+        `  ${`${lateSeconds} s after the streams`.padEnd(29)} router ${fmt(lateStreams.rss.node / MB, 0)} MB RSS (${fmt((lateStreams.rss.node - idle.rss.node) / MB, 0)} MB over idle; read from /proc only)`,
         `  router's Postgres RSS         ${fmt(afterStreams.rss.postgres / MB, 0)} MB (all its processes, shared pages counted in each)`,
         ""
       ].join("\n")
