@@ -1,7 +1,6 @@
 import { Context, Effect, Layer, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import type { Hex } from "viem"
-import { creditLandedDeposit } from "./Wallets.ts"
 
 /** A captured x402 authorization claimed for submission. */
 export const ClaimedAuthorization = Schema.Struct({
@@ -74,23 +73,38 @@ export class Authorizations extends Context.Service<
           Effect.orDie
         )
 
+      /**
+       * The landing in one statement (D333): the authorization (only while this claim holds it, `submitted`),
+       * its ledger row, and the deposit it funds when it funds one (credited exactly once, never without
+       * its transfer: the deposit's CTEs run only when the landing's update matched). Data-modifying CTEs
+       * run exactly once and commit or fail together; it was a transaction of three statements.
+       */
       const recordLanded = (row: ClaimedAuthorization, hash: Hex) =>
-        sql
-          .withTransaction(
-            Effect.gen(function* () {
-              const rows = yield* sql`
-                UPDATE x402_authorizations SET status = 'landed', tx_hash = ${hash}, signature = NULL, updated_at = now()
-                WHERE payer = ${row.payer} AND nonce = ${row.nonce} AND status = 'submitted'
-                RETURNING nonce
-              `
-              if (rows.length === 0) return false
-              yield* sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
-                         VALUES (${row.request_id}, 'treasury', 'settled', ${row.value}, ${hash})`
-              yield* creditLandedDeposit(sql, row.request_id, hash)
-              return true
-            })
+        sql<{ landed: number }>`
+          WITH landed AS (
+            UPDATE x402_authorizations SET status = 'landed', tx_hash = ${hash}, signature = NULL, updated_at = now()
+            WHERE payer = ${row.payer} AND nonce = ${row.nonce} AND status = 'submitted'
+            RETURNING nonce
+          ), credited AS (
+            UPDATE deposits SET status = 'credited', credited_at = now()
+            WHERE request_id = ${row.request_id} AND status = 'pending' AND EXISTS (SELECT 1 FROM landed)
+            RETURNING deposit_id, wallet, amount
+          ), balance AS (
+            INSERT INTO wallet_balances (wallet, available) SELECT wallet, amount FROM credited
+            ON CONFLICT (wallet) DO UPDATE
+            SET available = wallet_balances.available + EXCLUDED.available, updated_at = now()
+          ), entries AS (
+            -- One insert, the settlement's row first: the order of separate CTEs' writes is not defined.
+            INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
+            SELECT ${row.request_id}, 'treasury', 'settled', ${row.value}, ${hash} FROM landed
+            UNION ALL
+            SELECT ${row.request_id}, wallet, 'deposit_credited', amount, ${hash} FROM credited
           )
-          .pipe(Effect.orDie)
+          SELECT count(*)::int AS landed FROM landed
+        `.pipe(
+          Effect.map(([counted]) => (counted?.landed ?? 0) > 0),
+          Effect.orDie
+        )
 
       // One transaction: once the authorization reads `failed`, the session it funded is already dead
       // (no reader sees a failed funding beside a session still taking turns).

@@ -46,25 +46,6 @@ const decodeClaimed = Schema.decodeUnknownEffect(Schema.Array(ClaimedWithdrawal)
 const backoffSeconds = (attempts: number) => Math.min(60, 2 ** Math.min(6, attempts))
 
 /**
- * Credits the deposit an x402 authorization funds, when that authorization lands: one statement run
- * inside the transaction that marks it `landed`, so a deposit is credited exactly once and never
- * without its transfer. A no-op for every other authorization.
- */
-export const creditLandedDeposit = (sql: SqlClient.SqlClient, requestId: string, txHash: string) => sql`
-  WITH credited AS (
-    UPDATE deposits SET status = 'credited', credited_at = now()
-    WHERE request_id = ${requestId} AND status = 'pending'
-    RETURNING deposit_id, wallet, amount
-  ), balance AS (
-    INSERT INTO wallet_balances (wallet, available) SELECT wallet, amount FROM credited
-    ON CONFLICT (wallet) DO UPDATE
-    SET available = wallet_balances.available + EXCLUDED.available, updated_at = now()
-  )
-  INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
-  SELECT ${requestId}, wallet, 'deposit_credited', amount, ${txHash} FROM credited
-`
-
-/**
  * The prepaid-credit book: balances, deposits (pending until their authorization lands) and
  * withdrawals (debited at once, paid out on chain, credited back when they cannot be paid). Each
  * change is one statement or one transaction with its ledger rows.

@@ -57,6 +57,29 @@ describe("settlement", () => {
           const settled = yield* sql<{ n: number }>`
           SELECT count(*)::int AS n FROM ledger_entries WHERE request_id = 'req_lost_wait' AND kind = 'settled'`
           assert.strictEqual(settled[0]!.n, 1)
+          // A late second landing (a claim that no longer holds the row) writes nothing: the landing is one
+          // statement whose ledger row exists only when the authorization's own update matched (D333).
+          const authorizations = yield* Authorizations
+          const again = yield* authorizations.recordLanded(
+            {
+              payer,
+              nonce: authorization.nonce,
+              request_id: "req_lost_wait",
+              value: "20000",
+              valid_after: "0",
+              valid_before: authorization.validBefore.toString(),
+              signature,
+              tx_hash: hash,
+              attempts: 1,
+              scheme: "exact",
+              ceiling: null
+            },
+            hash
+          )
+          assert.isFalse(again)
+          const still = yield* sql<{ n: number }>`
+          SELECT count(*)::int AS n FROM ledger_entries WHERE request_id = 'req_lost_wait' AND kind = 'settled'`
+          assert.strictEqual(still[0]!.n, 1)
         })
     )
   })
