@@ -45,7 +45,7 @@ describe("one outgoing transfer's cost (issue 12, sends)", () => {
     timeout: 120_000
   })((it) => {
     it.effect(
-      "a send of a known sender: five statements, one transaction; the record and the nonce in one",
+      "a send of a known sender: five statements, one transaction, and two RPCs besides the cached fee estimate",
       () =>
         Effect.gen(function* () {
           yield* fundTreasury(1_000_000n)
@@ -59,12 +59,27 @@ describe("one outgoing transfer's cost (issue 12, sends)", () => {
           })
           yield* treasury.confirm(first as Hash)
           exporter.reset()
-          const hash = yield* treasury.send({
-            _tag: "Withdrawal",
-            withdrawalId: "cost_1",
-            to: freshAddress(),
-            amount: 2n
-          })
+          // Every JSON-RPC call the treasury's client makes from here on, read from the bodies it POSTs.
+          const realFetch = globalThis.fetch
+          const methods: Array<string> = []
+          globalThis.fetch = (input, init) => {
+            if (typeof init?.body === "string") {
+              const body = JSON.parse(init.body) as { method: string } | Array<{ method: string }>
+              for (const call of Array.isArray(body) ? body : [body]) methods.push(call.method)
+            }
+            return realFetch(input, init)
+          }
+          const hash = yield* treasury
+            .send({ _tag: "Withdrawal", withdrawalId: "cost_1", to: freshAddress(), amount: 2n })
+            .pipe(Effect.ensuring(Effect.sync(() => (globalThis.fetch = realFetch))))
+          // The gas estimate and the broadcast: no ask for the nonce (D331); the fee estimate is asked at
+          // most once per 1.5 s (D330, counted exactly in test/chain/outgoingFees.test.ts), so it may show here.
+          const fees = new Set(["eth_getBlockByNumber", "eth_maxPriorityFeePerGas"])
+          assert.deepStrictEqual(
+            methods.filter((m) => !fees.has(m)),
+            ["eth_estimateGas", "eth_sendRawTransaction"],
+            methods.join(", ")
+          )
           const { statements, transactions } = statementsOf("Treasury.send")
           // Adopt check; the lock, the raced check, the record with the nonce; the broadcast noted.
           assert.strictEqual(statements.length, 5, statements.join("\n---\n"))
