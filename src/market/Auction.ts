@@ -42,7 +42,6 @@ export type {
   ScoringTokens,
   SessionLock
 } from "./AuctionRecords.ts"
-export { latencyPenalty, multiplierBps, qualityPenalty, SCORING_LATENCY_QUANTILE } from "./Award.ts"
 export {
   assertScoringTokens,
   clearingPrice,
@@ -60,6 +59,7 @@ export {
   ROUTING_PROFILES,
   type RoutingProfile
 } from "./Route.ts"
+export { latencyPenalty, multiplierBps, qualityPenalty, SCORING_LATENCY_QUANTILE } from "./Scoring.ts"
 export type { RivalCounterfactual }
 
 /** Per input quote: 0 out of scope, COMPETING, or why it does not compete (its index in REASONS, plus 2). */

@@ -10,15 +10,15 @@
  */
 import type { SignedQuote } from "../domain/Quote.ts"
 import type { LiveQuote, RankedBid, ScoreBreakdown } from "./AuctionRecords.ts"
+import type { LatencyEstimate, Maturity } from "./LatencyStats.ts"
+import type { ProfileWeights } from "./Route.ts"
 import {
   type ClassTerms,
   compareStrings,
   latencyPenalty,
   multiplierBps,
   SCORING_LATENCY_QUANTILE
-} from "./Award.ts"
-import type { LatencyEstimate, Maturity } from "./LatencyStats.ts"
-import type { ProfileWeights } from "./Route.ts"
+} from "./Scoring.ts"
 
 const MATURITIES: ReadonlyArray<Maturity> = ["cold", "warming", "mature"]
 const maturityCode = (maturity: Maturity): number =>

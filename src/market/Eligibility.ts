@@ -16,8 +16,8 @@ import type {
   ScoringTokens,
   SessionLock
 } from "./AuctionRecords.ts"
-import { type ClassTerms, compareStrings, qualityPenalty } from "./Award.ts"
 import { type Catalog, type ModelClass, missingCapabilities } from "./Catalog.ts"
+import { type ClassTerms, compareStrings, qualityPenalty } from "./Scoring.ts"
 import { qualityShift } from "./TaskFit.ts"
 
 export const reserveCostOf = (modelClass: ModelClass, tokens: ScoringTokens): number | null =>
