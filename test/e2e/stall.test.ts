@@ -41,6 +41,9 @@ const stallableRouter = Layer.unwrap(
     const viaProxy = new URL(db.url)
     viaProxy.hostname = "127.0.0.1"
     viaProxy.port = String(proxy.port)
+    // The embedded server's URL names its Unix-domain socket folder (`host`, D310), which clients take
+    // over the URL's host: through the proxy it must be TCP.
+    viaProxy.searchParams.delete("host")
     const config = RouterConfig.layerTest({ port: 0 })
     const infrastructure = Layer.mergeAll(databaseFromUrl(viaProxy.toString()), Chain.layer).pipe(
       Layer.provideMerge(config),
