@@ -59,9 +59,9 @@ describe("the live market page in headless Chromium", () => {
                 page.waitForSelector(`#tape tr[data-request-id="${paid.requestId}"]`, { timeout: 30_000 })
               )
               yield* Effect.promise(() =>
-                page.waitForFunction(
-                  `Number(document.querySelector('section[data-class="chat-small"]')?.getAttribute("data-candle-count")) >= 1`,
-                  undefined,
+                // A selector, not a predicate: the page's CSP refuses the eval Playwright polls a string with.
+                page.waitForSelector(
+                  'section[data-class="chat-small"][data-candle-count]:not([data-candle-count="0"]):not([data-candle-count=""])',
                   { timeout: 30_000 }
                 )
               )
