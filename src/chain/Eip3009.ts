@@ -117,13 +117,14 @@ const separators = new Map<string, Hex>()
  * a nonce not 32 bytes) go to viem itself, so the answer, or the error, is always viem's.
  */
 export const transferAuthorizationDigest = (from: Address, params: TransferAuthorizationParams): Hex => {
-  const uints = [params.value, params.validAfter, params.validBefore, BigInt(params.chainId)]
+  const uints = [params.value, params.validAfter, params.validBefore]
   const canonical =
     isAddress(from) &&
     isAddress(params.to) &&
     isAddress(params.token) &&
     BYTES32.test(params.nonce) &&
     Number.isSafeInteger(params.chainId) &&
+    params.chainId >= 0 &&
     uints.every((n) => typeof n === "bigint" && n >= 0n && n < UINT256_LIMIT) &&
     typeof params.domain.name === "string" &&
     typeof params.domain.version === "string"

@@ -33,6 +33,10 @@ export interface CaptureRecord {
 
 const X402Source: PaymentSource = { _tag: "X402" }
 
+/** Whether settling a request paid this way may queue a credit capture for the fold (D315). */
+export const queuesCredit = (source: PaymentSource | undefined): boolean =>
+  source?._tag === "Credit" || (source?._tag === "SessionOpening" && source.funding._tag === "Credit")
+
 /** One more write of the settling statement: its CTE's name (another write may wait for it) and text. */
 type Effect_ = readonly [name: string, statement: Statement.Fragment]
 

@@ -1,9 +1,16 @@
-import { Config, Effect } from "effect"
+import { Clock, Config, Effect } from "effect"
 import type { SqlClient } from "effect/sql"
 import { repeatInBackground } from "../Background.ts"
 
 /** How often captured credit requests are folded into their key's and owner's rows (a test lengthens it). */
 const foldEveryMs = Config.Int("CREDIT_FOLD_EVERY_MS").pipe(Config.withDefault(50))
+/**
+ * With nothing captured here since, a pass runs only this often: what another instance left (one that
+ * died before folding) is folded within it. An idle router no longer sends a fold statement every 50 ms.
+ */
+const SWEEP_EVERY_MS = 2_000
+/** Passes owed after a credit capture here: a fold that found the lock taken is tried again, twice. */
+const PASSES_AFTER_CAPTURE = 3
 /** At most this many captures a statement; a pass runs statements until the queue is empty. */
 const FOLD_BATCH = 5000
 /** The advisory lock one fold at a time holds (any instance): two folds never wait on each other's rows. */
@@ -44,12 +51,18 @@ export const makeCreditFold = (sql: SqlClient.SqlClient) => {
         FROM (SELECT key_id, sum(authorized) AS authorized, sum(charged) AS charged FROM taken GROUP BY key_id) t
         WHERE k.key_id = t.key_id
         RETURNING k.key_id
+      ), balances_locked AS (
+        -- The owners' rows locked in wallet order, as the refunds pass credits them (\`Refunds.ts\`): two
+        -- writers of several balance rows never take two of them in opposite orders.
+        SELECT count(*) FROM (
+          SELECT 1 FROM wallet_balances WHERE wallet IN (SELECT wallet FROM taken) ORDER BY wallet FOR UPDATE
+        ) l
       ), balances AS (
         UPDATE wallet_balances b
         SET reserved = b.reserved - t.authorized, available = b.available + t.authorized - t.charged,
             updated_at = now()
         FROM (SELECT wallet, sum(authorized) AS authorized, sum(charged) AS charged FROM taken GROUP BY wallet) t
-        WHERE b.wallet = t.wallet AND (SELECT count(*) FROM keys) >= 0
+        WHERE b.wallet = t.wallet AND (SELECT count(*) FROM keys) >= 0 AND (SELECT * FROM balances_locked) >= 0
       )
       SELECT count(*)::int AS folded FROM taken
     `.pipe(
@@ -72,13 +85,30 @@ export const makeCreditFold = (sql: SqlClient.SqlClient) => {
       }
     })
 
+  // The background pass folds while this instance has captured (`queued`), else once per sweep interval.
+  let passesOwed = 1
+  let lastPassAt = Number.NEGATIVE_INFINITY
+  const pass = Effect.flatMap(Clock.currentTimeMillis, (now) => {
+    if (passesOwed === 0 && now - lastPassAt < SWEEP_EVERY_MS) return Effect.succeed(0)
+    passesOwed = Math.max(0, passesOwed - 1)
+    lastPassAt = now
+    return foldAll(false)
+  })
+
   return {
+    /** A credit capture or release was queued here: the next passes fold it (no statement of its own). */
+    queued: () => {
+      passesOwed = PASSES_AFTER_CAPTURE
+    },
     /** Everything captured before the call is folded when it returns (waits for a fold under way). */
     foldNow: foldAll(true).pipe(Effect.orDie, Effect.withSpan("Ledger.foldCredit")),
-    /** The background pass (at once, then every 50 ms) and a last one when the layer closes (shutdown). */
+    /**
+     * The background pass (at once, then every 50 ms while this instance captures, every 2 s when it does
+     * not) and a last one when the layer closes (shutdown).
+     */
     start: Effect.gen(function* () {
       const every = yield* foldEveryMs
-      yield* repeatInBackground(foldAll(false), {
+      yield* repeatInBackground(pass, {
         every: `${every} millis`,
         failure: "folding credit captures failed"
       })

@@ -4,7 +4,7 @@ import type { Hex } from "viem"
 import { Chain } from "../chain/Chain.ts"
 import type { ServiceUnavailable } from "../domain/Errors.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
-import { type CaptureRecord, makeCapture } from "./Capture.ts"
+import { type CaptureRecord, makeCapture, queuesCredit } from "./Capture.ts"
 import { makeCreditFold } from "./CreditFold.ts"
 import { MeterRecord, makeMeterStore } from "./Metered.ts"
 import { makeReceiptStore } from "./ReceiptStore.ts"
@@ -140,8 +140,21 @@ export class Ledger extends Context.Service<
       const chain = yield* Chain
       const receipts = yield* makeReceiptStore(sql, chain)
       const reservations = makeReservations(sql)
-      const { capture, release } = makeCapture(sql, receipts)
       const fold = makeCreditFold(sql)
+      const settled = makeCapture(sql, receipts)
+      /** A settlement that queued a credit capture for the fold (D315) wakes the fold's passes. */
+      const waking =
+        (settle: (record: CaptureRecord) => Effect.Effect<void>) =>
+        (record: CaptureRecord): Effect.Effect<void> =>
+          settle(record).pipe(
+            Effect.tap(
+              Effect.sync(() => {
+                if (queuesCredit(record.source)) fold.queued()
+              })
+            )
+          )
+      const capture = waking(settled.capture)
+      const release = waking(settled.release)
       yield* fold.start
 
       /** What settling an open reservation from its durable record reads. */

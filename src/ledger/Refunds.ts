@@ -148,7 +148,7 @@ export const makeRefunds = (options: {
             SELECT r.payer, sum(r.amount)::text AS total, array_agg(r.request_id ORDER BY r.request_id) AS request_ids
             FROM refunds r JOIN x402_authorizations a ON a.request_id = r.request_id
             WHERE r.status = 'due' AND r.epoch_id < ${epoch} AND a.status = 'landed'
-            GROUP BY r.payer
+            GROUP BY r.payer ORDER BY r.payer
           `.pipe(Effect.flatMap(decodeGroups))
             // A payer whose batch failed waits out its backoff before its refunds are claimed again.
             const ready = due.filter(

@@ -254,8 +254,9 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
         SELECT request_id, payer, 'credit_reserved', ${record.authorized} FROM request
       ), lease AS (${leaseOnceWritten(record.lease, "request")})
       SELECT found.key_id, found.kind, found.invited, found.expired, (SELECT wallet FROM k) AS wallet,
-             (SELECT k.remaining + (SELECT coalesce(sum(u.authorized - u.charged), 0) FROM credit_unfolded u
-                                    WHERE u.key_id = k.key_id) - (k.folded - found.folded)
+             (SELECT greatest(k.remaining,
+                              k.remaining + (SELECT coalesce(sum(u.authorized - u.charged), 0) FROM credit_unfolded u
+                                             WHERE u.key_id = k.key_id) - (k.folded - found.folded))
               FROM k)::text AS remaining, (SELECT granted FROM lease) AS lease_granted,
              CASE WHEN EXISTS (SELECT 1 FROM k) THEN 1 / (SELECT count(*)::int FROM w) END AS guard
       FROM found

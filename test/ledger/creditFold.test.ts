@@ -1,4 +1,5 @@
 import { assert, describe, layer } from "@effect/vitest"
+import { InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
 import { Context, Deferred, Effect, Fiber, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { Chain } from "../../src/chain/Chain.ts"
@@ -6,6 +7,7 @@ import type { ReceiptBody } from "../../src/domain/Receipt.ts"
 import { FOLD_LOCK } from "../../src/ledger/CreditFold.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
 import { Wallets } from "../../src/ledger/Wallets.ts"
+import { tracingWith } from "../../src/Telemetry.ts"
 import { TestDatabase } from "../support/Database.ts"
 import { fundedKey, keyRows, keyState } from "../support/Keys.ts"
 import { seededEconomics } from "./support.ts"
@@ -333,6 +335,48 @@ describe("folding credit captures into the key's and the owner's rows", () => {
           }
         })
       )
+    )
+  })
+})
+
+/**
+ * The fold's cadence (D318): while this instance captures, a pass every 50 ms folds what it queued; an idle
+ * instance sends a fold statement only once per 2 s sweep (at 50 ms it sent twenty a second). Counted as the
+ * fold statements the router's SQL spans show.
+ */
+const exporter = new InMemorySpanExporter()
+const TracedLedger = LedgerLayer.pipe(Layer.provide(tracingWith([new SimpleSpanProcessor(exporter)])))
+const foldStatements = () =>
+  exporter
+    .getFinishedSpans()
+    .filter((span) => /DELETE FROM credit_unfolded/.test(String(span.attributes["db.query.text"] ?? "")))
+    .length
+
+describe("the fold's cadence", () => {
+  layer(TracedLedger, { excludeTestServices: true, timeout: 60_000 })((it) => {
+    it.effect("an idle ledger folds once per sweep; a capture here is folded by the next passes", () =>
+      Effect.gen(function* () {
+        const ledger = yield* Ledger
+        yield* Effect.sleep("300 millis")
+        const before = foldStatements()
+        yield* Effect.sleep("1500 millis")
+        const idle = foldStatements() - before
+        assert.isAtMost(idle, 1, `fold statements in 1.5 s of idle: ${idle}`)
+
+        const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
+        yield* paidRequest(ledger, key, `cadence_${key.keyId}`)
+        const sql = yield* SqlClient.SqlClient
+        const queued = sql<{
+          n: number
+        }>`SELECT count(*)::int AS n FROM credit_unfolded WHERE key_id = ${key.keyId}`
+        // Folded by the background passes the capture woke, well inside one sweep interval.
+        let waited = 0
+        while ((yield* queued)[0]!.n > 0 && waited < 1_000) {
+          yield* Effect.sleep("50 millis")
+          waited += 50
+        }
+        assert.strictEqual((yield* queued)[0]!.n, 0, "the capture was folded within 1 s")
+      }).pipe(Effect.orDie)
     )
   })
 })

@@ -208,5 +208,11 @@ export const reliability: Migrations = {
       SELECT payer, sum(value) FROM x402_authorizations
       WHERE status IN ('reserved', 'pending', 'submitted') GROUP BY payer
     `
+  }),
+  // The fold queue read by wallet (`balance_figures`, a withdrawal's pre-check, the credits balance): without
+  // it each read scans the whole queue, which grows when folding stalls (D318).
+  "0035_credit_unfolded_wallet": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    yield* sql`CREATE INDEX credit_unfolded_wallet ON credit_unfolded (wallet)`
   })
 }
