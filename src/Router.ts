@@ -3,7 +3,6 @@ import { BannerLive } from "./Banner.ts"
 import { Chain } from "./chain/Chain.ts"
 import { DatabaseLive } from "./db/Database.ts"
 import { Instances } from "./db/Instances.ts"
-import { Fleet } from "./devnet/fleet/Fleet.ts"
 import { Evals } from "./evals/Evals.ts"
 import { HttpServerLive } from "./http/Server.ts"
 import { LiveStreams } from "./inference/LiveStreams.ts"
@@ -142,12 +141,16 @@ export const ServicesLive = Layer.mergeAll(
   Readiness.layer
 ).pipe(Layer.provideMerge(InferenceLive), Layer.provideMerge(Drain.layer))
 
-/** The simulated fleet runs unless `SIMULATED_FLEET=false` (real upstreams register themselves). */
+/**
+ * The simulated fleet runs unless `SIMULATED_FLEET=false` (real upstreams register themselves); its
+ * modules load only then (D340).
+ */
 const FleetWhenEnabled = Layer.unwrap(
   Effect.gen(function* () {
     const enabled = yield* Config.Boolean("SIMULATED_FLEET").pipe(Config.option)
     if (Option.getOrElse(enabled, () => true) === false) return Layer.empty
     const config = yield* RouterConfig
+    const { Fleet } = yield* Effect.promise(() => import("./devnet/fleet/Fleet.ts"))
     const fleet = Fleet.layer({
       routerUrl: `http://127.0.0.1:${config.port}`,
       operatorToken: config.operatorToken

@@ -1,6 +1,4 @@
-import * as NodeSdk from "@effect/opentelemetry/NodeSdk"
-import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http"
-import { BatchSpanProcessor, type SpanProcessor } from "@opentelemetry/sdk-trace-base"
+import type { SpanProcessor } from "@opentelemetry/sdk-trace-base"
 import { Config, Effect, Layer, Option, References, type Tracer } from "effect"
 
 /**
@@ -8,10 +6,18 @@ import { Config, Effect, Layer, Option, References, type Tracer } from "effect"
  * reply, a credit key, a private key or a payment envelope.
  */
 export const tracingWith = (processors: ReadonlyArray<SpanProcessor>) =>
-  NodeSdk.layer(() => ({
-    resource: { serviceName: "svc-router", serviceVersion: "0.1.0" },
-    spanProcessor: processors
-  }))
+  Layer.unwrap(
+    // Loaded only where spans are exported: the OpenTelemetry SDK is megabytes of heap an idle router
+    // without an exporter need not hold (D340).
+    Effect.promise(() => import("@effect/opentelemetry/NodeSdk")).pipe(
+      Effect.map((NodeSdk) =>
+        NodeSdk.layer(() => ({
+          resource: { serviceName: "svc-router", serviceVersion: "0.1.0" },
+          spanProcessor: processors
+        }))
+      )
+    )
+  )
 
 /**
  * Stack capture off for a span: `Effect.withSpan`/`Effect.fn` otherwise take a stack trace (an `Error`)
@@ -44,6 +50,12 @@ export const TelemetryLive = Layer.unwrap(
     const endpoint = yield* Config.String("OTEL_EXPORTER_OTLP_ENDPOINT").pipe(Config.option)
     if (Option.isNone(endpoint)) return Layer.succeed(References.TracerEnabled, false)
     const url = `${endpoint.value.replace(/\/$/, "")}/v1/traces`
+    const [{ OTLPTraceExporter }, { BatchSpanProcessor }] = yield* Effect.promise(() =>
+      Promise.all([
+        import("@opentelemetry/exporter-trace-otlp-http"),
+        import("@opentelemetry/sdk-trace-base")
+      ])
+    )
     return tracingWith([new BatchSpanProcessor(new OTLPTraceExporter({ url }))])
   })
 )
