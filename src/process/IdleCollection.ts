@@ -72,7 +72,9 @@ export const IdleCollection = {
         Effect.sync(() => diagnostics.subscribe("http.server.request.start", onStart)),
         () => Effect.sync(() => diagnostics.unsubscribe("http.server.request.start", onStart))
       )
-      let afterLast = v8.getHeapStatistics().used_heap_size
+      // No full collection has run yet: counted from an empty heap, the first quiet look collects what
+      // starting left (migrations, contract deployment, compilation; D342), once the heap is `GROWTH`.
+      let afterLast = 0
       let lastFreed = 0
       yield* Effect.sync(() => {
         const activity = { inFlight, started }
