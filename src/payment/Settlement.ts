@@ -4,7 +4,8 @@ import { repeatInBackground } from "../Background.ts"
 import { Chain } from "../chain/Chain.ts"
 import { Authorizations, type ClaimedAuthorization } from "../ledger/Authorizations.ts"
 import { Ledger, permit2NonceOf } from "../ledger/Ledger.ts"
-import { type OutgoingTransfer, Treasury } from "../ledger/Treasury.ts"
+import type { OutgoingTransfer } from "../ledger/Transfers.ts"
+import { Treasury } from "../ledger/Treasury.ts"
 
 const RECOVER_EVERY_MS = 30_000
 
