@@ -122,14 +122,17 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
     const scheme = hold.scheme ?? "exact"
     const ceiling = scheme === "upto" ? record.authorized : null
     const balance = hold.balance?.toString() ?? null
+    // Without a balance to check there is nothing to guard: the payer's row is left to the trigger alone.
+    const guard =
+      balance === null
+        ? sql`SELECT ${payer}::text AS payer`
+        : sql`INSERT INTO x402_outstanding AS o (payer, outstanding)
+              SELECT ${payer}, 0 WHERE ${record.authorized} <= ${balance}::numeric
+              ON CONFLICT (payer) DO UPDATE SET outstanding = o.outstanding
+              WHERE o.outstanding + ${record.authorized} <= ${balance}::numeric
+              RETURNING payer`
     const rows = yield* sql<{ reserved: number; lease_granted: boolean | null }>`
-      WITH guard AS (
-        INSERT INTO x402_outstanding AS o (payer, outstanding)
-        SELECT ${payer}, 0 WHERE ${balance}::numeric IS NULL OR ${record.authorized} <= ${balance}::numeric
-        ON CONFLICT (payer) DO UPDATE SET outstanding = o.outstanding
-        WHERE ${balance}::numeric IS NULL OR o.outstanding + ${record.authorized} <= ${balance}::numeric
-        RETURNING payer
-      ), request AS (
+      WITH guard AS (${guard}), request AS (
         INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
                               provider_id, authorized, status, agent, session_id)
         SELECT ${record.requestId}, ${record.dialect}, 'x402', ${payer}, ${record.requestedModel},
