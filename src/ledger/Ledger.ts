@@ -144,17 +144,22 @@ export class Ledger extends Context.Service<
       const settled = makeCapture(sql, receipts)
       /** A settlement that queued a credit capture for the fold (D315) wakes the fold's passes. */
       const waking =
-        (settle: (record: CaptureRecord) => Effect.Effect<void>) =>
+        (
+          settle: (record: CaptureRecord) => Effect.Effect<void>,
+          queues: (record: CaptureRecord) => boolean
+        ) =>
         (record: CaptureRecord): Effect.Effect<void> =>
           settle(record).pipe(
             Effect.tap(
               Effect.sync(() => {
-                if (queuesCredit(record.source)) fold.queued()
+                if (queues(record)) fold.queued()
               })
             )
           )
-      const capture = waking(settled.capture)
-      const release = waking(settled.release)
+      // A capture queues only a key's own request (a session's opening keeps its budget until the close);
+      // a release also gives back a key-funded session opening.
+      const capture = waking(settled.capture, (record) => record.source?._tag === "Credit")
+      const release = waking(settled.release, (record) => queuesCredit(record.source))
       yield* fold.start
 
       /** What settling an open reservation from its durable record reads. */
