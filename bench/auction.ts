@@ -17,6 +17,7 @@ import { type AuctionRequest, type LiveQuote, runAuction } from "../src/market/A
 import { defaultCatalog } from "../src/market/Catalog.ts"
 import { Latency } from "../src/market/Latency.ts"
 import { providerNumber } from "../src/market/ProviderNumbers.ts"
+import { compareStrings } from "../src/market/Scoring.ts"
 
 const PROVIDERS = Number(process.env.BENCH_PROVIDERS ?? 250)
 const RUNS = Number(process.env.BENCH_RUNS ?? 2_000)
@@ -51,7 +52,7 @@ const arrival: ReadonlyArray<LiveQuote> = Array.from({ length: PROVIDERS }, (_, 
   }))
 ).flat()
 /** The book as the router's quote book hands it: in quote id order. */
-const quotes = [...arrival].sort((a, b) => (a.quote.quote_id < b.quote.quote_id ? -1 : 1))
+const quotes = [...arrival].sort((a, b) => compareStrings(a.quote.quote_id, b.quote.quote_id))
 
 /** The router's Latency service, fed 40 observations per (provider, class) (a fifth left cold). */
 const lookup = Effect.runSync(

@@ -30,6 +30,7 @@ import {
   type Maturity,
   record
 } from "../../src/market/LatencyStats.ts"
+import { compareStrings } from "../../src/market/Scoring.ts"
 import { qualityShift, type TaskEvidence, type TaskFit, taskFitOf } from "../../src/market/TaskFit.ts"
 import { referenceAuction } from "./support/referenceAuction.ts"
 
@@ -914,7 +915,7 @@ describe("the optimized auction decides exactly as the reference it replaced", (
         fc.constantFrom("none", "dense", "sparse", "partial" as const),
         (req, book, catalog, latency, pick, sorted, numbering) => {
           const ordered = sorted
-            ? [...book].sort((a, b) => (a.quote.quote_id < b.quote.quote_id ? -1 : 1))
+            ? [...book].sort((a, b) => compareStrings(a.quote.quote_id, b.quote.quote_id))
             : book
           const request = { ...req, sessionLock: lockOf(book, pick) }
           same(

@@ -174,9 +174,7 @@ describe("LatencyStats", () => {
           fc.integer({ min: 0, max: 3 * HALF_LIFE }),
           // Around the moment the weight decays through 20 (mature) or 3 (warming): the estimate skips
           // the power only where the weight is certainly mature.
-          fc
-            .tuple(fc.constantFrom(20, 3), fc.integer({ min: -2_000, max: 2_000 }))
-            .map(([threshold, jitter]) => [threshold, jitter]),
+          fc.tuple(fc.constantFrom(20, 3), fc.integer({ min: -2_000, max: 2_000 })),
           // Around the time up to which the entry hands its one mature estimate.
           fc.integer({ min: -2_000, max: 2_000 }).map((jitter) => ({ jitter }))
         ),
