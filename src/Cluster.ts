@@ -5,6 +5,7 @@ import { toHex } from "viem"
 import { Chain } from "./chain/Chain.ts"
 import { routerSignerAccount, treasuryAccount } from "./chain/DevAccounts.ts"
 import { databaseFromUrl, databaseUrl } from "./db/Database.ts"
+import { SimulatedFleetLive } from "./devnet/SimulatedFleet.ts"
 import { DataDirLockLive } from "./process/DataDirLock.ts"
 import { RouterConfig } from "./RouterConfig.ts"
 import { SHUTDOWN_MESSAGE } from "./Shutdown.ts"
@@ -103,13 +104,7 @@ const primary = (workers: number) =>
       )
 
       if (started) {
-        const fleetEnabled = yield* Config.Boolean("SIMULATED_FLEET").pipe(Config.option)
-        if (Option.getOrElse(fleetEnabled, () => true)) {
-          const { Fleet } = yield* Effect.promise(() => import("./devnet/fleet/Fleet.ts"))
-          yield* Layer.build(
-            Fleet.layer({ routerUrl: `http://127.0.0.1:${config.port}`, operatorToken: config.operatorToken })
-          )
-        }
+        yield* Layer.build(SimulatedFleetLive)
         const lines = [`svc router: ${workers} worker processes serving ${config.publicUrl} (WORKERS)`]
         if (config.operatorTokenGenerated) {
           lines.push(`  operator token  ${Redacted.value(config.operatorToken)}  (generated for this run)`)

@@ -1,8 +1,9 @@
-import { Config, Effect, Layer, Option } from "effect"
+import { Layer } from "effect"
 import { BannerLive } from "./Banner.ts"
 import { Chain } from "./chain/Chain.ts"
 import { DatabaseLive } from "./db/Database.ts"
 import { Instances } from "./db/Instances.ts"
+import { SimulatedFleetLive } from "./devnet/SimulatedFleet.ts"
 import { Evals } from "./evals/Evals.ts"
 import { HttpServerLive } from "./http/Server.ts"
 import { LiveStreams } from "./inference/LiveStreams.ts"
@@ -142,24 +143,6 @@ export const ServicesLive = Layer.mergeAll(
 ).pipe(Layer.provideMerge(InferenceLive), Layer.provideMerge(Drain.layer))
 
 /**
- * The simulated fleet runs unless `SIMULATED_FLEET=false` (real upstreams register themselves); its
- * modules load only then (D340).
- */
-const FleetWhenEnabled = Layer.unwrap(
-  Effect.gen(function* () {
-    const enabled = yield* Config.Boolean("SIMULATED_FLEET").pipe(Config.option)
-    if (Option.getOrElse(enabled, () => true) === false) return Layer.empty
-    const config = yield* RouterConfig
-    const { Fleet } = yield* Effect.promise(() => import("./devnet/fleet/Fleet.ts"))
-    const fleet = Fleet.layer({
-      routerUrl: `http://127.0.0.1:${config.port}`,
-      operatorToken: config.operatorToken
-    })
-    return Layer.effectDiscard(Effect.void).pipe(Layer.provide(fleet))
-  })
-)
-
-/**
  * The whole process: infrastructure (one router per DATA_DIR first), services, the HTTP server, then the
  * banner and the fleet. The services stay visible for the shutdown's drain (src/Shutdown.ts).
  */
@@ -167,7 +150,7 @@ export const RouterLive = Layer.mergeAll(
   HttpServerLive,
   IdleCollection.layer,
   BannerLive.pipe(Layer.provide(HttpServerLive)),
-  FleetWhenEnabled.pipe(Layer.provide(HttpServerLive))
+  SimulatedFleetLive.pipe(Layer.provide(HttpServerLive))
 ).pipe(
   Layer.provideMerge(ServicesLive),
   Layer.provide(Layer.mergeAll(DatabaseLive, Chain.layerDurable).pipe(Layer.provide(DataDirLockLive))),

@@ -21,9 +21,13 @@ interface Stat {
   readonly cpuMs: number
 }
 
-const readStat = (pid: number): Stat | undefined => {
+/** `/proc/<pid>/stat`, or with `thread` `/proc/<pid>/task/<thread>/stat` (one thread's own CPU time). */
+const readStat = (pid: number, thread?: number): Stat | undefined => {
   try {
-    const text = readFileSync(`/proc/${pid}/stat`, "utf8")
+    const text = readFileSync(
+      thread === undefined ? `/proc/${pid}/stat` : `/proc/${pid}/task/${thread}/stat`,
+      "utf8"
+    )
     // comm is in parentheses and may contain spaces: split after the last ")".
     const close = text.lastIndexOf(")")
     const comm = text.slice(text.indexOf("(") + 1, close)
@@ -93,6 +97,8 @@ const kindOf = (comm: string): Kind =>
 
 export interface Usage {
   readonly cpuMs: Readonly<Record<Kind, number>>
+  /** The node processes' main threads alone (the JavaScript event loop; not worker, GC or libuv threads). */
+  readonly nodeMainCpuMs: number
   readonly rss: Readonly<Record<Kind, number>>
   /** The node processes' run and run-queue wait times (ns): how much the machine's load held them back. */
   readonly nodeRanNs: number
@@ -103,6 +109,7 @@ export interface Usage {
 export const usage = (root: number): Usage => {
   const cpuMs: Record<Kind, number> = { node: 0, postgres: 0, anvil: 0, other: 0 }
   const rss: Record<Kind, number> = { node: 0, postgres: 0, anvil: 0, other: 0 }
+  let nodeMainCpuMs = 0
   let nodeRanNs = 0
   let nodeWaitedNs = 0
   for (const stat of tree(root)) {
@@ -110,10 +117,12 @@ export const usage = (root: number): Usage => {
     cpuMs[kind] += stat.cpuMs
     rss[kind] += rssBytes(stat.pid)
     if (kind === "node") {
+      // The main thread's id is the process id.
+      nodeMainCpuMs += readStat(stat.pid, stat.pid)?.cpuMs ?? 0
       const { ran, waited } = schedstat(stat.pid)
       nodeRanNs += ran
       nodeWaitedNs += waited
     }
   }
-  return { cpuMs, rss, nodeRanNs, nodeWaitedNs }
+  return { cpuMs, nodeMainCpuMs, rss, nodeRanNs, nodeWaitedNs }
 }

@@ -14,8 +14,10 @@
  * Knobs: BENCH_SECONDS (per closed-loop phase, default 8), BENCH_ROUNDS (default 2), BENCH_OPEN_SECONDS
  * (default 8), BENCH_RATE (the open loop's requests per second, default 100), BENCH_STREAMS (held-open
  * streams, default 5000), BENCH_LATE_SECONDS (how much longer than the "5 s after the streams" readings the
- * last RSS reading waits, default 20), BENCH_TARGETS (comma list of direct,portkey,router; default all),
- * WORKERS (passed to the router unchanged). BENCH_ROUNDS=0 runs only the memory part.
+ * last RSS reading waits, default 20), BENCH_QUIET_SECONDS (how long after the "idle after warm-up" reading the
+ * router is left quiet before the second idle reading, default 8), BENCH_TARGETS (comma list of direct,portkey,router; default all),
+ * WORKERS (passed to the router unchanged), BENCH_STREAM=1 (the calls ask for SSE: what a streamed reply
+ * costs; Portkey fails those, so with BENCH_TARGETS=direct,router). BENCH_ROUNDS=0 runs only the memory part.
  */
 import { chmodSync, mkdtempSync, readFileSync, rmSync } from "node:fs"
 import { Agent } from "node:http"
@@ -38,6 +40,8 @@ const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2)
 const STREAMS = Number(process.env.BENCH_STREAMS ?? 5000)
 const LATE_SECONDS = Number(process.env.BENCH_LATE_SECONDS ?? 20)
 const OPEN_RATE = Number(process.env.BENCH_RATE ?? 100)
+const QUIET_SECONDS = Number(process.env.BENCH_QUIET_SECONDS ?? 8)
+const STREAMED = process.env.BENCH_STREAM === "1"
 const TOKEN = "bench-load-operator"
 const log = (line: string) => process.stderr.write(`[bench:load] ${line}\n`)
 const MB = 1024 * 1024
@@ -149,12 +153,18 @@ const holdStreams = async (target: Target, count: number, mock: string, settle: 
   let firstChunks = 0
   let failures = 0
   let socketErrors = 0
+  const reasons = new Map<string, number>()
   const done: Array<Promise<void>> = []
   for (let i = 0; i < count; i++) {
     done.push(
       // No idle timeout: a held stream is silent after its first chunk until the release.
-      send(agent, target, () => firstChunks++, 0).then(({ status }) => {
-        if (status !== 200) failures++
+      send(agent, target, () => firstChunks++, 0).then(({ status, text }) => {
+        if (status !== 200) {
+          failures++
+          // What failed, by kind: a status, or the socket's error (a reset: the accept queue overflowed, D423).
+          const reason = status === 0 ? text.slice(0, 60) : `HTTP ${status}`
+          reasons.set(reason, (reasons.get(reason) ?? 0) + 1)
+        }
         if (status === 0) socketErrors++
       })
     )
@@ -167,6 +177,8 @@ const holdStreams = async (target: Target, count: number, mock: string, settle: 
   await post(`${mock}/release`, {})
   await Promise.all(done)
   agent.destroy()
+  if (reasons.size > 0)
+    log(`held streams that failed: ${[...reasons].map(([r, n]) => `${n} × ${r}`).join("; ")}`)
   return { held, failures }
 }
 
@@ -177,6 +189,8 @@ interface Row {
   readonly load: string
   readonly result: LoadResult
   readonly cpuPerRequestMs: number
+  /** The part of `cpuPerRequestMs` on the node processes' main threads. */
+  readonly mainCpuPerRequestMs: number
   readonly dbCpuPerRequestMs: number
   readonly rssMb: number
   /** Share of the target's runnable time spent waiting for a CPU (other work on the machine). */
@@ -258,7 +272,7 @@ const main = async () => {
     // Non-streaming calls under load: the Portkey gateway (1.15) fails streamed replies on Node 22 (it
     // appends headers to fetch's immutable response headers), and a whole reply is what a load
     // generator measures best. The router still streams from the mock (it always asks upstream for SSE).
-    const body = chatBody("Say hello to the load benchmark.", false)
+    const body = chatBody("Say hello to the load benchmark.", STREAMED)
     const targets: Record<string, Target> = {
       direct: { name: "mock direct", url: `${mock}/v1/chat/completions`, headers: () => ({}), body },
       portkey: {
@@ -299,6 +313,11 @@ const main = async () => {
     }
     await sleep(2_000)
     const idle = usage(routerProcess.pid!)
+    // Idle once quiet: read from /proc only, with no request from here but the quote refresh (a `/metrics`
+    // read would be one), so the router's idle collection (D271, D307, D411) can run: it looks every 2 s
+    // and collects on the first look with nothing started since the one before.
+    await sleep(QUIET_SECONDS * 1000)
+    const quietIdle = usage(routerProcess.pid!)
     const idleHeap = await heapUsed(router)
     const portkeyIdle = portkeyProcess ? rssBytes(portkeyProcess.pid!) : Number.NaN
 
@@ -310,6 +329,10 @@ const main = async () => {
       const after = pid === undefined ? undefined : usage(pid)
       const cpu =
         before && after ? (after.cpuMs.node - before.cpuMs.node) / Math.max(1, result.requests) : Number.NaN
+      const main =
+        before && after
+          ? (after.nodeMainCpuMs - before.nodeMainCpuMs) / Math.max(1, result.requests)
+          : Number.NaN
       const db =
         before && after
           ? (after.cpuMs.postgres - before.cpuMs.postgres) / Math.max(1, result.requests)
@@ -319,6 +342,7 @@ const main = async () => {
         load,
         result,
         cpuPerRequestMs: cpu,
+        mainCpuPerRequestMs: main,
         dbCpuPerRequestMs: name === "router" || name === "x402" ? db : Number.NaN,
         rssMb: after ? after.rss.node / MB : Number.NaN,
         cpuWait:
@@ -430,6 +454,7 @@ const main = async () => {
       "+p99".padStart(7),
       "failed".padStart(6),
       "cpu ms/req".padStart(10),
+      "main ms/req".padStart(11),
       "pg ms/req".padStart(9),
       "rss MB".padStart(7),
       "cpu wait".padStart(8)
@@ -461,6 +486,7 @@ const main = async () => {
             fmt(added((r) => r.result.p99, p99)).padStart(7),
             String(mine.reduce((a, r) => a + r.result.failures, 0)).padStart(6),
             fmt(median(mine.map((r) => r.cpuPerRequestMs)), 2).padStart(10),
+            fmt(median(mine.map((r) => r.mainCpuPerRequestMs)), 2).padStart(11),
             fmt(median(mine.map((r) => r.dbCpuPerRequestMs)), 2).padStart(9),
             fmt(median(mine.map((r) => r.rssMb)), 0).padStart(7),
             `${fmt(100 * median(mine.map((r) => r.cpuWait)), 0)}%`.padStart(8)
@@ -492,7 +518,8 @@ const main = async () => {
         `Load benchmark: ${ROUNDS} interleaved rounds, ${SECONDS} s per closed-loop phase, ${OPEN_SECONDS} s open loop; medians over rounds.`,
         `Machine: ${availableParallelism()} cores, load average ${fmt(loadAtStart)} at the start and ${fmt(loadavg()[0]!)} at the end (other work on the machine slows every target).`,
         "+p50/+p99: latency added over the mock called directly under the same load. cpu ms/req: the target's node",
-        "processes' CPU time per request (/proc/<pid>/stat); pg ms/req: the router's Postgres. rss: the target's node RSS after the phase.",
+        "processes' CPU time per request (/proc/<pid>/stat), main ms/req the part on their main threads (/proc/<pid>/task/<pid>/stat:",
+        "the event loop, without worker, GC and I/O threads); pg ms/req: the router's Postgres. rss: the target's node RSS after the phase.",
         "cpu wait: the share of the target's runnable time it spent waiting for a core (/proc/<pid>/schedstat; high = a busy machine).",
         "",
         header,
@@ -503,6 +530,7 @@ const main = async () => {
         "",
         "Memory (router node processes, RSS; the router's V8 heap in use from its /metrics; Portkey beside it):",
         `  idle after warm-up            router ${fmt(idle.rss.node / MB, 0)} MB RSS, ${fmt(idleHeap / MB, 0)} MB heap   Portkey ${fmt(portkeyIdle / MB, 0)} MB RSS`,
+        `  ${`idle, quiet ${QUIET_SECONDS} s more`.padEnd(29)} router ${fmt(quietIdle.rss.node / MB, 0)} MB RSS (from /proc, no request meanwhile but the quote refresh: after the idle collection)`,
         `  5 s after the load            router ${fmt(afterLoad.rss.node / MB, 0)} MB RSS (${fmt((afterLoad.rss.node - idle.rss.node) / MB, 0)} MB over idle), ${fmt(afterLoadHeap / MB, 0)} MB heap (${fmt((afterLoadHeap - idleHeap) / MB, 0)} MB over idle)`,
         ...Object.entries(perStream).map(
           ([name, s]) =>

@@ -1,5 +1,5 @@
 import { join } from "node:path"
-import { Config, Context, Effect, Layer, Option } from "effect"
+import { Config, Context, Effect, Layer, Option, type Redacted } from "effect"
 import {
   type Address,
   encodeFunctionData,
@@ -11,6 +11,7 @@ import {
   type Chain as ViemChain
 } from "viem"
 import { RouterConfig } from "../RouterConfig.ts"
+import { traced } from "../Telemetry.ts"
 import { epochAnchorAbi, testUsdcAbi } from "./artifacts.ts"
 import type { ChainError } from "./ChainError.ts"
 import {
@@ -89,6 +90,11 @@ export interface ChainShape {
   readonly uptoProxy: Address
   readonly treasury: Address
   readonly routerSigner: Address
+  /**
+   * The router signer's private key, for the receipt signer's worker thread (`ledger/ReceiptSigner.ts`),
+   * which is handed it once at its start. Redacted: never logged.
+   */
+  readonly routerKey: Redacted.Redacted<Hex>
   /** Sends refunds, payouts and withdrawals: the treasury when its key is configured, else the router signer. */
   readonly payer: Address
   /** The calls the router makes, as data (`ledger/Treasury.ts` signs and sends them exactly once). */
@@ -120,6 +126,11 @@ export interface ChainShape {
   readonly permit2NonceUsed: (owner: Address, nonce: bigint) => Effect.Effect<boolean, ChainError>
   /** A quick read (paid path): the token allowance `owner` gave Permit2. */
   readonly permit2Allowance: (owner: Address) => Effect.Effect<bigint, ChainError>
+  /**
+   * Sends the quick reads asked for so far now, not at the end of the event-loop turn (`QuickReads.send`):
+   * for a caller about to do CPU work while they are in flight.
+   */
+  readonly sendQuickReads: Effect.Effect<void>
   /** Dry-runs the authorization as the router would send it (eth_call): fails `Reverted` with the token's reason. */
   readonly simulateTransferWithAuthorization: (
     authorization: TransferAuthorization
@@ -161,37 +172,37 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     ).pipe(Effect.asVoid)
   )
 
+  // The quick reads are on every x402 call's path: traced without `Effect.fn` (D360).
   const reads = connection.quickReads
 
-  const balanceOf = Effect.fn("Chain.balanceOf")((address: Address) =>
+  const balanceOf = (address: Address) =>
     quickCall(
       "Chain.balanceOf",
       reads.uint("Chain.balanceOf", token, () => readCalldata.balanceOf(address))
-    )
-  )
+    ).pipe(traced("Chain.balanceOf"))
 
-  const authorizationState = Effect.fn("Chain.authorizationState")((authorizer: Address, nonce: Hex) =>
+  const authorizationState = (authorizer: Address, nonce: Hex) =>
     quickCall(
       "Chain.authorizationState",
       reads.bool("Chain.authorizationState", token, () => readCalldata.authorizationState(authorizer, nonce))
-    )
-  )
+    ).pipe(traced("Chain.authorizationState"))
 
-  const permit2NonceUsed = Effect.fn("Chain.permit2NonceUsed")(function* (owner: Address, nonce: bigint) {
-    const { wordPos, bitPos } = nonceBitmapPosition(nonce)
-    const word = yield* quickCall(
-      "Chain.permit2NonceUsed",
-      reads.uint("Chain.permit2NonceUsed", PERMIT2_ADDRESS, () => readCalldata.nonceBitmap(owner, wordPos))
-    )
-    return ((word >> bitPos) & 1n) === 1n
-  })
+  const permit2NonceUsed = (owner: Address, nonce: bigint) =>
+    Effect.suspend(() => {
+      const { wordPos, bitPos } = nonceBitmapPosition(nonce)
+      return quickCall(
+        "Chain.permit2NonceUsed",
+        reads.uint("Chain.permit2NonceUsed", PERMIT2_ADDRESS, () => readCalldata.nonceBitmap(owner, wordPos))
+      ).pipe(Effect.map((word) => ((word >> bitPos) & 1n) === 1n))
+    }).pipe(traced("Chain.permit2NonceUsed"))
 
-  const permit2Allowance = Effect.fn("Chain.permit2Allowance")((owner: Address) =>
+  const permit2Allowance = (owner: Address) =>
     quickCall(
       "Chain.permit2Allowance",
       reads.uint("Chain.permit2Allowance", token, () => readCalldata.allowance(owner, PERMIT2_ADDRESS))
-    )
-  )
+    ).pipe(traced("Chain.permit2Allowance"))
+
+  const sendQuickReads = Effect.sync(() => reads.send())
 
   const simulateTransferWithAuthorization = Effect.fn("Chain.simulateTransferWithAuthorization")(
     (a: TransferAuthorization) => {
@@ -331,6 +342,7 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     uptoProxy: UPTO_PROXY_ADDRESS,
     treasury: deployment.treasury,
     routerSigner: router.address,
+    routerKey: deployment.routerKey,
     payer: payer.address,
     calls,
     outgoing,
@@ -342,6 +354,7 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     authorizationState,
     permit2NonceUsed,
     permit2Allowance,
+    sendQuickReads,
     simulateTransferWithAuthorization,
     waitForReceipt,
     anchoredRoot,

@@ -1,4 +1,4 @@
-import { Effect, Semaphore } from "effect"
+import { Effect, type Redacted, Semaphore } from "effect"
 import {
   type Address,
   createPublicClient,
@@ -160,6 +160,8 @@ export interface Deployment {
   readonly mode: "embedded" | "external"
   readonly connection: Connection
   readonly router: Sender
+  /** The router signer's private key, for the receipt signer's worker thread (ledger/ReceiptSigner.ts). */
+  readonly routerKey: Redacted.Redacted<Hex>
   /** Absent when no treasury key is configured: then the router signer sends refunds and payouts. */
   readonly treasurySender: Sender | undefined
   readonly treasury: Address

@@ -14,7 +14,7 @@ import {
   type Sender,
   type SignerWallet
 } from "./Connection.ts"
-import { demoWalletAccounts, routerSignerAccount, treasuryAccount } from "./DevAccounts.ts"
+import { demoWalletAccounts, privateKeyOf, routerSignerAccount, treasuryAccount } from "./DevAccounts.ts"
 import { type EmbeddedContracts, prepareState, readContracts, writeContracts } from "./EmbeddedState.ts"
 import { ensureUptoContracts } from "./Permit2.ts"
 
@@ -90,7 +90,8 @@ export const embedded = Effect.fnUntraced(function* (stateDir: string | undefine
   const connection = connect(anvil.rpcUrl, anvil.chainId, 50)
   // Permit2 and the upto proxy at their canonical addresses (idempotent: a resumed chain has them).
   yield* ensureUptoContracts(connection)
-  const router = yield* makeSender(connection, routerSignerAccount())
+  const routerAccount = routerSignerAccount()
+  const router = yield* makeSender(connection, routerAccount)
   const treasurySender = yield* makeSender(connection, treasuryAccount())
   const recorded = stateDir === undefined ? undefined : yield* readContracts(stateDir)
   const reused = recorded !== undefined && (yield* isDeployed(connection, recorded))
@@ -113,6 +114,7 @@ export const embedded = Effect.fnUntraced(function* (stateDir: string | undefine
     mode: "embedded",
     connection,
     router,
+    routerKey: Redacted.make(privateKeyOf(routerAccount)),
     treasurySender,
     treasury: treasurySender.address,
     token,
@@ -133,13 +135,17 @@ export const AddressConfig = (name: string) =>
 
 export const isPrivateKey = (value: string): value is Hex => /^0x[0-9a-fA-F]{64}$/.test(value)
 
-export const accountFromKey = (name: string, key: Redacted.Redacted<string>) => {
+/** A configured private key, `0x`-prefixed and checked to be 32 bytes of hex. */
+export const privateKeyFrom = (name: string, key: Redacted.Redacted<string>) => {
   const raw = Redacted.value(key).trim()
   const hex = raw.startsWith("0x") ? raw : `0x${raw}`
   return isPrivateKey(hex)
-    ? Effect.succeed(privateKeyToAccount(hex))
+    ? Effect.succeed(Redacted.make(hex))
     : Effect.fail(new ChainError({ reason: "Config", message: `${name} is not a 32-byte hex private key` }))
 }
+
+export const accountFromKey = (name: string, key: Redacted.Redacted<string>) =>
+  Effect.map(privateKeyFrom(name, key), (hex) => privateKeyToAccount(Redacted.value(hex)))
 
 /** RPC_URL set: the configured chain, token and anchor; the router key signs and pays gas. */
 export const external = Effect.fnUntraced(function* (rpcUrl: string) {
@@ -159,7 +165,8 @@ export const external = Effect.fnUntraced(function* (rpcUrl: string) {
       message: `CHAIN_ID is ${config.chainId} but the RPC serves chain ${actualChainId}`
     })
   }
-  const router = yield* makeSender(connection, yield* accountFromKey("ROUTER_PRIVATE_KEY", config.routerKey))
+  const routerKey = yield* privateKeyFrom("ROUTER_PRIVATE_KEY", config.routerKey)
+  const router = yield* makeSender(connection, privateKeyToAccount(Redacted.value(routerKey)))
   const treasuryKey = Option.getOrUndefined(config.treasuryKey)
   let treasurySender: Sender | undefined
   if (treasuryKey !== undefined) {
@@ -190,6 +197,7 @@ export const external = Effect.fnUntraced(function* (rpcUrl: string) {
     mode: "external",
     connection,
     router,
+    routerKey,
     treasurySender,
     treasury: config.treasury,
     token: config.token,

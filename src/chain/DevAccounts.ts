@@ -1,3 +1,4 @@
+import { type Hex, toHex } from "viem"
 import { type HDAccount, mnemonicToAccount } from "viem/accounts"
 
 /** Anvil's public test mnemonic. Every key derived from it is public knowledge: devnet use only. */
@@ -30,3 +31,10 @@ export const devAccount = (index: number): HDAccount => {
 export const routerSignerAccount = (): HDAccount => devAccount(ROUTER_SIGNER_INDEX)
 export const treasuryAccount = (): HDAccount => devAccount(TREASURY_INDEX)
 export const demoWalletAccounts = (): ReadonlyArray<HDAccount> => DEMO_WALLET_INDICES.map(devAccount)
+
+/** A dev account's private key (public knowledge, like the mnemonic it is derived from). */
+export const privateKeyOf = (account: HDAccount): Hex => {
+  const key = account.getHdKey().privateKey
+  if (key === null) throw new Error("a dev account derived without its private key")
+  return toHex(key)
+}

@@ -68,34 +68,14 @@ export const signTransferAuthorization = (
 /**
  * Off-chain check that `signature` is `from`'s EOA signature over the authorization. Contract wallets
  * (ERC-1271) and the on-chain conditions (balance, nonce, validity window) need
- * `Chain.simulateTransferWithAuthorization` instead.
+ * `Chain.simulateTransferWithAuthorization` instead. An x402 call checks its authorization once and
+ * carries the answer (`PaymentVerifier.SignatureCheck`); a payer seen before is checked without a
+ * public-key recovery (`signedBy`). A digest viem refuses is a rejected promise.
  */
-export const verifyTransferAuthorization = (
+export const verifyTransferAuthorization = async (
   params: TransferAuthorizationParams & { readonly from: Address; readonly signature: Hex }
-): Promise<boolean> => {
-  const key = [
-    params.token,
-    params.chainId,
-    params.domain.name,
-    params.domain.version,
-    params.from,
-    params.to,
-    params.value,
-    params.validAfter,
-    params.validBefore,
-    params.nonce,
-    params.signature
-  ].join("|")
-  const known = recentVerifications.get(key)
-  if (known !== undefined) return known
-  const verified = (async () =>
-    signedBy(params.from, transferAuthorizationDigest(params.from, params), params.signature))()
-  recentVerifications.set(key, verified)
-  if (recentVerifications.size > RECENT_VERIFICATIONS) {
-    recentVerifications.delete(recentVerifications.keys().next().value!)
-  }
-  return verified
-}
+): Promise<boolean> =>
+  signedBy(params.from, transferAuthorizationDigest(params.from, params), params.signature)
 
 const TRANSFER_TYPEHASH = keccak256(
   new TextEncoder().encode(
@@ -148,12 +128,3 @@ export const transferAuthorizationDigest = (from: Address, params: TransferAutho
   )
   return keccak256(`0x1901${separator.slice(2)}${structHash.slice(2)}`)
 }
-
-/**
- * Answers of `verifyTransferAuthorization` for the most recent inputs. An x402 call checks its
- * authorization twice (the idempotency scope names the payer, then the payment verifier), and each check
- * is a public-key recovery in pure JS (about 1 ms, the largest single CPU cost of an x402 call): the
- * answer is a pure function of the inputs, so the second check reuses the first's. Bounded, oldest first.
- */
-const recentVerifications = new Map<string, Promise<boolean>>()
-const RECENT_VERIFICATIONS = 1024

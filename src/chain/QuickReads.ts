@@ -11,13 +11,21 @@ import { ChainError } from "./ChainError.ts"
  * The calldata is written here and the 32-byte answers read here, without viem's generic ABI coder and
  * request pipeline: an x402 call's two reads were two viem `readContract`s, two HTTP requests and about
  * a millisecond of the router's CPU (issue 12, D325). Each read still gets its own answer or its own
- * error; a batch the node refuses, or one not answered within the bound, fails each of its reads.
+ * error; a batch the node refuses, or one not answered within the bound, fails each of its reads. A
+ * caller with CPU work to do while its reads travel sends them first (`send`, D382): the turn's end
+ * comes only after that work.
  */
 export interface QuickReads {
   /** A uint256 view (balances, allowances, bitmap words); `calldata` is one of `readCalldata`'s. */
   readonly uint: (operation: string, to: Address, calldata: () => Hex) => Effect.Effect<bigint, ChainError>
   /** A bool view (`authorizationState`). */
   readonly bool: (operation: string, to: Address, calldata: () => Hex) => Effect.Effect<boolean, ChainError>
+  /**
+   * Sends the reads asked for so far in this turn now instead of at its end: for a caller that has
+   * started its reads and is about to spend the rest of the turn on CPU work (a signature check) while
+   * they are in flight. Reads asked for later in the turn go in the turn's own batch.
+   */
+  readonly send: () => void
 }
 
 /** Most reads one HTTP request carries (providers cap batches; a bigger turn sends several). */
@@ -212,6 +220,10 @@ export const makeQuickReads = (post: PostJson): QuickReads => {
   return {
     uint: (operation, to, calldata) => Effect.map(word(operation, to, calldata), (result) => BigInt(result)),
     bool: (operation, to, calldata) =>
-      Effect.map(word(operation, to, calldata), (result) => BigInt(result) !== 0n)
+      Effect.map(word(operation, to, calldata), (result) => BigInt(result) !== 0n),
+    // The turn's scheduled flush still runs, and finds nothing (or what was asked for since) to send.
+    send: () => {
+      if (queued.length > 0) flush()
+    }
   }
 }

@@ -45,9 +45,11 @@ export class Instances extends Context.Service<
       // Alive again after a stall long enough to be declared dead: registered afresh, so what it
       // opens from now on is settled if it dies later.
       // A beat that comes more than one and a half intervals after the last one ends a stall of this
-      // instance (or of the database): its beats are steady only from then on (D293).
+      // instance (or of the database): its beats are steady only from then on (D293). A new instance is
+      // steady from its first beat, not before (D401): it may have started right after a stall of the
+      // database, when every other heartbeat lags until its owner beats again.
       const beat = sql`
-        INSERT INTO router_instances (instance_id) VALUES (${INSTANCE_ID})
+        INSERT INTO router_instances (instance_id, beating_since) VALUES (${INSTANCE_ID}, now())
         ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now(), stopped_at = NULL, settled_at = NULL,
           beating_since = CASE WHEN router_instances.heartbeat_at < now() - make_interval(secs => ${STALL_GAP_SECONDS})
                                THEN now() ELSE router_instances.beating_since END

@@ -1,5 +1,14 @@
 import { Schema } from "effect"
-import { type Address, type Hex, hexToBytes, keccak256, type TypedDataDefinition, toHex } from "viem"
+import type { Address, TypedDataDefinition } from "viem"
+import { RECEIPT_DOMAIN_NAME, RECEIPT_DOMAIN_VERSION, receiptTypes } from "./ReceiptDigest.ts"
+
+export {
+  RECEIPT_DOMAIN_NAME,
+  RECEIPT_DOMAIN_VERSION,
+  receiptDigest,
+  receiptTypes,
+  repeatedHashesHeld
+} from "./ReceiptDigest.ts"
 
 /** Spec 2.8. Holds no prompt and no reply. */
 export const ReceiptBody = Schema.Struct({
@@ -28,35 +37,6 @@ export const ReceiptBody = Schema.Struct({
   created_at: Schema.Int
 })
 export type ReceiptBody = typeof ReceiptBody.Type
-
-export const RECEIPT_DOMAIN_NAME = "svc Receipt"
-export const RECEIPT_DOMAIN_VERSION = "1"
-
-export const receiptTypes = {
-  Receipt: [
-    { name: "requestId", type: "string" },
-    { name: "wallet", type: "address" },
-    { name: "providerId", type: "string" },
-    { name: "modelClass", type: "string" },
-    { name: "inTokens", type: "uint256" },
-    { name: "outTokens", type: "uint256" },
-    { name: "cachedTokens", type: "uint256" },
-    { name: "priceIn", type: "uint256" },
-    { name: "priceOut", type: "uint256" },
-    { name: "priceInCached", type: "string" },
-    { name: "charged", type: "uint256" },
-    { name: "authorized", type: "uint256" },
-    { name: "paymentRef", type: "string" },
-    { name: "refundRef", type: "string" },
-    { name: "ttftMs", type: "uint256" },
-    { name: "status", type: "string" },
-    { name: "settlement", type: "string" },
-    { name: "epochId", type: "uint256" },
-    { name: "sessionId", type: "string" },
-    { name: "quotesCompeting", type: "uint256" },
-    { name: "createdAt", type: "uint256" }
-  ]
-} as const
 
 /**
  * The EIP-712 typed data the router signs for a receipt (docs/protocol.md). Nullable fields
@@ -91,95 +71,6 @@ export const receiptTypedData = (receipt: ReceiptBody, chainId: number) =>
       createdAt: BigInt(receipt.created_at)
     }
   }) satisfies TypedDataDefinition<typeof receiptTypes, "Receipt">
-
-const utf8 = new TextEncoder()
-const keccak = (bytes: Uint8Array) => keccak256(bytes, "bytes")
-const RECEIPT_TYPEHASH = keccak(
-  utf8.encode(`Receipt(${receiptTypes.Receipt.map((f) => `${f.type} ${f.name}`).join(",")})`)
-)
-const DOMAIN_TYPEHASH = keccak(utf8.encode("EIP712Domain(string name,string version,uint256 chainId)"))
-const domainSeparators = new Map<number, Uint8Array>()
-
-/** Writes a non-negative safe integer as a big-endian uint256 word. */
-const putUint = (view: DataView, word: number, n: number) => {
-  if (!Number.isSafeInteger(n) || n < 0) throw new RangeError(`uint256 field out of range: ${n}`)
-  view.setUint32(word * 32 + 24, Math.floor(n / 2 ** 32))
-  view.setUint32(word * 32 + 28, n >>> 0)
-}
-const putString = (out: Uint8Array, word: number, text: string) =>
-  out.set(keccak(utf8.encode(text)), word * 32)
-
-/**
- * The hashes of the fields that repeat from receipt to receipt (provider, model class, status,
- * settlement, an empty reference or session): each keccak is pure JS, and these are 7 of a
- * receipt's 11. Bounded: past `REPEATED_LIMIT` distinct values the map starts over.
- */
-const repeatedHashes = new Map<string, Uint8Array>()
-const REPEATED_LIMIT = 512
-const putRepeatedString = (out: Uint8Array, word: number, text: string) => {
-  let hash = repeatedHashes.get(text)
-  if (hash === undefined) {
-    if (repeatedHashes.size >= REPEATED_LIMIT) repeatedHashes.clear()
-    hash = keccak(utf8.encode(text))
-    repeatedHashes.set(text, hash)
-  }
-  out.set(hash, word * 32)
-}
-
-const domainSeparator = (chainId: number) => {
-  let separator = domainSeparators.get(chainId)
-  if (separator === undefined) {
-    const out = new Uint8Array(4 * 32)
-    out.set(DOMAIN_TYPEHASH, 0)
-    putString(out, 1, RECEIPT_DOMAIN_NAME)
-    putString(out, 2, RECEIPT_DOMAIN_VERSION)
-    putUint(new DataView(out.buffer), 3, chainId)
-    separator = keccak(out)
-    domainSeparators.set(chainId, separator)
-  }
-  return separator
-}
-
-/**
- * The EIP-712 digest of `receiptTypedData(receipt, chainId)`, computed directly: the type hash and
- * the domain separator once, then one word per field in `receiptTypes` order. It is what viem's
- * `hashTypedData` computes (test/domain/receiptDigest.test.ts checks it over arbitrary receipts),
- * at a fraction of the cost: viem validates and ABI-encodes generically on every call.
- */
-export const receiptDigest = (receipt: ReceiptBody, chainId: number): Hex => {
-  const out = new Uint8Array(22 * 32)
-  const view = new DataView(out.buffer)
-  out.set(RECEIPT_TYPEHASH, 0)
-  putString(out, 1, receipt.request_id)
-  const wallet = hexToBytes(receipt.wallet as Hex)
-  if (wallet.length !== 20) throw new RangeError("receipt wallet is not a 20-byte address")
-  out.set(wallet, 2 * 32 + 12)
-  putRepeatedString(out, 3, receipt.provider_id)
-  putRepeatedString(out, 4, receipt.model_class)
-  putUint(view, 5, receipt.in_tokens)
-  putUint(view, 6, receipt.out_tokens)
-  putUint(view, 7, receipt.cached_tokens)
-  putUint(view, 8, receipt.price_in)
-  putUint(view, 9, receipt.price_out)
-  putRepeatedString(out, 10, receipt.price_in_cached === null ? "" : String(receipt.price_in_cached))
-  putUint(view, 11, receipt.charged)
-  putUint(view, 12, receipt.authorized)
-  putString(out, 13, receipt.payment_ref)
-  putRepeatedString(out, 14, receipt.refund_ref ?? "")
-  putUint(view, 15, receipt.ttft_ms)
-  putRepeatedString(out, 16, receipt.status)
-  putRepeatedString(out, 17, receipt.settlement)
-  putUint(view, 18, receipt.epoch_id)
-  putRepeatedString(out, 19, receipt.session_id ?? "")
-  putUint(view, 20, receipt.quotes_competing)
-  putUint(view, 21, receipt.created_at)
-  const envelope = new Uint8Array(2 + 64)
-  envelope[0] = 0x19
-  envelope[1] = 0x01
-  envelope.set(domainSeparator(chainId), 2)
-  envelope.set(keccak(out), 34)
-  return toHex(keccak(envelope))
-}
 
 /** The typed data of a receipt as JSON (`typed_data` of `GET /v1/receipts/:id`; uint256 as decimal strings). */
 export const ReceiptTypedDataJson = Schema.Struct({

@@ -1,10 +1,8 @@
 import { createHash } from "node:crypto"
-import { Context, Effect, Layer, Result } from "effect"
+import { Context, Effect, Layer } from "effect"
 import type { HttpServerResponse } from "effect/http"
 import type { HttpServerRequest } from "effect/http/HttpServerRequest"
 import { Chain } from "../chain/Chain.ts"
-import { verifyTransferAuthorization } from "../chain/Eip3009.ts"
-import { verifyUptoPermitSignature } from "../chain/UptoPermit.ts"
 import type { ChatCompletionRequest } from "../domain/Chat.ts"
 import { Conflict, NotFound, Unauthorized } from "../domain/Errors.ts"
 import { type LiveStream, LiveStreams } from "../inference/LiveStreams.ts"
@@ -17,9 +15,9 @@ import type {
 } from "../inference/Paid.ts"
 import { Pipeline } from "../inference/Pipeline.ts"
 import { bodyHash, Idempotency } from "../payment/Idempotency.ts"
-import { decodePaymentSignature } from "../payment/X402.ts"
+import { checkPaymentSignature } from "../payment/PaymentVerifier.ts"
 import { RouterConfig } from "../RouterConfig.ts"
-import { keptReply, keptResponse, type Reply, respondLive } from "./Replies.ts"
+import { keptReply, keptResponse, type Reply, respondLive, type Writing, writing } from "./Replies.ts"
 
 export interface Original<P> {
   readonly admitted: Admitted
@@ -87,29 +85,23 @@ export class PaidCalls extends Context.Service<
       const chain = yield* Chain
       const sha256 = (value: string) => createHash("sha256").update(value).digest("hex")
 
-      /** Who is paying: a funded key, a session, or the wallet that signed the x402 header (checked). */
+      /**
+       * Who is paying: a funded key, a session, or the wallet that signed the x402 header. The header's
+       * signature is checked here, once: the check goes on with the call (`signed`), and the payment
+       * verifier takes its answer instead of checking again.
+       */
       const callerScope = (context: PaidRequestContext) =>
         Effect.gen(function* () {
-          if (context.creditKey !== undefined) return `key:${sha256(context.creditKey)}`
-          if (context.sessionToken !== undefined) return `session:${sha256(context.sessionToken)}`
-          if (context.paymentHeader === undefined) return undefined
-          const decoded = decodePaymentSignature(context.paymentHeader)
-          if (Result.isFailure(decoded)) return undefined
-          const payment = decoded.success
-          const { authorization, signature } = payment
-          const signed =
-            payment.scheme === "upto"
-              ? yield* verifyUptoPermitSignature(chain.chainId, { ...payment.authorization, signature })
-              : yield* Effect.tryPromise(() =>
-                  verifyTransferAuthorization({
-                    token: chain.token,
-                    chainId: chain.chainId,
-                    domain: chain.tokenDomain,
-                    ...payment.authorization,
-                    signature
-                  })
-                ).pipe(Effect.orElseSucceed(() => false))
-          return signed ? `payer:${authorization.from.toLowerCase()}` : undefined
+          if (context.creditKey !== undefined) return { scope: `key:${sha256(context.creditKey)}`, context }
+          if (context.sessionToken !== undefined) {
+            return { scope: `session:${sha256(context.sessionToken)}`, context }
+          }
+          if (context.paymentHeader === undefined) return { scope: undefined, context }
+          const signed = yield* checkPaymentSignature(chain, context.paymentHeader)
+          const checked = { ...context, signed }
+          return signed?.valid === true
+            ? { scope: `payer:${signed.payer.toLowerCase()}`, context: checked }
+            : { scope: undefined, context: checked }
         })
 
       /**
@@ -120,10 +112,10 @@ export class PaidCalls extends Context.Service<
       const replay = (stream: LiveStream<ServeEvent>, from: number) =>
         Effect.suspend(() => {
           if (stream.kept !== undefined) return Effect.succeed(keptResponse(stream.kept, from))
-          const reply = replies.get(stream)
-          return reply === undefined ? Effect.succeed(undefined) : respondLive(live, reply, from)
+          const written = replies.get(stream)
+          return written === undefined ? Effect.succeed(undefined) : respondLive(live, written, from)
         })
-      const replies = new WeakMap<LiveStream<ServeEvent>, Reply>()
+      const replies = new WeakMap<LiveStream<ServeEvent>, Writing>()
 
       type ServeOptions<P> = {
         readonly path: string
@@ -148,19 +140,19 @@ export class PaidCalls extends Context.Service<
                   Effect.tap((admitted) => idempotency.complete(key, admitted.requestId))
                 )
           )
-          const reply = options.reply({ admitted, agent: context.agent, payload: options.payload })
-          replies.set(admitted.stream, reply)
+          const written = writing(options.reply({ admitted, agent: context.agent, payload: options.payload }))
+          replies.set(admitted.stream, written)
           live.keep(admitted.stream, (events) => {
             replies.delete(admitted.stream)
-            return keptReply(reply, events)
+            return keptReply(written, events)
           })
-          return yield* respondLive(live, reply, 0)
+          return yield* respondLive(live, written, 0)
         })
 
       /** A call with an `Idempotency-Key`: claimed (in a scope of its own, released once answered) or replayed. */
-      const idempotent = <P>(options: ServeOptions<P>, context: PaidRequestContext, idempotencyKey: string) =>
+      const idempotent = <P>(options: ServeOptions<P>, sent: PaidRequestContext, idempotencyKey: string) =>
         Effect.gen(function* () {
-          const scope = yield* callerScope(context)
+          const { scope, context } = yield* callerScope(sent)
           // A key is the caller's own: scoped to the credential that pays, so nobody else can
           // replay someone's reply (or the tokens that came with it). An unpaid call has no scope.
           if (scope === undefined) return yield* admitAndRespond(options, context)

@@ -1,6 +1,6 @@
 import { Effect, Stream } from "effect"
 import { HttpServerResponse } from "effect/http"
-import type { KeptReply, LiveStream, LiveStreams } from "../inference/LiveStreams.ts"
+import type { Indexed, KeptReply, LiveStream, LiveStreams } from "../inference/LiveStreams.ts"
 import type { ServeEvent } from "../inference/Paid.ts"
 
 /**
@@ -35,10 +35,72 @@ const JSON_TYPE = "application/json"
 const sseHeaders = (headers: Record<string, string>) => ({ ...headers, "cache-control": "no-cache" })
 
 /**
- * The reply's bytes, written once when its stream finished: the SSE frames of every event concatenated
- * with the offset of each event's first frame (a resume from any event is a slice), or the JSON body.
+ * A served reply while its stream runs: the reply, and once an SSE reader or the keeper needs it, its
+ * SSE as written, encoded once (D350). Its dialect's encoder takes every event in order, from the first,
+ * as it is published; the bytes of the opening frames and of each event's frames are what every SSE
+ * reader sends (the original response, a resume while it runs) and what the stream keeps when it
+ * finishes, so a replay is the bytes the caller got.
  */
-export const keptReply = (reply: Reply, events: ReadonlyArray<ServeEvent>): KeptReply => {
+export interface Writing {
+  readonly reply: Reply
+  encoder: FrameEncoder | undefined
+  opening: Uint8Array | undefined
+  /** The bytes of each event encoded so far, by index (none: the event writes no frame). */
+  readonly frames: Array<Uint8Array | undefined>
+  /** Where each encoded event's bytes begin, after the opening's. */
+  readonly offsets: Array<number>
+  length: number
+}
+
+export const writing = (reply: Reply): Writing => ({
+  reply,
+  encoder: undefined,
+  opening: undefined,
+  frames: [],
+  offsets: [],
+  length: 0
+})
+
+const bytesOf = (frames: ReadonlyArray<string>) =>
+  frames.length === 0 ? undefined : utf8.encode(frames.length === 1 ? frames[0]! : frames.join(""))
+
+/** The reply's encoder, its opening frames encoded (once, at the first need). */
+const encoderOf = (written: Writing) => {
+  if (written.encoder !== undefined) return written.encoder
+  const encoder = written.reply.encoder()
+  written.encoder = encoder
+  written.opening = bytesOf(encoder.start())
+  written.length = written.opening?.length ?? 0
+  return encoder
+}
+
+const encodeNext = (written: Writing, encoder: FrameEncoder, event: ServeEvent | undefined) => {
+  const index = written.frames.length
+  // Past the stream's buffer bound an event no reader took is not there to encode (LiveStreams).
+  const bytes = event === undefined ? undefined : bytesOf(encoder.push(event, index))
+  written.offsets.push(written.length)
+  written.frames.push(bytes)
+  if (bytes !== undefined) written.length += bytes.length
+}
+
+/**
+ * The bytes of event `indexed` (of the stream's `events`), encoding first, in order, every event before
+ * it that no reader needed yet; encoded once, whichever reader asks first.
+ */
+const framesOf = (written: Writing, events: ReadonlyArray<ServeEvent>, indexed: Indexed<ServeEvent>) => {
+  const encoder = encoderOf(written)
+  while (written.frames.length < indexed.index) encodeNext(written, encoder, events[written.frames.length])
+  if (written.frames.length === indexed.index) encodeNext(written, encoder, indexed.event)
+  return written.frames[indexed.index]
+}
+
+/**
+ * What the stream keeps when it finished: the SSE bytes as written (every event encoded, in one buffer
+ * of its own, with the offset of each event's first frame: a resume from any event is a slice), or the
+ * JSON body.
+ */
+export const keptReply = (written: Writing, events: ReadonlyArray<ServeEvent>): KeptReply => {
+  const reply = written.reply
   if (!reply.streaming) {
     return {
       contentType: JSON_TYPE,
@@ -47,20 +109,19 @@ export const keptReply = (reply: Reply, events: ReadonlyArray<ServeEvent>): Kept
       offsets: undefined
     }
   }
-  const encoder = reply.encoder()
-  const parts: Array<string> = [...encoder.start()]
-  const offsets = new Uint32Array(events.length + 1)
-  let length = 0
-  for (const part of parts) length += Buffer.byteLength(part)
-  for (let i = 0; i < events.length; i++) {
-    offsets[i] = length
-    for (const frame of encoder.push(events[i]!, i)) {
-      parts.push(frame)
-      length += Buffer.byteLength(frame)
-    }
+  const encoder = encoderOf(written)
+  while (written.frames.length < events.length) encodeNext(written, encoder, events[written.frames.length])
+  const { frames, opening } = written
+  const body = new Uint8Array(written.length)
+  if (opening !== undefined) body.set(opening)
+  const offsets = new Uint32Array(frames.length + 1)
+  for (let i = 0; i < frames.length; i++) {
+    offsets[i] = written.offsets[i]!
+    const bytes = frames[i]
+    if (bytes !== undefined) body.set(bytes, offsets[i])
   }
-  offsets[events.length] = length
-  return { contentType: SSE, headers: sseHeaders(reply.headers), body: utf8.encode(parts.join("")), offsets }
+  offsets[frames.length] = written.length
+  return { contentType: SSE, headers: sseHeaders(reply.headers), body, offsets }
 }
 
 /**
@@ -78,43 +139,47 @@ export const keptResponse = (kept: KeptReply, from: number) =>
     headers: kept.headers
   })
 
+/** A reader that takes no event: it holds the work (a hang-up still stops it) until it ends. */
+const untilEnd = { map: () => undefined }
+
 /**
  * The reply from event `from` on (0: from the start, with the opening frames): SSE when the caller
  * streams or resumes, else the whole body. A reader that comes after the stream was compacted reads
- * its kept bytes; the encoder otherwise replays from the first event and sends what follows `from`.
+ * its kept bytes; otherwise it sends the reply's frames as written (D350) from `from` on.
  */
-export const respondLive = (live: LiveStreams["Service"], reply: Reply, from: number) =>
-  Effect.gen(function* () {
+export const respondLive = (live: LiveStreams["Service"], written: Writing, from: number) =>
+  Effect.suspend(() => {
+    const reply = written.reply
     const stream = reply.stream
-    if (stream.kept !== undefined) return keptResponse(stream.kept, from)
+    if (stream.kept !== undefined) return Effect.succeed(keptResponse(stream.kept, from))
     if (reply.streaming || from > 0) {
-      // Encoded as each event is published (LiveStreams `follow` with a reader): the response's body
+      // Written as each event is published (LiveStreams `follow` with a reader): the response's body
       // is one stream stage while it waits (D306).
-      const encoder = reply.encoder()
-      const bytesOf = (frames: ReadonlyArray<string>) =>
-        frames.length === 0 ? undefined : utf8.encode(frames.length === 1 ? frames[0]! : frames.join(""))
-      const opening = from === 0 ? bytesOf(encoder.start()) : undefined
+      encoderOf(written)
+      const opening = from === 0 ? written.opening : undefined
       const body = live
-        .follow(stream, 0, {
+        .follow(stream, from, {
           opening: opening === undefined ? [] : [opening],
-          map: ({ event, index }) => {
-            const frames = encoder.push(event, index)
-            return index >= from ? bytesOf(frames) : undefined
+          // Every event is written (the keeper keeps them all); this reader sends those from `from` on.
+          map: (indexed) => {
+            const bytes = framesOf(written, stream.events, indexed)
+            return indexed.index >= from ? bytes : undefined
           }
         })
         .pipe(
           // Compacted between the response and its first read: nothing went out yet.
           Stream.catchTag("Compacted", () => Stream.make(keptBody(stream.kept!, from)))
         )
-      return HttpServerResponse.stream(body, { contentType: SSE, headers: sseHeaders(reply.headers) })
+      return Effect.succeed(
+        HttpServerResponse.stream(body, { contentType: SSE, headers: sseHeaders(reply.headers) })
+      )
     }
-    return yield* Stream.runCollect(live.follow(stream, 0)).pipe(
-      Effect.map((events) =>
-        // The work ended, and its keeper wrote this very body then (the same bytes): sent as kept,
-        // not assembled and serialized a second time (D324).
+    // The events are not read here: when the work ends, its keeper writes this very body (D324).
+    return Stream.runDrain(live.follow(stream, 0, untilEnd)).pipe(
+      Effect.map(() =>
         stream.kept !== undefined
           ? keptResponse(stream.kept, 0)
-          : HttpServerResponse.jsonUnsafe(reply.body(events.map((e) => e.event)), { headers: reply.headers })
+          : HttpServerResponse.jsonUnsafe(reply.body(stream.events), { headers: reply.headers })
       ),
       Effect.catchTag("Compacted", () => Effect.succeed(keptResponse(stream.kept!, from)))
     )

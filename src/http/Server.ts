@@ -84,6 +84,9 @@ const MaxBodySizeLive = Layer.effect(
   RouterConfig.useSync((config) => ByteSize.bytes(config.maxBodyBytes))
 )
 
+/** Connections the kernel may hold for the router before it accepts them (D423). */
+const ACCEPT_BACKLOG = 4096
+
 export const HttpServerLive = HttpRouter.serve(ApiRoutes, {
   disableListenLog: true,
   disableLogger: true
@@ -93,7 +96,10 @@ export const HttpServerLive = HttpRouter.serve(ApiRoutes, {
   Layer.provideMerge(
     Layer.unwrap(
       RouterConfig.useSync((config) =>
-        NodeHttpServer.layer(createServer, { port: config.port, host: config.host })
+        // A burst of connections waits in the kernel's accept queue while the event loop is busy; Node's
+        // default of 511 overflowed at a few thousand new streams, and the overflowed callers were reset
+        // (D423). The kernel caps it at `net.core.somaxconn`.
+        NodeHttpServer.layer(createServer, { port: config.port, host: config.host, backlog: ACCEPT_BACKLOG })
       )
     )
   )

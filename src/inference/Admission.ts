@@ -104,6 +104,7 @@ export const makeAdmission = Effect.gen(function* () {
     const { funding, payer, authorized, lease } = yield* fundingService.fund({
       creditKey: context.creditKey,
       paymentHeader: context.paymentHeader,
+      signed: context.signed,
       resourceUrl: context.resourceUrl,
       worstCase,
       description,

@@ -25,6 +25,7 @@ import { QuoteBook } from "../market/QuoteBook.ts"
 import { Rfq } from "../market/Rfq.ts"
 import { type Funded, FundingService } from "../payment/Funding.ts"
 import { bodyHash, Idempotency } from "../payment/Idempotency.ts"
+import { traced } from "../Telemetry.ts"
 import { gateLaunchFeatures } from "./Gate.ts"
 import { renderImage } from "./ImageRender.ts"
 import { type AgentHeaders, newRequestId, reservationOf } from "./Paid.ts"
@@ -121,7 +122,7 @@ export class Images extends Context.Service<
       })
 
       /** Gated fields and shapes this surface will never serve: before any pricing or payment. */
-      const gate = Effect.fn("Images.gate")(function* (request: ImageGenerationRequest) {
+      const gate = Effect.fnUntraced(function* (request: ImageGenerationRequest) {
         yield* gateLaunchFeatures(request)
         if ((request.n ?? 1) !== 1) {
           return yield* new InvalidRequest({
@@ -146,9 +147,9 @@ export class Images extends Context.Service<
           })
         }
         return size
-      })
+      }, traced("Images.gate"))
 
-      const route = Effect.fn("Images.route")(function* (request: ImageGenerationRequest, requested: string) {
+      const route = Effect.fnUntraced(function* (request: ImageGenerationRequest, requested: string) {
         if (!isRoutingProfile(requested) && !isImageClass(catalog.find(requested)?.id ?? "")) {
           return yield* new NotFound({
             code: "model_not_found",
@@ -171,7 +172,7 @@ export class Images extends Context.Service<
           code: "no_eligible_quote",
           message: `No live image quote can serve this request (${outcome.reason}); nothing was charged`
         })
-      })
+      }, traced("Images.route"))
 
       /** Captures the up-front price when the image was delivered; otherwise releases everything. */
       const settleImage = (paid: Paid, exit: Exit.Exit<unknown, unknown>) =>
@@ -197,7 +198,7 @@ export class Images extends Context.Service<
           })
         }).pipe(Effect.withSpan("Images.settle"))
 
-      const pay = Effect.fn("Images.pay")(function* (
+      const pay = Effect.fnUntraced(function* (
         request: ImageGenerationRequest,
         context: ImageRequestContext,
         auction: AuctionCleared,
@@ -233,9 +234,9 @@ export class Images extends Context.Service<
           payer,
           funding
         } satisfies Paid
-      })
+      }, traced("Images.pay"))
 
-      const generateOnce = Effect.fn("Images.generate")(function* (
+      const generateOnce = Effect.fnUntraced(function* (
         request: ImageGenerationRequest,
         context: ImageRequestContext
       ) {
@@ -260,7 +261,7 @@ export class Images extends Context.Service<
             return { ...paid, image } satisfies GeneratedImage
           })
         )
-      })
+      }, traced("Images.generate"))
 
       const generate = (request: ImageGenerationRequest, context: ImageRequestContext) => {
         const key = context.idempotencyKey

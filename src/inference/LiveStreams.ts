@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto"
-import { Cause, Clock, Context, Data, Deferred, Effect, Fiber, Layer, Queue, Schedule, Stream } from "effect"
+import { Cause, Clock, Context, Data, Effect, Fiber, Layer, Queue, Schedule, Stream } from "effect"
 import { randomText } from "../domain/RandomText.ts"
 
 /**
@@ -55,7 +55,6 @@ export interface LiveStream<E> {
   readonly tokenHash: string
   /** Every event while the work runs; emptied when it finishes and a keeper turned them into `kept`. */
   events: Array<E>
-  readonly done: Deferred.Deferred<void>
   /** The live readers, each with what it makes of an event. */
   readonly readers: Map<Reader, ReaderMap<E>>
   fiber: Fiber.Fiber<void> | undefined
@@ -124,7 +123,6 @@ export class LiveStreams extends Context.Service<
             id,
             tokenHash: hashToken(token),
             events: [],
-            done: yield* Deferred.make<void>(),
             readers: new Map(),
             fiber: undefined,
             finishedAt: undefined,
@@ -153,8 +151,13 @@ export class LiveStreams extends Context.Service<
                 // Kept for replay are the events and this record only: the finished fiber holds the
                 // context it was started in (the caller's HTTP request among it) and `work`'s closure.
                 stream.fiber = undefined
-                compact(stream)
-                yield* Deferred.succeed(stream.done, undefined)
+                // Last, and contained: a keeper that throws leaves a finished stream with its events
+                // (followed as any other), never one left half finished (D352).
+                yield* Effect.sync(() => compact(stream)).pipe(
+                  Effect.catchDefect((defect) =>
+                    Effect.logError("A finished stream's reply was not kept", defect)
+                  )
+                )
               })
             ),
             // Started at once and uninterruptible until `work` opens its own interruptible

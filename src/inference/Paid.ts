@@ -5,6 +5,7 @@ import type { PaymentSource } from "../ledger/Ledger.ts"
 import type { AuctionCleared } from "../market/Auction.ts"
 import type { HeldLease } from "../market/QuoteBook.ts"
 import type { Funding } from "../payment/Funding.ts"
+import type { SignatureCheck } from "../payment/PaymentVerifier.ts"
 import type { FinishReason, UpstreamEvent } from "./Events.ts"
 import type { LiveStream } from "./LiveStreams.ts"
 
@@ -19,6 +20,8 @@ export interface AgentHeaders {
 export interface PaidRequestContext {
   readonly dialect: "openai" | "anthropic" | "responses"
   readonly paymentHeader: string | undefined
+  /** The payment header's signature check, when it was made before admission (an idempotent call's scope). */
+  readonly signed?: SignatureCheck | undefined
   /** `x-session-token`: a later turn of an open session. */
   readonly sessionToken?: string | undefined
   /** `x-credit-key`: spend a funded key's budget instead of signing per request. */

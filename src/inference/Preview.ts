@@ -3,6 +3,7 @@ import type { ChatCompletionRequest } from "../domain/Chat.ts"
 import type { RoutingPreview as RoutingPreviewBody } from "../domain/Market.ts"
 import { type AuctionOutcome, ROUTING_PROFILES } from "../market/Auction.ts"
 import { type MarketRequest, Rfq } from "../market/Rfq.ts"
+import { traced } from "../Telemetry.ts"
 import { marketRequestOf } from "./Requirements.ts"
 import { estimatePromptTokens } from "./Tokens.ts"
 
@@ -55,7 +56,7 @@ export class RoutingPreview extends Context.Service<
     RoutingPreview,
     Effect.gen(function* () {
       const rfq = yield* Rfq
-      const preview = Effect.fn("RoutingPreview.preview")(function* (payload: ChatCompletionRequest) {
+      const preview = Effect.fnUntraced(function* (payload: ChatCompletionRequest) {
         const promptTokens = estimatePromptTokens(payload.messages)
         const asSent = marketRequestOf(payload, promptTokens)
         const variants: Array<readonly [string, MarketRequest]> = [
@@ -77,7 +78,7 @@ export class RoutingPreview extends Context.Service<
           max_tokens: asSent.maxTokens,
           profiles
         }
-      })
+      }, traced("RoutingPreview.preview"))
       return RoutingPreview.of({ preview })
     })
   )

@@ -1,4 +1,4 @@
-import { Cause, Clock, Context, Deferred, Effect, Exit, Layer, Option, Scope, Stream } from "effect"
+import { Cause, Clock, Context, Deferred, Effect, Exit, Layer, Option, Scope } from "effect"
 import { charge } from "../domain/Billing.ts"
 import { maxTokensOf } from "../domain/Chat.ts"
 import { ServiceUnavailable, UpstreamFailed } from "../domain/Errors.ts"
@@ -16,7 +16,7 @@ import type { Admitted, Funding, Launch, ServeEvent, ServeSummary } from "./Paid
 import { Upstream } from "./upstream/Upstream.ts"
 
 /** The longest any request is served (then it ends as `partial`, delivered tokens charged). */
-export const SERVE_DEADLINE = "15 minutes"
+export const SERVE_DEADLINE_MS = 15 * 60 * 1000
 
 /** A fallback provider serves only if its own ask fits inside what the caller already authorized. */
 const MAX_ATTEMPTS = 2
@@ -156,82 +156,80 @@ const checkpointer =
  * previous attempt's slot, if any, is let go first).
  */
 const attempt = (deps: Deps) => (input: Serving, meter: Meter, holding: Holding, bid: RankedBid) =>
-  Effect.scoped(
-    Effect.gen(function* () {
-      const { book, providers, latency, upstream } = deps
-      const provider = providers.get(bid.provider_id)
-      const quote = (yield* book.live).find(
-        (q) => q.quote.provider_id === bid.provider_id && q.quote.model_class === bid.model_class
+  Effect.gen(function* () {
+    const { book, providers, latency, upstream } = deps
+    const provider = providers.get(bid.provider_id)
+    const quote = (yield* book.live).find(
+      (q) => q.quote.provider_id === bid.provider_id && q.quote.model_class === bid.model_class
+    )
+    if (provider === undefined || !provider.enabled || quote === undefined) {
+      return yield* Effect.fail(
+        new UpstreamFailed({ code: "provider_unavailable", message: "provider left the market" })
       )
-      if (provider === undefined || !provider.enabled || quote === undefined) {
-        return yield* Effect.fail(
-          new UpstreamFailed({ code: "provider_unavailable", message: "provider left the market" })
-        )
-      }
-      const reserved = reservedLease(holding, bid)
-      if (reserved === undefined) {
-        yield* letGo(holding)
-        const scope = yield* Scope.make()
-        holding.scope = scope
-        holding.slot = yield* book.acquireSlot(quote.quote).pipe(
-          Scope.provide(scope),
-          Effect.mapError((e) => new UpstreamFailed({ code: e.code, message: e.message }))
-        )
-      } else if (!reserved.granted) {
-        const refused = capacityExhausted(bid.provider_id, bid.model_class)
-        return yield* new UpstreamFailed({ code: refused.code, message: refused.message })
-      }
-      meter.servedBy = bid
-      meter.heldSources = undefined
-      const sentAt = yield* Clock.currentTimeMillis
-      yield* upstream
-        .stream(
-          { baseUrl: provider.base_url, dialect: provider.dialect },
-          input.request,
-          bid.model_class,
-          maxTokensOf(input.request)
-        )
-        .pipe(
-          Stream.runForEach((event) =>
-            Effect.gen(function* () {
-              if (event._tag === "Usage") {
-                meter.usage = event
-                return
-              }
-              if (event._tag === "Finish") {
-                meter.finish = event.reason
-                return
-              }
-              if (event._tag === "Sources") {
-                // Grounding arrives before the first token; it is held until a token
-                // proves this provider is serving (a fallback must not repeat it).
-                if (!meter.delivered) meter.heldSources = event
-                else yield* input.emit({ _tag: "Delta", event })
-                return
-              }
-              if (!meter.delivered) {
-                meter.delivered = true
-                meter.firstTokenAt = yield* Clock.currentTimeMillis
-                yield* latency.observe(bid.provider_id, bid.model_class, meter.firstTokenAt - sentAt)
-                if (meter.heldSources !== undefined)
-                  yield* input.emit({ _tag: "Delta", event: meter.heldSources })
-                yield* Deferred.succeed(input.started, undefined)
-              }
-              recordContent(meter, event)
-              yield* deps.checkpoint(input, meter)
-              yield* input.emit({ _tag: "Delta", event })
+    }
+    const reserved = reservedLease(holding, bid)
+    if (reserved === undefined) {
+      yield* letGo(holding)
+      const scope = yield* Scope.make()
+      holding.scope = scope
+      holding.slot = yield* book.acquireSlot(quote.quote).pipe(
+        Scope.provide(scope),
+        Effect.mapError((e) => new UpstreamFailed({ code: e.code, message: e.message }))
+      )
+    } else if (!reserved.granted) {
+      const refused = capacityExhausted(bid.provider_id, bid.model_class)
+      return yield* new UpstreamFailed({ code: refused.code, message: refused.message })
+    }
+    meter.servedBy = bid
+    meter.heldSources = undefined
+    const sentAt = yield* Clock.currentTimeMillis
+    // Each event is handled as it is read, in this fiber (no stream stages held while the reply is open).
+    yield* upstream
+      .run(
+        { baseUrl: provider.base_url, dialect: provider.dialect },
+        input.request,
+        bid.model_class,
+        maxTokensOf(input.request),
+        (event) =>
+          Effect.gen(function* () {
+            if (event._tag === "Usage") {
+              meter.usage = event
+              return
+            }
+            if (event._tag === "Finish") {
+              meter.finish = event.reason
+              return
+            }
+            if (event._tag === "Sources") {
+              // Grounding arrives before the first token; it is held until a token
+              // proves this provider is serving (a fallback must not repeat it).
+              if (!meter.delivered) meter.heldSources = event
+              else yield* input.emit({ _tag: "Delta", event })
+              return
+            }
+            if (!meter.delivered) {
+              meter.delivered = true
+              meter.firstTokenAt = yield* Clock.currentTimeMillis
+              yield* latency.observe(bid.provider_id, bid.model_class, meter.firstTokenAt - sentAt)
+              if (meter.heldSources !== undefined)
+                yield* input.emit({ _tag: "Delta", event: meter.heldSources })
+              yield* Deferred.succeed(input.started, undefined)
+            }
+            recordContent(meter, event)
+            yield* deps.checkpoint(input, meter)
+            yield* input.emit({ _tag: "Delta", event })
+          })
+      )
+      .pipe(
+        Effect.mapError(
+          (e) =>
+            new UpstreamFailed({
+              code: `upstream_${e.reason}`,
+              message: `the provider failed: ${e.message}`
             })
-          ),
-          Effect.mapError(
-            (e) =>
-              new UpstreamFailed({
-                code: `upstream_${e.reason}`,
-                message: `the provider failed: ${e.message}`
-              })
-          )
         )
-    })
-  )
+      )
+  })
 
 /**
  * The reservation's release, on every exit of what it was reserved for (served, failed, stopped,
@@ -292,6 +290,19 @@ const settleReservation =
       if (settled) slot?.handOff()
     }).pipe(Effect.ensuring(letGo(input.holding)), Effect.orDie)
 
+/**
+ * How serving ended once the deadline interrupted it: as the deadline's failure (the meter says why),
+ * not as a stop; an exit that was not the interruption (serving ended as the timer fired) stays.
+ */
+const pastDeadline = (
+  meter: Meter,
+  exit: Exit.Exit<void, UpstreamFailed>
+): Exit.Exit<void, UpstreamFailed> => {
+  if (Exit.isSuccess(exit) || !Cause.hasInterruptsOnly(exit.cause)) return exit
+  meter.error = { code: "serve_deadline", message: "the request reached the serving deadline" }
+  return Exit.fail(new UpstreamFailed(meter.error))
+}
+
 /** Once the reservation is settled: tells the readers (`End`) and the waiting admission. */
 const announce = (input: Serving) =>
   Effect.gen(function* () {
@@ -339,124 +350,135 @@ export class Serve extends Context.Service<
     ) => Effect.Effect<Admitted, UpstreamFailed | ServiceUnavailable>
   }
 >()("router/inference/Serve") {
-  static readonly layer = Layer.effect(
-    Serve,
-    Effect.gen(function* () {
-      const book = yield* QuoteBook
-      const providers = yield* Providers
-      const latency = yield* Latency
-      const live = yield* LiveStreams
-      const upstream = yield* Upstream
-      const settle = yield* Settle
-      const checkpoint = checkpointer(settle, yield* Effect.scope)
+  /** `deadlineMs`: the serving deadline (`SERVE_DEADLINE_MS` unless a test shortens it). */
+  static readonly layerWith = (options: { readonly deadlineMs?: number | undefined } = {}) =>
+    Layer.effect(
+      Serve,
+      Effect.gen(function* () {
+        const deadlineMs = options.deadlineMs ?? SERVE_DEADLINE_MS
+        const book = yield* QuoteBook
+        const providers = yield* Providers
+        const latency = yield* Latency
+        const live = yield* LiveStreams
+        const upstream = yield* Upstream
+        const settle = yield* Settle
+        const checkpoint = checkpointer(settle, yield* Effect.scope)
 
-      const attemptOn = attempt({ book, providers, latency, upstream, checkpoint })
-      const release = settleReservation(settle)
+        const attemptOn = attempt({ book, providers, latency, upstream, checkpoint })
+        const release = settleReservation(settle)
 
-      // A lease the reservation's statement took is held from here, in the same uninterruptible step
-      // as the reservation and its release (which deletes the lease row with the capture).
-      const reserve = <E>(admission: Effect.Effect<Launch, E, Scope.Scope>) =>
-        Effect.acquireRelease(
-          Effect.flatMap(admission, (launch) =>
-            Effect.gen(function* () {
-              const holding: Holding = { scope: undefined, slot: undefined, reserved: launch.lease }
-              if (launch.lease?.granted === true) {
-                holding.scope = yield* Scope.make()
-                holding.slot = yield* book.adoptSlot(launch.lease.lease).pipe(Scope.provide(holding.scope))
-              }
-              return {
-                ...launch,
-                meter: newMeter(launch.auction.winner),
-                holding,
-                settled: yield* Deferred.make<ServeSummary>()
-              } satisfies Reservation
-            })
-          ),
-          release
-        )
+        // A lease the reservation's statement took is held from here, in the same uninterruptible step
+        // as the reservation and its release (which deletes the lease row with the capture).
+        const reserve = <E>(admission: Effect.Effect<Launch, E, Scope.Scope>) =>
+          Effect.acquireRelease(
+            Effect.flatMap(admission, (launch) =>
+              Effect.gen(function* () {
+                const holding: Holding = { scope: undefined, slot: undefined, reserved: launch.lease }
+                if (launch.lease?.granted === true) {
+                  holding.scope = yield* Scope.make()
+                  holding.slot = yield* book.adoptSlot(launch.lease.lease).pipe(Scope.provide(holding.scope))
+                }
+                return {
+                  ...launch,
+                  meter: newMeter(launch.auction.winner),
+                  holding,
+                  settled: yield* Deferred.make<ServeSummary>()
+                } satisfies Reservation
+              })
+            ),
+            release
+          )
 
-      /** The winner, then a fallback while nothing was delivered; bounded by the serving deadline. */
-      const serve = (input: Serving, scope: Scope.Closeable) => {
-        const { auction, request, meter, holding } = input
-        const worstAt = { input: input.promptEstimate, cachedInput: 0, output: maxTokensOf(request) }
-        const fallbacks = auction.bids.filter(
-          (b) => b.outcome === "lost" && charge(worstAt, b) <= auction.clearedCost
-        )
-        const candidates = [auction.winner, ...fallbacks].slice(0, MAX_ATTEMPTS)
+        /** The winner, then a fallback while nothing was delivered; bounded by the serving deadline. */
+        const serve = (input: Serving, scope: Scope.Closeable) => {
+          const { auction, request, meter, holding } = input
+          const worstAt = { input: input.promptEstimate, cachedInput: 0, output: maxTokensOf(request) }
+          const fallbacks = auction.bids.filter(
+            (b) => b.outcome === "lost" && charge(worstAt, b) <= auction.clearedCost
+          )
+          const candidates = [auction.winner, ...fallbacks].slice(0, MAX_ATTEMPTS)
 
-        const run = Effect.gen(function* () {
-          for (let i = 0; i < candidates.length; i++) {
-            const exit = yield* Effect.exit(attemptOn(input, meter, holding, candidates[i]!))
-            if (Exit.isSuccess(exit)) return
-            const failure = Cause.findErrorOption(exit.cause)
-            const error = Option.isSome(failure)
-              ? failure.value
-              : new UpstreamFailed({ code: "upstream_defect", message: "the provider call failed" })
-            meter.error = { code: error.code, message: error.message }
-            // After the first token the caller has bytes: end the stream, charge what was delivered.
-            if (meter.delivered || i === candidates.length - 1) return yield* Effect.fail(error)
-            yield* Effect.logWarning("provider failed before the first token; trying the next quote", {
-              request_id: input.requestId,
-              code: error.code
-            })
-          }
-        })
-
-        // Only serving is interruptible (a stop, a hang-up, shutdown); settling is not. No request
-        // serves longer than the deadline, which is what lets the reaper and the epoch close reason
-        // about requests of other instances (docs/decisions.md D42).
-        const bounded = run.pipe(
-          Effect.timeoutOrElse({
-            duration: SERVE_DEADLINE,
-            orElse: () => {
-              meter.error = { code: "serve_deadline", message: "the request reached the serving deadline" }
-              return Effect.fail(new UpstreamFailed(meter.error))
+          const run = Effect.gen(function* () {
+            for (let i = 0; i < candidates.length; i++) {
+              const exit = yield* Effect.exit(attemptOn(input, meter, holding, candidates[i]!))
+              if (Exit.isSuccess(exit)) return
+              const failure = Cause.findErrorOption(exit.cause)
+              const error = Option.isSome(failure)
+                ? failure.value
+                : new UpstreamFailed({ code: "upstream_defect", message: "the provider call failed" })
+              meter.error = { code: error.code, message: error.message }
+              // After the first token the caller has bytes: end the stream, charge what was delivered.
+              if (meter.delivered || i === candidates.length - 1) return yield* Effect.fail(error)
+              yield* Effect.logWarning("provider failed before the first token; trying the next quote", {
+                request_id: input.requestId,
+                code: error.code
+              })
             }
           })
-        )
-        return Effect.interruptible(bounded).pipe(
-          // Closing the reservation's scope with how serving ended settles it (its release), then the
-          // task hold it was taken under; the readers are told once it is settled.
-          Effect.onExit((exit) => Effect.andThen(Scope.close(scope, exit), announce(input))),
-          Effect.catchCause(() => Effect.void),
-          traced("Serve.run", { attributes: { request_id: input.requestId } })
-        )
-      }
 
-      // Untraced: its annotations go on the admission span that calls it (Completions.admit).
-      const launch = Effect.fnUntraced(function* (input: Reservation, scope: Scope.Closeable) {
-        const { requestId, createdAt, request, auction, funding } = input
-        yield* Effect.annotateCurrentSpan({
-          request_id: requestId,
-          model_class: auction.winner.model_class,
-          winner: auction.winner.provider_id,
-          price_setter: auction.priceSetter,
-          funding: funding._tag
+          // Only serving is interruptible (a stop, a hang-up, shutdown); settling is not. No request
+          // serves longer than the deadline, which is what lets the reaper and the epoch close reason
+          // about requests of other instances (docs/decisions.md D42). The deadline is a timer that
+          // interrupts this fiber as a stop does, and serving then ends as the deadline's failure: a
+          // `timeout` would race `run` against a sleep in two fibers of their own, per request (D361).
+          return Effect.withFiber((fiber) => {
+            let late = false
+            const deadline = setTimeout(() => {
+              late = true
+              fiber.interruptUnsafe(fiber.id)
+            }, deadlineMs)
+            deadline.unref()
+            return Effect.interruptible(run).pipe(
+              // Closing the reservation's scope with how serving ended settles it (its release), then the
+              // task hold it was taken under; the readers are told once it is settled.
+              Effect.onExit((exit) => {
+                clearTimeout(deadline)
+                return Effect.andThen(
+                  Scope.close(scope, late ? pastDeadline(meter, exit) : exit),
+                  announce(input)
+                )
+              }),
+              Effect.catchCause(() => Effect.void),
+              traced("Serve.run", { attributes: { request_id: input.requestId } })
+            )
+          })
+        }
+
+        // Untraced: its annotations go on the admission span that calls it (Completions.admit).
+        const launch = Effect.fnUntraced(function* (input: Reservation, scope: Scope.Closeable) {
+          const { requestId, createdAt, request, auction, funding } = input
+          yield* Effect.annotateCurrentSpan({
+            request_id: requestId,
+            model_class: auction.winner.model_class,
+            winner: auction.winner.provider_id,
+            price_setter: auction.priceSetter,
+            funding: funding._tag
+          })
+          const started = yield* Deferred.make<void, UpstreamFailed | ServiceUnavailable>()
+          const { stream, token } = yield* live.start<ServeEvent>(requestId, (emit) =>
+            serve({ ...input, emit, started }, scope)
+          )
+          // Headers go out only once the winner (or its fallback) has produced its first event,
+          // so a provider that fails before the first token is a clean 502 with nothing charged.
+          // A caller that hangs up while waiting stops the work: it releases what it reserved.
+          yield* Deferred.await(started).pipe(
+            Effect.interruptible,
+            Effect.onInterrupt(() => live.stop(stream))
+          )
+          return {
+            requestId,
+            createdAt,
+            request,
+            auction,
+            funding,
+            stream,
+            streamToken: token,
+            sessionToken: input.sessionToken
+          } satisfies Admitted
         })
-        const started = yield* Deferred.make<void, UpstreamFailed | ServiceUnavailable>()
-        const { stream, token } = yield* live.start<ServeEvent>(requestId, (emit) =>
-          serve({ ...input, emit, started }, scope)
-        )
-        // Headers go out only once the winner (or its fallback) has produced its first event,
-        // so a provider that fails before the first token is a clean 502 with nothing charged.
-        // A caller that hangs up while waiting stops the work: it releases what it reserved.
-        yield* Deferred.await(started).pipe(
-          Effect.interruptible,
-          Effect.onInterrupt(() => live.stop(stream))
-        )
-        return {
-          requestId,
-          createdAt,
-          request,
-          auction,
-          funding,
-          stream,
-          streamToken: token,
-          sessionToken: input.sessionToken
-        } satisfies Admitted
-      })
 
-      return Serve.of({ reserve, launch })
-    })
-  )
+        return Serve.of({ reserve, launch })
+      })
+    )
+  static readonly layer = Serve.layerWith()
 }

@@ -4,6 +4,7 @@ import { feeSplit } from "../domain/Billing.ts"
 import type { EconomicsRecord } from "../domain/Economics.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import type { ReceiptStore } from "./ReceiptStore.ts"
+import { type Entry, makeSettleBatch, type Settlement } from "./SettleBatch.ts"
 
 /**
  * How a captured request was paid: an x402 authorization (`exact` unless said: an `upto` one settles the
@@ -40,21 +41,21 @@ export const queuesCredit = (source: PaymentSource | undefined): boolean =>
 /** One more write of the settling statement: its CTE's name (another write may wait for it) and text. */
 type Effect_ = readonly [name: string, statement: Statement.Fragment]
 
-/** A ledger row the settling statement writes (only for a positive amount). */
-interface Entry {
-  readonly account: string
-  readonly kind: string
-  readonly amount: number
-}
+/** How a request paid by a key or an `exact` authorization is settled in a batch (`SettleBatch.ts`). */
+type Together = Partial<Pick<Settlement, "credit_queued" | "authorization_status" | "refund">>
 
 /**
  * Capture and release: how a reservation ends. Either is idempotent (only a request still `reserved`
  * is settled), writes the receipt and economics, and moves the money by the way it was paid, in one
- * statement: one round trip, atomic, every write gated on the claim of the request. The receipt is
- * signed after the statement, off the reply's path (`ReceiptStore.enqueue`; the spec lets a receipt
- * finalize shortly after the response).
+ * statement: atomic, every write gated on the claim of the request. A request paid by a funded key or an
+ * `exact` authorization is settled with the others of its wallet ready in the same turn, one statement for
+ * all (`SettleBatch.ts`, D370); the other ways of paying have a statement of their own. Either answers
+ * whether this call claimed the request. The receipt is signed after the statement, off the reply's path
+ * (`ReceiptStore.enqueue`; the spec lets a receipt finalize shortly after the response).
  */
-export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) => {
+export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient, receipts: ReceiptStore) {
+  const batch = yield* makeSettleBatch(sql)
+
   /**
    * Whether the receipt is final as captured (balance- or budget-backed, or an `upto` authorization charged
    * zero, which settles nothing) or waits for a transfer.
@@ -112,6 +113,40 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
     `.pipe(Effect.map((result) => (result[0]?.claimed ?? 0) > 0))
   }
 
+  /** The settlement as one row of its wallet's batch of this turn (`SettleBatch.ts`). */
+  const settleTogether = (
+    { receipt, economics, lease }: CaptureRecord,
+    status: "captured" | "released",
+    entries: ReadonlyArray<Entry>,
+    together: Together
+  ) =>
+    batch.settle({
+      request_id: receipt.request_id,
+      status,
+      charged: receipt.charged,
+      epoch_id: receipt.epoch_id,
+      receipt,
+      economics,
+      entries: entries.filter((e) => e.amount > 0),
+      lease: lease ?? null,
+      credit_queued: together.credit_queued ?? false,
+      authorization_status: together.authorization_status ?? null,
+      refund: together.refund ?? 0
+    })
+
+  /** Settles in the batch with `together`, else in a statement of its own. */
+  const settle = (
+    record: CaptureRecord,
+    status: "captured" | "released",
+    entries: ReadonlyArray<Entry>,
+    effects: ReadonlyArray<Effect_>,
+    together: Together | undefined
+  ) =>
+    (together === undefined
+      ? settleStatement(record, status, entries, effects)
+      : settleTogether(record, status, entries, together)
+    ).pipe(Effect.orDie)
+
   const claimedOnly = sql`EXISTS (SELECT 1 FROM claimed)`
 
   /**
@@ -120,10 +155,15 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
    * to the key's and the owner's rows in one statement, so a key's requests lock those rows once each (at
    * reservation), not twice. Until folded the whole worst case stays reserved.
    */
+  const creditReleased = (receipt: ReceiptBody): Entry => ({
+    account: receipt.wallet,
+    kind: "credit_released",
+    amount: receipt.authorized - receipt.charged
+  })
+
+  /** The same in a statement of its own (a key-funded session opening's release). */
   const settleCredit = (receipt: ReceiptBody) => ({
-    entries: [
-      { account: receipt.wallet, kind: "credit_released", amount: receipt.authorized - receipt.charged }
-    ],
+    entries: [creditReleased(receipt)],
     effects: [
       [
         "credit_queued",
@@ -138,6 +178,13 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
     sql`UPDATE sessions SET spent = spent + ${receipt.charged}, in_flight = NULL, turns = turns + 1,
                             prefix_tokens = ${prefixTokens}
         WHERE session_id = ${sessionId} AND in_flight = ${receipt.request_id} AND ${claimedOnly}`
+
+  /** An authorization never submitted goes back whole. */
+  const authorizationReleased = (receipt: ReceiptBody): Entry => ({
+    account: receipt.wallet,
+    kind: "authorization_released",
+    amount: receipt.authorized
+  })
 
   const submitAuthorization = (receipt: ReceiptBody) =>
     sql`UPDATE x402_authorizations SET status = 'pending', updated_at = now()
@@ -182,13 +229,12 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
       { account: `provider:${receipt.provider_id}`, kind: "provider_share", amount: providerShare }
     ]
     const effects: Array<Effect_> = []
+    let together: Together | undefined
     switch (source._tag) {
-      case "Credit": {
-        const credit = settleCredit(receipt)
-        entries.push(...credit.entries)
-        effects.push(...credit.effects)
+      case "Credit":
+        entries.push(creditReleased(receipt))
+        together = { credit_queued: true }
         break
-      }
       case "SessionOpening":
         // The remainder stays in the session budget until the session closes.
         if (source.funding._tag === "X402")
@@ -205,23 +251,13 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
           effects.push(...upto.effects)
           break
         }
-        effects.push(["authorization_settled", submitAuthorization(receipt)])
-        if (refund > 0) {
-          entries.push({ account: receipt.wallet, kind: "refund_due", amount: refund })
-          effects.push([
-            "refund_recorded",
-            sql`
-              INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
-              SELECT request_id, ${receipt.wallet}, ${refund}, ${receipt.epoch_id}, 'due' FROM claimed
-            `
-          ])
-        }
+        entries.push({ account: receipt.wallet, kind: "refund_due", amount: refund })
+        together = { authorization_status: "pending", refund }
     }
-    const claimed = yield* settleStatement({ receipt, economics, lease }, "captured", entries, effects).pipe(
-      Effect.orDie
-    )
+    const claimed = yield* settle({ receipt, economics, lease }, "captured", entries, effects, together)
     // A charge settled on a balance or a budget is final now: its receipt is signed shortly after.
     if (claimed && settledOnCapture(source, receipt)) yield* receipts.enqueue(receipt)
+    return claimed
   })
 
   const release = Effect.fnUntraced(function* ({
@@ -241,19 +277,22 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
           WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}
         `
       ])
-      entries.push({ account: receipt.wallet, kind: "authorization_released", amount: receipt.authorized })
+      entries.push(authorizationReleased(receipt))
     }
     const releaseCredit = () => {
       const credit = settleCredit(receipt)
       entries.push(...credit.entries)
       effects.push(...credit.effects)
     }
+    let together: Together | undefined
     switch (source._tag) {
       case "Credit":
-        releaseCredit()
+        entries.push(creditReleased(receipt))
+        together = { credit_queued: true }
         break
       case "X402":
-        releaseAuthorization()
+        entries.push(authorizationReleased(receipt))
+        together = { authorization_status: "released" }
         break
       case "SessionOpening":
         // Nothing was served: the session never opened and its funding goes back whole.
@@ -272,11 +311,10 @@ export const makeCapture = (sql: SqlClient.SqlClient, receipts: ReceiptStore) =>
         ])
         entries.push({ account: receipt.wallet, kind: "session_released", amount: receipt.authorized })
     }
-    const claimed = yield* settleStatement({ receipt, economics, lease }, "released", entries, effects).pipe(
-      Effect.orDie
-    )
+    const claimed = yield* settle({ receipt, economics, lease }, "released", entries, effects, together)
     if (claimed) yield* receipts.enqueue(receipt)
+    return claimed
   })
 
   return { capture, release }
-}
+})

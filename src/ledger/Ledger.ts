@@ -1,6 +1,5 @@
 import { Context, Effect, Layer, Schema } from "effect"
 import { SqlClient, type SqlError, type Statement } from "effect/sql"
-import type { Hex } from "viem"
 import { Chain } from "../chain/Chain.ts"
 import type { ServiceUnavailable } from "../domain/Errors.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
@@ -15,7 +14,6 @@ import {
   makeReservations,
   type NonceReplay,
   type ReservationRecord,
-  type UptoNonceKey,
   type X402Hold,
   type X402Reserved
 } from "./Reserve.ts"
@@ -72,7 +70,6 @@ export class Ledger extends Context.Service<
       record: ReservationRecord,
       hold: X402Hold
     ) => Effect.Effect<X402Reserved, NonceReplay | ServiceUnavailable>
-    readonly nonceUnused: (payer: string, nonce: Hex | UptoNonceKey) => Effect.Effect<boolean>
     readonly reserveSessionTurn: (record: ReservationRecord) => Effect.Effect<void, ServiceUnavailable>
     /**
      * Reserves the worst case from a funded key's owner balance within the key's cap, in one
@@ -91,10 +88,13 @@ export class Ledger extends Context.Service<
       keyHash: string,
       nowMs: number
     ) => Effect.Effect<CreditReserved, KeyRefused | CreditRefused | ServiceUnavailable>
-    /** Captures the metered charge: receipt (pending settlement), economics, fee split, refund due. */
-    readonly capture: (record: CaptureRecord) => Effect.Effect<void>
-    /** Nothing was served: the whole reservation is released and no money moves. */
-    readonly release: (record: CaptureRecord) => Effect.Effect<void>
+    /**
+     * Captures the metered charge: receipt (pending settlement), economics, fee split, refund due. True when
+     * this call settled the request (false: it was settled already).
+     */
+    readonly capture: (record: CaptureRecord) => Effect.Effect<boolean>
+    /** Nothing was served: the whole reservation is released and no money moves. True as for `capture`. */
+    readonly release: (record: CaptureRecord) => Effect.Effect<boolean>
     /**
      * Folds every credit capture made before the call into its key's and owner's rows (D315; a background
      * pass does it every 50 ms): for a writer that needs the rows themselves current (a withdrawal's debit).
@@ -115,8 +115,9 @@ export class Ledger extends Context.Service<
     readonly economics: (requestId: string) => Effect.Effect<unknown | undefined>
     /**
      * Closes an open session with nothing in flight (only an expired one with `onlyExpired`) and settles
-     * its remainder in one transaction: a key-funded budget returns to the key and the owner's balance,
-     * an x402-funded one becomes a refund due in `epochId`. False when there was nothing to close.
+     * its remainder in one transaction: a key-funded budget returns to the key and the owner's balance
+     * (through the credit fold, D402), an x402-funded one becomes a refund due in `epochId`. False when
+     * there was nothing to close.
      */
     readonly closeSession: (
       sessionId: string,
@@ -141,18 +142,20 @@ export class Ledger extends Context.Service<
       const receipts = yield* makeReceiptStore(sql, chain)
       const reservations = makeReservations(sql)
       const fold = makeCreditFold(sql)
-      const settled = makeCapture(sql, receipts)
+      yield* fold.start
+      // Made after the fold and the receipt signer: at shutdown its open batches are sent before their last passes.
+      const settled = yield* makeCapture(sql, receipts)
       /** A settlement that queued a credit capture for the fold (D315) wakes the fold's passes. */
       const waking =
         (
-          settle: (record: CaptureRecord) => Effect.Effect<void>,
+          settle: (record: CaptureRecord) => Effect.Effect<boolean>,
           queues: (record: CaptureRecord) => boolean
         ) =>
-        (record: CaptureRecord): Effect.Effect<void> =>
+        (record: CaptureRecord): Effect.Effect<boolean> =>
           settle(record).pipe(
-            Effect.tap(
+            Effect.tap((claimed) =>
               Effect.sync(() => {
-                if (queues(record)) fold.queued()
+                if (claimed && queues(record)) fold.queued()
               })
             )
           )
@@ -160,7 +163,6 @@ export class Ledger extends Context.Service<
       // a release also gives back a key-funded session opening.
       const capture = waking(settled.capture, (record) => record.source?._tag === "Credit")
       const release = waking(settled.release, (record) => queuesCredit(record.source))
-      yield* fold.start
 
       /** What settling an open reservation from its durable record reads. */
       const openColumns = sql`
@@ -201,7 +203,7 @@ export class Ledger extends Context.Service<
         finalizeReceipt: receipts.finalize,
         receipt: receipts.read,
         economics: receipts.economics,
-        closeSession: makeSessionClose(sql),
+        closeSession: makeSessionClose(sql, fold.queued),
         staleReservations,
         reservationsOf,
         finalRecordsOf

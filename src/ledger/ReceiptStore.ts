@@ -2,7 +2,9 @@ import { Effect, Schema } from "effect"
 import type { SqlClient } from "effect/sql"
 import { repeatInBackground } from "../Background.ts"
 import type { ChainShape } from "../chain/Chain.ts"
-import { ReceiptBody, receiptDigest } from "../domain/Receipt.ts"
+import { ReceiptBody } from "../domain/Receipt.ts"
+import { traced } from "../Telemetry.ts"
+import { makeReceiptSigner } from "./ReceiptSigner.ts"
 
 const decodeReceipt = Schema.decodeUnknownEffect(ReceiptBody)
 
@@ -23,13 +25,15 @@ const finalAsStored = (receipt: ReceiptBody) =>
  * economics, and the re-signing of a receipt once its settlement facts are final.
  *
  * A settled request's receipt is signed off the reply's path (spec 2.3: the receipt linked from the
- * reply can finalize shortly after the response): `enqueue` queues it, a background pass signs what is
- * queued (the digest computed directly, `receiptDigest`) and stores the signatures in one statement.
+ * reply can finalize shortly after the response): `enqueue` queues it, a background pass has what is
+ * queued signed, off the main thread too (`ReceiptSigner`), and stores the signatures in one statement.
  * Signatures are deterministic (RFC 6979), so whoever signs a receipt first (the pass, a reader that
  * finds it unsigned, the sweep of an instance that stopped before signing) stores the same bytes.
  */
 export const makeReceiptStore = Effect.fnUntraced(function* (sql: SqlClient.SqlClient, chain: ChainShape) {
-  const sign = (receipt: ReceiptBody) => chain.signDigest(receiptDigest(receipt, chain.chainId))
+  // Acquired first, so released last: the last pass at shutdown (below) still has its worker.
+  const signer = yield* makeReceiptSigner(chain)
+  const sign = (receipt: ReceiptBody) => Effect.map(signer.sign([receipt]), (signatures) => signatures[0]!)
 
   const storeSignatures = (
     signed: ReadonlyArray<{ readonly request_id: string; readonly signature: string }>
@@ -43,15 +47,25 @@ export const makeReceiptStore = Effect.fnUntraced(function* (sql: SqlClient.SqlC
         `.pipe(Effect.asVoid)
 
   const signAll = (batch: ReadonlyArray<ReceiptBody>) =>
-    Effect.forEach(batch, (receipt) =>
-      Effect.map(sign(receipt), (signature) => ({ request_id: receipt.request_id, signature }))
-    ).pipe(Effect.flatMap(storeSignatures))
+    signer
+      .sign(batch)
+      .pipe(
+        Effect.flatMap((signatures) =>
+          storeSignatures(
+            batch.map((receipt, i) => ({ request_id: receipt.request_id, signature: signatures[i]! }))
+          )
+        )
+      )
 
   const queue: Array<ReceiptBody> = []
 
-  /** Signs every receipt queued so far. A failed pass leaves its receipts to the sweep. */
+  /**
+   * Signs every receipt queued so far. A failed pass leaves its receipts to the sweep. A batch taken
+   * from the queue is signed and stored whole (uninterruptible): closing the layer waits for it.
+   */
   const signQueued = Effect.gen(function* () {
-    while (queue.length > 0) yield* signAll(queue.splice(0, SWEEP_BATCH))
+    while (queue.length > 0)
+      yield* Effect.uninterruptible(Effect.suspend(() => signAll(queue.splice(0, SWEEP_BATCH))))
   })
 
   /** Receipts stored final but never signed (their instance stopped first), oldest first. */
@@ -97,7 +111,7 @@ export const makeReceiptStore = Effect.fnUntraced(function* (sql: SqlClient.SqlC
       Effect.orDie
     )
 
-  const finalizeReceipt = Effect.fn("Ledger.finalizeReceipt")(function* (
+  const finalizeReceipt = Effect.fnUntraced(function* (
     requestId: string,
     patch: Partial<Pick<ReceiptBody, "payment_ref" | "settlement" | "refund_ref">>
   ) {
@@ -110,7 +124,7 @@ export const makeReceiptStore = Effect.fnUntraced(function* (sql: SqlClient.SqlC
              updated_at = now()
       WHERE request_id = ${requestId}
     `.pipe(Effect.orDie)
-  })
+  }, traced("Ledger.finalizeReceipt"))
 
   const economics = (requestId: string) =>
     sql<{ body: unknown }>`SELECT body FROM economics WHERE request_id = ${requestId}`.pipe(

@@ -113,15 +113,18 @@ export const makeRefunds = (options: {
           yield* failed(payer, total, sent.failure.message)
           return yield* backToDue(requestIds)
         }
-        unpayable.delete(payer)
         const hash = sent.success
         yield* sql`UPDATE refunds SET tx_hash = ${hash} WHERE request_id IN ${sql.in(requestIds)}`.pipe(
           Effect.orDie
         )
         const outcome = yield* treasury.confirm(hash).pipe(Effect.option)
         if (Option.isNone(outcome)) return
-        if (outcome.value.status === "success") yield* markPaid(payer, hash, requestIds)
-        else {
+        // The backoff ends when a transfer lands, not when one is sent: a transfer that reverts counts as
+        // one more failure, so a payer whose refunds keep reverting is tried 1 s, 2 s, 4 s ... apart.
+        if (outcome.value.status === "success") {
+          unpayable.delete(payer)
+          yield* markPaid(payer, hash, requestIds)
+        } else {
           yield* failed(payer, total, "the transfer moved nothing")
           yield* backToDue(requestIds)
         }

@@ -4,6 +4,7 @@ import { type Hex, hexToBigInt, toHex } from "viem"
 import { databaseUnavailable, isCheckViolation, pgFault } from "../db/SqlFaults.ts"
 import type { ServiceUnavailable } from "../domain/Errors.ts"
 import { acquireCapacity, type LeaseRequest } from "../market/QuoteBook.ts"
+import { traced } from "../Telemetry.ts"
 
 /** An x402 authorization that cannot be reserved: its nonce was seen, or the payer's balance is spoken for. */
 export class NonceReplay extends Schema.TaggedError<NonceReplay>()("NonceReplay", {
@@ -117,7 +118,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
    * Postgres evaluates that condition on the row as it stands once locked, so a concurrent
    * reservation for the same payer waits for this one to commit and then sees its value (D327).
    */
-  const reserveX402 = Effect.fn("Ledger.reserveX402")(function* (record: ReservationRecord, hold: X402Hold) {
+  const reserveX402 = Effect.fnUntraced(function* (record: ReservationRecord, hold: X402Hold) {
     const payer = record.payer.toLowerCase()
     const scheme = hold.scheme ?? "exact"
     const ceiling = scheme === "upto" ? record.authorized : null
@@ -165,22 +166,13 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
     )
     if (rows[0]?.reserved !== 1) return yield* new NonceReplay({ payer, reason: "overcommitted" })
     return { leaseGranted: rows[0].lease_granted ?? undefined } satisfies X402Reserved
-  })
-
-  const nonceUnused = (payer: string, nonce: Hex | UptoNonceKey) =>
-    sql<{ n: number }>`
-      SELECT count(*)::int AS n FROM x402_authorizations
-      WHERE payer = ${payer.toLowerCase()} AND nonce = ${nonce.toLowerCase()}
-    `.pipe(
-      Effect.map((rows) => rows[0]?.n === 0),
-      Effect.orDie
-    )
+  }, traced("Ledger.reserveX402"))
 
   /**
    * A session turn takes no money of its own: it holds its session (one turn at a time) and
    * records the request with its worst case drawn on the session's budget.
    */
-  const reserveSessionTurn = Effect.fn("Ledger.reserveSessionTurn")(function* (record: ReservationRecord) {
+  const reserveSessionTurn = Effect.fnUntraced(function* (record: ReservationRecord) {
     yield* sql`
       WITH request AS (
         INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
@@ -193,7 +185,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
       INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
       SELECT request_id, payer, 'session_reserved', ${record.authorized}, ${record.sessionId ?? null} FROM request
     `.pipe(Effect.catchTag("SqlError", (error) => Effect.fail(databaseUnavailable(error))))
-  })
+  }, traced("Ledger.reserveSessionTurn"))
 
   /**
    * One statement: the key (found, live, able to spend, its owner invited), the key's cap, the owner's
@@ -313,5 +305,5 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
   const reserveCreditKey = (record: Omit<ReservationRecord, "payer">, keyHash: string, nowMs: number) =>
     reserveWithKey(record, { _tag: "Secret", keyHash, nowMs })
 
-  return { reserveX402, reserveCredit, reserveCreditKey, reserveSessionTurn, nonceUnused }
+  return { reserveX402, reserveCredit, reserveCreditKey, reserveSessionTurn }
 }

@@ -126,7 +126,7 @@ export class QuoteBook extends Context.Service<
         }
       }
 
-      const ingest = Effect.fn("QuoteBook.ingest")(function* (quote: SignedQuote) {
+      const ingest = Effect.fnUntraced(function* (quote: SignedQuote) {
         yield* Effect.annotateCurrentSpan({
           quote_id: quote.quote_id,
           provider_id: quote.provider_id,
@@ -205,7 +205,7 @@ export class QuoteBook extends Context.Service<
         }
         offer(quote)
         return quote
-      })
+      }, traced("QuoteBook.ingest"))
 
       const live = Effect.map(Clock.currentTimeMillis, (nowMs) => {
         const quotes: Array<LiveQuote> = []

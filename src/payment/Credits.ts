@@ -12,7 +12,6 @@ import {
 import { Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized } from "../domain/Errors.ts"
 import type { PaymentRequired } from "../domain/X402.ts"
 import { PayoutConfig } from "../ledger/Epochs.ts"
-import { Ledger } from "../ledger/Ledger.ts"
 import { type Balance, Wallets } from "../ledger/Wallets.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { BASE_UNIT, formatUsdc, Keys } from "./Keys.ts"
@@ -57,7 +56,6 @@ export class Credits extends Context.Service<
     Credits,
     Effect.gen(function* () {
       const chain = yield* Chain
-      const ledger = yield* Ledger
       const wallets = yield* Wallets
       const verifier = yield* PaymentVerifier
       const keys = yield* Keys
@@ -86,8 +84,7 @@ export class Credits extends Context.Service<
           header: input.paymentHeader,
           worstCase: amount,
           resourceUrl,
-          description,
-          nonceUnused: ledger.nonceUnused
+          description
         })
         const reject = (error: string) =>
           paymentRequired({

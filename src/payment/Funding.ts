@@ -15,9 +15,15 @@ import {
   type ReservationRecord
 } from "../ledger/Ledger.ts"
 import type { HeldLease } from "../market/QuoteBook.ts"
+import { traced } from "../Telemetry.ts"
 import { CreditKeys } from "./CreditKeys.ts"
 import { creditKeyRefusal, hashSecret } from "./Keys.ts"
-import { PaymentVerifier, type QuoteInput, type VerifiedPayment } from "./PaymentVerifier.ts"
+import {
+  PaymentVerifier,
+  type QuoteInput,
+  type SignatureCheck,
+  type VerifiedPayment
+} from "./PaymentVerifier.ts"
 import { type SessionRow, Sessions, type TurnRefusal } from "./Sessions.ts"
 
 /** How an admitted request is paid for. */
@@ -43,6 +49,8 @@ export interface Funded {
 export interface FundingInput<E> {
   readonly creditKey: string | undefined
   readonly paymentHeader: string | undefined
+  /** The header's signature check when the call made it already (`PaidRequestContext.signed`). */
+  readonly signed?: SignatureCheck | undefined
   readonly resourceUrl: string
   readonly worstCase: number
   readonly description: string
@@ -184,7 +192,7 @@ export class FundingService extends Context.Service<
             resourceUrl: input.resourceUrl,
             description: input.description,
             upto: input.upto === true,
-            nonceUnused: ledger.nonceUnused
+            signed: input.signed
           })
           // `upto`: the ceiling is reserved (and committed against the balance); the actual is settled.
           const authorized = Number(payment.value)
@@ -263,7 +271,7 @@ export class FundingService extends Context.Service<
         }
       }
 
-      const fundTurn = Effect.fn("Funding.fundTurn")(function* (input: TurnInput) {
+      const fundTurn = Effect.fnUntraced(function* (input: TurnInput) {
         const { sessionId, worstCase } = input
         const taken = yield* sessions
           .takeTurn(sessionId, input.token, input.reservation.requestId, worstCase)
@@ -280,7 +288,7 @@ export class FundingService extends Context.Service<
           payer: taken.payer,
           authorized: worstCase
         } satisfies FundedTurn
-      })
+      }, traced("Funding.fundTurn"))
 
       return FundingService.of({ quote, fund, fundTurn })
     })

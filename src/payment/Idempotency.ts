@@ -2,6 +2,7 @@ import { createHash } from "node:crypto"
 import { Context, Effect, Layer, type Scope } from "effect"
 import { SqlClient } from "effect/sql"
 import { Conflict } from "../domain/Errors.ts"
+import { traced } from "../Telemetry.ts"
 
 export type Claim = { readonly _tag: "Fresh" } | { readonly _tag: "Replay"; readonly requestId: string }
 
@@ -40,7 +41,7 @@ export class Idempotency extends Context.Service<
     Effect.gen(function* () {
       const sql = yield* SqlClient.SqlClient
 
-      const claimOnce = Effect.fn("Idempotency.claim")(function* (
+      const claimOnce = Effect.fnUntraced(function* (
         key: string,
         hash: string
       ): Effect.fn.Return<Claim, Conflict> {
@@ -69,7 +70,7 @@ export class Idempotency extends Context.Service<
           })
         }
         return { _tag: "Replay", requestId: row.request_id } as const
-      })
+      }, traced("Idempotency.claim"))
 
       const complete = (key: string, requestId: string) =>
         sql`UPDATE idempotency_keys SET state = 'done', request_id = ${requestId} WHERE key = ${key}`.pipe(

@@ -2,6 +2,7 @@ import { createHash, randomBytes } from "node:crypto"
 import { Clock, Context, Effect, Layer, Schema } from "effect"
 import { SqlClient, type Statement } from "effect/sql"
 import { Forbidden, NotFound, Unauthorized } from "../domain/Errors.ts"
+import { traced } from "../Telemetry.ts"
 
 export const USDC_DECIMALS = 6
 export const BASE_UNIT = "base units of USDC (6 decimals)"
@@ -249,14 +250,14 @@ export class Keys extends Context.Service<
         } satisfies CreditKey
       })
 
-      const resolveApiKey = Effect.fn("Keys.resolveApiKey")(function* (secret: string) {
+      const resolveApiKey = Effect.fnUntraced(function* (secret: string) {
         const row = yield* live(secret)
         if (row === undefined) {
           return yield* new Unauthorized({ code: "invalid_api_key", message: "Unknown or revoked key" })
         }
         if (yield* expired(row)) return yield* keyExpired("key_expired")
         return toRecord(row)
-      })
+      }, traced("Keys.resolveApiKey"))
 
       return Keys.of({ setInvited, isInvited, create, list, revoke, resolveCreditKey, resolveApiKey })
     })

@@ -4,6 +4,7 @@ import { Chain, type ChainShape, verifyTransferAuthorization } from "../chain/Ch
 import { verifyUptoPermitSignature } from "../chain/UptoPermit.ts"
 import type { PaymentRequired, PaymentRequiredCode } from "../domain/X402.ts"
 import { type UptoNonceKey, uptoNonceKey } from "../ledger/Ledger.ts"
+import { traced } from "../Telemetry.ts"
 import {
   decodePaymentSignature,
   EXACT_MAX_VALIDITY_S,
@@ -50,18 +51,79 @@ export interface VerifiedExact {
   readonly balance: bigint
 }
 
+/**
+ * What the one check of a payment header's signature found (`checkPaymentSignature`), carried with the
+ * call: the idempotency scope names the payer before the verifier runs, and the verifier takes this
+ * answer instead of checking again. It answers only for the very header it was made of.
+ */
+export interface SignatureCheck {
+  /** The `PAYMENT-SIGNATURE` header exactly as checked. */
+  readonly header: string
+  /** `authorization.from` (`permit2Authorization.from` for `upto`). */
+  readonly payer: Address
+  /** Whether the signature is the payer's over this authorization (canonical, for `exact`). */
+  readonly valid: boolean
+}
+
+/** The chain facts a payment's signature is checked against (the token's EIP-712 domain, the chain). */
+export type SignatureDomain = Pick<ChainShape, "chainId" | "token" | "tokenDomain">
+
+/**
+ * Whether a decoded payment is signed by the wallet it names: for `exact`, a canonical (low-s)
+ * TransferWithAuthorization signature over the token's domain; for `upto`, the Permit2 witness
+ * signature. CPU only (a known signer's check, else a public-key recovery), never an error.
+ */
+export const paymentSigned = (
+  chain: SignatureDomain,
+  payment: ExactPayment | UptoPayment
+): Effect.Effect<boolean> =>
+  payment.scheme === "upto"
+    ? verifyUptoPermitSignature(chain.chainId, { ...payment.authorization, signature: payment.signature })
+    : isCanonicalSignature(payment.signature)
+      ? Effect.tryPromise(() =>
+          verifyTransferAuthorization({
+            token: chain.token,
+            chainId: chain.chainId,
+            domain: chain.tokenDomain,
+            ...payment.authorization,
+            signature: payment.signature
+          })
+        ).pipe(Effect.orElseSucceed(() => false))
+      : Effect.succeed(false)
+
+/** The one signature check of a header, to carry (`SignatureCheck`); none when the header does not decode. */
+export const checkPaymentSignature = (
+  chain: SignatureDomain,
+  header: string
+): Effect.Effect<SignatureCheck | undefined> => {
+  const decoded = decodePaymentSignature(header)
+  if (Result.isFailure(decoded)) return Effect.succeed(undefined)
+  const payment = decoded.success
+  return Effect.map(paymentSigned(chain, payment), (valid) => ({
+    header,
+    payer: payment.authorization.from,
+    valid
+  }))
+}
+
+const SECP256K1_HALF_N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n / 2n
+
+/** The token refuses high-s signatures, so accepting one here would serve a request that can never settle. */
+const isCanonicalSignature = (signature: Hex) =>
+  size(signature) === 65 && hexToBigInt(slice(signature, 32, 64)) <= SECP256K1_HALF_N
+
 export interface VerifyExactInput {
   /** The `PAYMENT-SIGNATURE` header as received. */
   readonly header: string
+  /**
+   * This call's signature check, when it was made before verification (the idempotency scope): taken
+   * only when its `header` is this one, else the signature is checked here.
+   */
+  readonly signed?: SignatureCheck | undefined
   /** Base units: the most this request can cost. */
   readonly worstCase: number
   readonly resourceUrl: string
   readonly description: string
-  /**
-   * Whether the caller's database has never seen this (payer, nonce). Infallible by type: the caller
-   * decides what its own database failure means.
-   */
-  readonly nonceUnused: (payer: Address, nonce: Hex | UptoNonceKey) => Effect.Effect<boolean>
 }
 
 export interface VerifyInput extends VerifyExactInput {
@@ -76,12 +138,6 @@ export interface QuoteInput {
   /** Whether `accepts` lists `upto` after `exact` (per-turn completions). */
   readonly upto?: boolean
 }
-
-const SECP256K1_HALF_N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n / 2n
-
-/** The token refuses high-s signatures, so accepting one here would serve a request that can never settle. */
-const isCanonicalSignature = (signature: Hex) =>
-  size(signature) === 65 && hexToBigInt(slice(signature, 32, 64)) <= SECP256K1_HALF_N
 
 export const x402Settings = (chain: ChainShape, limits: X402Limits): X402Settings => ({
   network: chain.network,
@@ -98,9 +154,11 @@ export const x402Settings = (chain: ChainShape, limits: X402Limits): X402Setting
 
 /**
  * Checks a direct x402 payment before any provider work: it only reads (signature recovery, the nonce's
- * state in our database and on chain, the payer's balance and, for `upto`, its Permit2 allowance) and never
- * submits, so every rejection moves no money. Each rejection is a 402 carrying fresh `accepts`, so the
- * client can sign again.
+ * state on chain, the payer's balance and, for `upto`, its Permit2 allowance) and never submits, so every
+ * rejection moves no money. Each rejection is a 402 carrying fresh `accepts`, so the client can sign
+ * again. A nonce already seen here is refused by the reservation that follows (`Ledger.reserveX402`:
+ * the primary key of `x402_authorizations` fails its one statement), which every caller makes before
+ * anything is served or settled.
  */
 export class PaymentVerifier extends Context.Service<
   PaymentVerifier,
@@ -158,6 +216,12 @@ export class PaymentVerifier extends Context.Service<
             ? `accepted.payTo must be the treasury ${settings.payTo}`
             : undefined
 
+      /** The call's carried check when it is of this header, else the check itself. */
+      const signedBy = (input: VerifyInput, payment: ExactPayment | UptoPayment) =>
+        input.signed !== undefined && input.signed.header === input.header
+          ? Effect.succeed(input.signed.valid)
+          : paymentSigned(chain, payment)
+
       const nowSeconds = Effect.map(Clock.currentTimeMillis, (ms) => BigInt(Math.floor(ms / 1000)))
       const skew = BigInt(PAYMENT_CLOCK_SKEW_S)
 
@@ -208,36 +272,28 @@ export class PaymentVerifier extends Context.Service<
             "the payer's on-chain state could not be read; the signature was not rejected",
             { retryable: true }
           )
-        // Signature recovery is CPU work and the three reads are I/O: start the reads first and
-        // recover while they are in flight (this is on every paid call's first-byte path).
+        // Signature recovery is CPU work and the two reads are I/O: start the reads, send them at once
+        // (not at the end of this turn, which comes after the check, D382) and check the signature
+        // while they are in flight (this is on every paid call's first-byte path). A nonce
+        // this router has seen is refused by the reservation's own statement (the primary key of
+        // `x402_authorizations`, D381), not read here.
         const reads = yield* Effect.all(
           [
-            input.nonceUnused(from, nonce),
             chain.authorizationState(from, nonce).pipe(Effect.catch(unavailable)),
             chain.balanceOf(from).pipe(Effect.catch(unavailable))
           ],
           { concurrency: "unbounded" }
         ).pipe(Effect.forkChild({ startImmediately: true }))
-        const recovered =
-          isCanonicalSignature(signature) &&
-          (yield* Effect.tryPromise(() =>
-            verifyTransferAuthorization({
-              token: settings.asset,
-              chainId: chain.chainId,
-              domain: settings.tokenDomain,
-              ...authorization,
-              signature
-            })
-          ).pipe(Effect.catch(() => Effect.succeed(false))))
-        if (!recovered) {
+        yield* chain.sendQuickReads
+        if (!(yield* signedBy(input, payment))) {
           yield* Fiber.interrupt(reads)
           return yield* rejectWith(
             "payment_invalid",
             "the signature is not a TransferWithAuthorization signed by authorization.from for this token"
           )
         }
-        const [unusedHere, usedOnChain, balance] = yield* Fiber.join(reads)
-        if (!unusedHere || usedOnChain) {
+        const [usedOnChain, balance] = yield* Fiber.join(reads)
+        if (usedOnChain) {
           return yield* rejectWith("payment_invalid", "authorization already used")
         }
         if (balance < value) {
@@ -259,7 +315,7 @@ export class PaymentVerifier extends Context.Service<
        * Spec 5.2 `upto`: the Permit2 witness transfer names this token, the upto proxy as spender, the
        * treasury as `witness.to` and the router signer as `witness.facilitator`; its ceiling covers the
        * worst case (same floor and cap as `exact`); its deadline lies 30 minutes to 2 hours ahead; it is
-       * signed by `from`; its nonce is unused here and in Permit2's bitmap; and the payer's balance and
+       * signed by `from`; its nonce is unused in Permit2's bitmap (and here, by the reservation); and the payer's balance and
        * Permit2 allowance cover the ceiling.
        */
       const checkUpto = Effect.fnUntraced(function* (input: VerifyInput, payment: UptoPayment) {
@@ -332,23 +388,22 @@ export class PaymentVerifier extends Context.Service<
         const nonceKey = uptoNonceKey(nonce)
         const reads = yield* Effect.all(
           [
-            input.nonceUnused(from, nonceKey),
             chain.permit2NonceUsed(from, nonce).pipe(Effect.catch(unavailable)),
             chain.balanceOf(from).pipe(Effect.catch(unavailable)),
             chain.permit2Allowance(from).pipe(Effect.catch(unavailable))
           ],
           { concurrency: "unbounded" }
         ).pipe(Effect.forkChild({ startImmediately: true }))
-        const recovered = yield* verifyUptoPermitSignature(chain.chainId, { ...authorization, signature })
-        if (!recovered) {
+        yield* chain.sendQuickReads
+        if (!(yield* signedBy(input, payment))) {
           yield* Fiber.interrupt(reads)
           return yield* rejectWith(
             "payment_invalid",
             "the signature is not a Permit2 PermitWitnessTransferFrom signed by permit2Authorization.from"
           )
         }
-        const [unusedHere, usedOnChain, balance, allowance] = yield* Fiber.join(reads)
-        if (!unusedHere || usedOnChain) {
+        const [usedOnChain, balance, allowance] = yield* Fiber.join(reads)
+        if (usedOnChain) {
           return yield* rejectWith("payment_invalid", "authorization already used")
         }
         if (balance < ceiling) {
@@ -373,7 +428,7 @@ export class PaymentVerifier extends Context.Service<
         } satisfies VerifiedUpto
       })
 
-      const verify = Effect.fn("PaymentVerifier.verify")(function* (input: VerifyInput) {
+      const verify = Effect.fnUntraced(function* (input: VerifyInput) {
         const rejectWith = rejecter(input)
         if (input.worstCase > settings.paymentCap) {
           return yield* rejectWith("payment_limit", "worst case above the payment cap")
@@ -390,7 +445,7 @@ export class PaymentVerifier extends Context.Service<
         return payment.scheme === "exact"
           ? yield* checkExact(input, payment)
           : yield* checkUpto(input, payment)
-      })
+      }, traced("PaymentVerifier.verify"))
 
       const verifyExact = (input: VerifyExactInput) =>
         verify({ ...input, upto: false }).pipe(

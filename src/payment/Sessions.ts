@@ -8,6 +8,7 @@ import { ReceiptBody } from "../domain/Receipt.ts"
 import { epochOf } from "../ledger/Epochs.ts"
 import { Ledger } from "../ledger/Ledger.ts"
 import { RouterConfig } from "../RouterConfig.ts"
+import { traced } from "../Telemetry.ts"
 
 export const SessionRow = Schema.Struct({
   session_id: Schema.String,
@@ -136,7 +137,7 @@ export class Sessions extends Context.Service<
           Effect.orDie
         )
 
-      const open = Effect.fn("Sessions.open")(function* (input: Parameters<Sessions["Service"]["open"]>[0]) {
+      const open = Effect.fnUntraced(function* (input: Parameters<Sessions["Service"]["open"]>[0]) {
         const token = `svc_st_${randomBytes(24).toString("base64url")}`
         const rows = yield* sql`
           INSERT INTO sessions (session_id, token_hash, payer, funding_kind, funding_request_id, key_id, budget,
@@ -157,9 +158,9 @@ export class Sessions extends Context.Service<
           })
         }
         return token
-      })
+      }, traced("Sessions.open"))
 
-      const takeTurn = Effect.fn("Sessions.takeTurn")(function* (
+      const takeTurn = Effect.fnUntraced(function* (
         sessionId: string,
         token: string | undefined,
         requestId: string,
@@ -193,7 +194,7 @@ export class Sessions extends Context.Service<
                       ? { _tag: "Busy" }
                       : { _tag: "Exhausted", remaining: row.budget - row.spent }
         return yield* Effect.fail(refusal)
-      })
+      }, traced("Sessions.takeTurn"))
 
       const tokenMatches = (sessionId: string, token: string) =>
         sql<{ ok: boolean }>`
@@ -215,10 +216,7 @@ export class Sessions extends Context.Service<
           Effect.orDie
         )
 
-      const authorize = Effect.fn("Sessions.authorize")(function* (
-        sessionId: string,
-        token: string | undefined
-      ) {
+      const authorize = Effect.fnUntraced(function* (sessionId: string, token: string | undefined) {
         const row = yield* find(sessionId)
         if (row === undefined) {
           return yield* new NotFound({ code: "session_not_found", message: `No session ${sessionId}` })
@@ -230,7 +228,7 @@ export class Sessions extends Context.Service<
           })
         }
         return row
-      })
+      }, traced("Sessions.authorize"))
 
       /** Closes an open, idle session and settles its remainder (ledger/SessionClose.ts). */
       const settleClose = (sessionId: string, onlyExpired: boolean) =>
@@ -238,7 +236,7 @@ export class Sessions extends Context.Service<
           ledger.closeSession(sessionId, onlyExpired, epochOf(now, config.epochSeconds))
         )
 
-      const close = Effect.fn("Sessions.close")(function* (sessionId: string, token: string | undefined) {
+      const close = Effect.fnUntraced(function* (sessionId: string, token: string | undefined) {
         yield* authorize(sessionId, token)
         const closed = yield* settleClose(sessionId, false)
         if (!closed) {
@@ -252,7 +250,7 @@ export class Sessions extends Context.Service<
           })
         }
         return (yield* find(sessionId))!
-      })
+      }, traced("Sessions.close"))
 
       /** Expired sessions nobody closed: settled as if closed (their budget never stays locked). */
       const expireDue = Effect.gen(function* () {

@@ -2,6 +2,7 @@ import { createHash } from "node:crypto"
 import { Clock, Context, Effect, Layer, Schema, type Scope } from "effect"
 import { SqlClient } from "effect/sql"
 import { Unauthorized } from "../domain/Errors.ts"
+import { traced } from "../Telemetry.ts"
 
 /** A task's paid call in flight: its worst case held on the task, the cap of what it may be charged. */
 export interface TaskHold {
@@ -51,7 +52,7 @@ export class TaskBudgets extends Context.Service<
     Effect.gen(function* () {
       const sql = yield* SqlClient.SqlClient
 
-      const take = Effect.fn("TaskBudgets.hold")(function* (input: HoldInput) {
+      const take = Effect.fnUntraced(function* (input: HoldInput) {
         const which =
           "token" in input.task
             ? sql`token_hash = ${taskTokenHash(input.task.token)}`
@@ -98,7 +99,7 @@ export class TaskBudgets extends Context.Service<
           code: "task_budget_exhausted",
           message: `the task has ${remaining} base units of its budget left (calls in flight held), less than this call's worst case ${input.worstCase}`
         })
-      })
+      }, traced("TaskBudgets.hold"))
 
       const settle = (requestId: string) =>
         Effect.gen(function* () {

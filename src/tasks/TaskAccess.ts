@@ -3,6 +3,7 @@ import type { SqlClient } from "effect/sql"
 import type { Unauthorized } from "../domain/Errors.ts"
 import type { Keys } from "../payment/Keys.ts"
 import { invalidTaskToken, taskTokenHash } from "../payment/TaskBudgets.ts"
+import { traced } from "../Telemetry.ts"
 import type { TaskCredentials, TaskRow } from "./TaskRows.ts"
 
 /** A task's capability (D135): its `x-task-token`, or the governed key that created it. */
@@ -28,7 +29,7 @@ export const makeTaskAccess = (sql: SqlClient.SqlClient, keys: Keys["Service"]):
   const load = (id: string) =>
     Effect.map(sql<TaskRow>`SELECT * FROM tasks WHERE task_id = ${id}`.pipe(Effect.orDie), (rows) => rows[0])
 
-  const authorize = Effect.fn("Tasks.authorize")(function* (id: string, credentials: TaskCredentials) {
+  const authorize = Effect.fnUntraced(function* (id: string, credentials: TaskCredentials) {
     if (credentials.token !== undefined) {
       const [row] = yield* sql<TaskRow>`
         SELECT * FROM tasks WHERE task_id = ${id} AND token_hash = ${taskTokenHash(credentials.token)}
@@ -41,7 +42,7 @@ export const makeTaskAccess = (sql: SqlClient.SqlClient, keys: Keys["Service"]):
     const row = yield* load(id)
     if (row === undefined || row.owner_key_id !== keyId) return yield* invalidTaskToken()
     return row
-  })
+  }, traced("Tasks.authorize"))
 
   return { ownerKeyOf, authorize, load }
 }

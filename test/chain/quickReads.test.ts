@@ -1,12 +1,12 @@
 import { createServer } from "node:http"
 import type { AddressInfo } from "node:net"
 import { assert, layer } from "@effect/vitest"
-import { ConfigProvider, Effect, Layer } from "effect"
+import { ConfigProvider, Effect, Fiber, Layer } from "effect"
 import { type Address, getAddress } from "viem"
 import { privateKeyToAccount } from "viem/accounts"
 import { testUsdcAbi } from "../../src/chain/artifacts.ts"
 import { Chain, randomAuthorizationNonce, signTransferAuthorization } from "../../src/chain/Chain.ts"
-import { QUICK_READ_TIMEOUT_MS } from "../../src/chain/Connection.ts"
+import { QUICK_READ_TIMEOUT_MS, quickCall } from "../../src/chain/Connection.ts"
 import { PERMIT2_ADDRESS } from "../../src/chain/Permit2.ts"
 import { permit2Abi } from "../../src/chain/permit2Artifact.ts"
 import {
@@ -156,6 +156,41 @@ layer(ChainEmbedded, { timeout: "60 seconds" })("QuickReads (embedded Anvil)", (
       assert.strictEqual(answers.length, many)
       assert.isTrue(answers.every((answer) => answer === ok))
       assert.deepStrictEqual(batches.slice(1), [QUICK_BATCH_LIMIT, 3])
+    })
+  )
+
+  it.effect("send puts the reads asked for so far on the wire at once, before the turn's CPU work", () =>
+    Effect.gen(function* () {
+      const chain = yield* Chain
+      const { batches, counted } = countingPost(chain.rpcUrl)
+      const reads = makeQuickReads(counted)
+      const owner = chain.demoWallets[2]!.address
+      // As the payment verifier starts them: forked at once, each through the service's bound.
+      const inFlight = yield* Effect.all(
+        [
+          quickCall(
+            "balance",
+            reads.uint("balance", chain.token, () => readCalldata.balanceOf(owner))
+          ),
+          quickCall(
+            "state",
+            reads.bool("state", chain.token, () =>
+              readCalldata.authorizationState(owner, randomAuthorizationNonce())
+            )
+          )
+        ],
+        { concurrency: "unbounded" }
+      ).pipe(Effect.forkChild({ startImmediately: true }))
+      assert.deepStrictEqual(batches, [], "unsent: the batch waits for the end of the turn")
+      reads.send()
+      assert.deepStrictEqual(batches, [2], "sent within the turn, both reads in one request")
+      const [balance, used] = yield* Fiber.join(inFlight)
+      assert.strictEqual(balance, yield* chain.balanceOf(owner))
+      assert.isFalse(used)
+      // Nothing queued: nothing sent, now or when the turn's own flush runs.
+      reads.send()
+      yield* Effect.promise(() => new Promise((resolve) => setTimeout(resolve, 20)))
+      assert.deepStrictEqual(batches, [2])
     })
   )
 

@@ -1,4 +1,5 @@
-import { mkdtempSync, rmSync } from "node:fs"
+import { execFileSync } from "node:child_process"
+import { mkdtempSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
@@ -49,6 +50,13 @@ describe("npm start", () => {
       expect(router.output()).toContain("svc router is serving")
       expect(router.output()).toContain("eip155:31337")
       expect(router.output()).not.toContain("start-test")
+      // The accept queue a burst of new connections waits in (D423): `ss` shows a listener's as its Send-Q.
+      const port = new URL(router.base).port
+      const listener = execFileSync("ss", ["-Hltn", `sport = :${port}`], { encoding: "utf8" })
+        .trim()
+        .split(/\s+/)
+      const somaxconn = Number(readFileSync("/proc/sys/net/core/somaxconn", "utf8"))
+      expect(Number(listener[2]), listener.join(" ")).toBe(Math.min(4096, somaxconn))
       router.child.kill("SIGTERM")
       expect(await router.exited).toEqual({ code: 0, signal: null })
     } finally {

@@ -22,8 +22,39 @@ const reservation = (payer: string, requestId: string, authorized: number) => ({
   agent: {}
 })
 
+/**
+ * This router's own beats as if they had been steady for a minute: a new instance judges nobody dead
+ * until its beats have been steady `INSTANCE_DEAD_AFTER_SECONDS` (D293, D401).
+ */
+const steadyForAMinute = Effect.flatMap(
+  SqlClient.SqlClient,
+  (sql) =>
+    sql`UPDATE router_instances SET beating_since = now() - interval '1 minute' WHERE instance_id = ${INSTANCE_ID}`
+).pipe(Effect.orDie)
+
 describe("reservations left by a dead request", () => {
   layer(routerLayer(), { excludeTestServices: true, timeout: 60_000 })((it) => {
+    // First in this block: this router (a new instance) started seconds ago.
+    it.effect("a new instance judges nobody dead before its own beats have been steady long enough", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        const instances = yield* Instances
+        // It may have started right after a stall of the database: another instance whose last beat is
+        // 40 s old may be about to beat again.
+        yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
+                   VALUES ('i_silent', now() - interval '40 seconds')`
+        const mine = yield* sql<{ steady_for: number }>`
+          SELECT extract(epoch FROM heartbeat_at - beating_since)::float8 AS steady_for
+          FROM router_instances WHERE instance_id = ${INSTANCE_ID}`
+        assert.isBelow(mine[0]!.steady_for, instances.deadAfterSeconds)
+        assert.isFalse((yield* instances.dead).includes("i_silent"))
+        // Once its beats have been steady that long, the silent one is dead.
+        yield* steadyForAMinute
+        assert.isTrue((yield* instances.dead).includes("i_silent"))
+        yield* sql`DELETE FROM router_instances WHERE instance_id = 'i_silent'`
+      })
+    )
+
     it.effect("are released in full with a signed receipt; fresh ones are left alone", () =>
       Effect.gen(function* () {
         const ledger = yield* Ledger
@@ -92,6 +123,7 @@ describe("reservations left by a dead request", () => {
           yield* sql`INSERT INTO capacity_leases (lease_id, provider_id, model_class, expires_at)
                    VALUES ('l_mine', 'p', 'chat-small', now() + interval '20 minutes')`
 
+          yield* steadyForAMinute
           assert.strictEqual(yield* reaper.settleDeadInstances, 1)
           const statuses = yield* sql<{ request_id: string; status: string }>`
           SELECT request_id, status FROM requests WHERE payer = ${key.wallet} ORDER BY request_id`
@@ -155,6 +187,7 @@ describe("reservations left by a dead request", () => {
           yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
                      VALUES ('i_died_claiming', now() - interval '40 seconds')`
 
+          yield* steadyForAMinute
           yield* reaper.settleDeadInstances
           const rows = yield* sql<{ key: string; state: string }>`
             SELECT key, state FROM idempotency_keys WHERE key LIKE 'idem_%' ORDER BY key`
@@ -200,6 +233,7 @@ describe("reservations left by a dead request", () => {
           yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
                    VALUES ('i_died_streaming', now() - interval '40 seconds')`
 
+          yield* steadyForAMinute
           yield* reaper.settleDeadInstances
           const rows = yield* sql<{ request_id: string; status: string; charged: string }>`
             SELECT request_id, status, charged::text FROM requests WHERE payer = ${key.wallet} ORDER BY request_id`
@@ -286,6 +320,7 @@ describe("reservations left by a dead request", () => {
           yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
                    VALUES ('i_died_paying', now() - interval '40 seconds')`
 
+          yield* steadyForAMinute
           yield* reaper.settleDeadInstances
           const rows = yield* sql<{
             request_id: string
@@ -297,8 +332,10 @@ describe("reservations left by a dead request", () => {
             SELECT r.request_id, r.status, r.charged::text, a.status AS auth, a.value::text AS value
             FROM requests r JOIN x402_authorizations a USING (request_id)
             WHERE r.request_id IN ('req_exact', 'req_upto', 'req_lapsing') ORDER BY r.request_id`
+          // Queued for settlement: the router's own settlement pass may have taken it already (`submitted`).
+          const queued = (auth: string) => (auth === "submitted" ? "pending" : auth)
           assert.deepStrictEqual(
-            rows.map((r) => [r.request_id, r.status, Number(r.charged), r.auth, Number(r.value)]),
+            rows.map((r) => [r.request_id, r.status, Number(r.charged), queued(r.auth), Number(r.value)]),
             [
               // exact: the whole authorization is submitted; what it did not deliver is a refund due.
               ["req_exact", "captured", 1_200, "pending", 9_000],
@@ -431,6 +468,7 @@ describe("reservations left by a dead request", () => {
           yield* sql`UPDATE x402_authorizations SET claimed_by = 'i_dead_claims' WHERE nonce = '0x02'`
           yield* sql`UPDATE x402_authorizations SET claimed_by = 'i_alive_claims' WHERE nonce = '0x03'`
 
+          yield* steadyForAMinute
           yield* reaper.settleDeadInstances
           const rows = yield* sql<{ nonce: string; status: string; claimed_by: string }>`
             SELECT nonce, status, claimed_by FROM x402_authorizations WHERE nonce IN ('0x02', '0x03') ORDER BY nonce`
@@ -507,6 +545,7 @@ describe("reservations left by a dead request", () => {
           // Silent while this instance's beats got through: dead, and its request is settled.
           yield* sql`UPDATE router_instances SET heartbeat_at = now() - interval '40 seconds' WHERE instance_id = 'i_stalled'`
           // (This router's own pass may settle it first: either way, it is settled.)
+          yield* steadyForAMinute
           yield* reaper.settleDeadInstances
           const after = yield* sql<{
             status: string

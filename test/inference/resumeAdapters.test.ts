@@ -32,6 +32,12 @@ describe("stream reconnect works the same in every dialect", () => {
         assert.notMatch(resumed.text, /event: message_start/)
         assert.match(resumed.text, /event: message_stop/)
         assert.include(original.text, resumed.text.slice(resumed.text.indexOf("event: message_delta")))
+        // The whole replay is the bytes the caller got (D350).
+        const replayed = yield* call(`/v1/streams/${r.headers.get("x-request-id")}`, {
+          headers: { "x-stream-token": r.headers.get("x-stream-token")! }
+        })
+        assert.strictEqual(replayed.text, original.text)
+        assert.isTrue(original.text.endsWith(resumed.text))
       })
     )
   })

@@ -58,8 +58,8 @@ const fails = Stream.fail(
 /** How each provider answers, by the base URL the serve step calls. */
 type Script = Record<string, Stream.Stream<UpstreamEvent, UpstreamError>>
 
-const layerFor = (script: Script, settled: Array<Served>, capacity = 4) =>
-  Serve.layer.pipe(
+const layerFor = (script: Script, settled: Array<Served>, capacity = 4, deadlineMs?: number) =>
+  Serve.layerWith({ deadlineMs }).pipe(
     Layer.provideMerge(
       Layer.mergeAll(
         QuoteBook.layerTest([quote("prov-a", 100, 400, capacity), quote("prov-b", 110, 440, capacity)]),
@@ -233,6 +233,49 @@ describe("Serve", () => {
       assert.isAbove(served.charged, 0)
       assert.isTrue(served.tokens.output >= 1)
     }).pipe(Effect.provide(layerFor({ "http://prov-a.test": broken }, settled)))
+  })
+
+  it.live("a request still serving at its deadline ends partial, charged what was delivered, once", () => {
+    const settled: Array<Served> = []
+    // One token, then a provider that never finishes.
+    const endless = Stream.concat(
+      Stream.fromIterable<UpstreamEvent>([{ _tag: "TextDelta", text: "Slow" }]),
+      Stream.never
+    )
+    return Effect.gen(function* () {
+      const started = Date.now()
+      const admitted = yield* reserveAndLaunch(launch(auction()))
+      const events = yield* Effect.map(
+        Stream.runCollect((yield* LiveStreams).follow(admitted.stream, 0)),
+        (c) => c.map((i) => i.event)
+      )
+      assert.isAtLeast(Date.now() - started, 250)
+      assert.strictEqual(readAll(events), "Slow")
+      const end = events.at(-1)
+      assert.isTrue(end?._tag === "End", JSON.stringify(end))
+      if (end?._tag !== "End") return
+      assert.strictEqual(end.summary.status, "partial")
+      assert.strictEqual(end.summary.error?.code, "serve_deadline")
+      assert.strictEqual(settled.length, 1)
+      assert.strictEqual(settled[0]!.status, "partial")
+      assert.isAbove(settled[0]!.charged, 0)
+    }).pipe(Effect.provide(layerFor({ "http://prov-a.test": endless }, settled, 4, 300)))
+  })
+
+  it.live("a request with no token by its deadline is a 502 naming the deadline, released whole", () => {
+    const settled: Array<Served> = []
+    return Effect.gen(function* () {
+      const exit = yield* Effect.exit(reserveAndLaunch(launch(auction())))
+      const error = Exit.isFailure(exit)
+        ? exit.cause.reasons.find((r) => r._tag === "Fail")?.error
+        : undefined
+      assert.instanceOf(error, UpstreamFailed)
+      assert.strictEqual((error as UpstreamFailed).code, "serve_deadline")
+      assert.deepStrictEqual(
+        settled.map((s) => [s.status, s.charged]),
+        [["released", 0]]
+      )
+    }).pipe(Effect.provide(layerFor({ "http://prov-a.test": Stream.never }, settled, 4, 300)))
   })
 
   it.effect("a reservation whose scope closes before it is served is released whole, once", () => {

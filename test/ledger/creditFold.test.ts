@@ -1,16 +1,15 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
-import { Context, Deferred, Effect, Fiber, Layer } from "effect"
+import { Context, Deferred, Effect, Exit, Fiber, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { Chain } from "../../src/chain/Chain.ts"
 import type { ReceiptBody } from "../../src/domain/Receipt.ts"
-import { FOLD_LOCK } from "../../src/ledger/CreditFold.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
 import { Wallets } from "../../src/ledger/Wallets.ts"
 import { tracingWith } from "../../src/Telemetry.ts"
 import { TestDatabase } from "../support/Database.ts"
 import { fundedKey, keyRows, keyState } from "../support/Keys.ts"
-import { seededEconomics } from "./support.ts"
+import { holdFolds, seededEconomics } from "./support.ts"
 
 /**
  * Issue 12 item 3, D315: a credit capture does not touch its key's row or its owner's balance row; the
@@ -57,8 +56,41 @@ const record = (requestId: string) => ({
   agent: {}
 })
 
+type FundedKey = { readonly keyId: string; readonly wallet: string }
+const SESSION_BUDGET = 50_000
+
+/** A session funded by `key`, its opening call `requestId` in flight and its budget reserved on the key. */
+const openKeySession = (key: FundedKey, sessionId: string, requestId: string) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const ledger = yield* Ledger
+    yield* sql`
+      INSERT INTO sessions (session_id, token_hash, payer, funding_kind, funding_request_id, key_id, budget,
+                            provider_id, model_class, price_in, price_out, expires_at, status, in_flight)
+      VALUES (${sessionId}, 'x', ${key.wallet}, 'credit', ${requestId}, ${key.keyId}, ${SESSION_BUDGET}, 'p1',
+              'chat-small', 1, 1, now() + interval '1 hour', 'open', ${requestId})`
+    yield* ledger.reserveCredit({ ...record(requestId), authorized: SESSION_BUDGET, sessionId }, key.keyId)
+  }).pipe(Effect.orDie)
+
+/** The settlement of a key-funded session's opening call that charged `charged`. */
+const sessionOpening = (key: FundedKey, sessionId: string, requestId: string, charged: number) => ({
+  receipt: {
+    ...receiptOf(requestId, key.wallet),
+    authorized: SESSION_BUDGET,
+    charged,
+    session_id: sessionId
+  },
+  economics: seededEconomics(requestId),
+  source: {
+    _tag: "SessionOpening" as const,
+    sessionId,
+    funding: { _tag: "Credit" as const, keyId: key.keyId },
+    prefixTokens: 0
+  }
+})
+
 /** Reserves and captures one request on the key through `ledger`. */
-const paidRequest = (ledger: Ledger["Service"], key: { keyId: string; wallet: string }, requestId: string) =>
+const paidRequest = (ledger: Ledger["Service"], key: FundedKey, requestId: string) =>
   Effect.gen(function* () {
     yield* ledger.reserveCredit(record(requestId), key.keyId)
     yield* ledger.capture({
@@ -89,24 +121,6 @@ const countUpdates = Effect.gen(function* () {
       (rows) => rows[0]!.n
     )
 }).pipe(Effect.orDie)
-
-/** The fold's lock held by this test (no pass can run) until the returned effect lets it go. */
-const holdFolds = Effect.gen(function* () {
-  const sql = yield* SqlClient.SqlClient
-  const held = yield* Deferred.make<void>()
-  const release = yield* Deferred.make<void>()
-  const holder = yield* Effect.forkScoped(
-    sql.withTransaction(
-      Effect.gen(function* () {
-        yield* sql`SELECT pg_advisory_xact_lock(${FOLD_LOCK})`
-        yield* Deferred.succeed(held, undefined)
-        yield* Deferred.await(release)
-      })
-    )
-  )
-  yield* Deferred.await(held)
-  return Deferred.succeed(release, undefined).pipe(Effect.andThen(Fiber.join(holder)), Effect.orDie)
-})
 
 /** The rows as folded so far, without the queue's count. */
 const rawRows = (keyId: string) => Effect.map(keyRows(keyId), ({ queued: _, ...rows }) => rows)
@@ -188,31 +202,11 @@ describe("folding credit captures into the key's and the owner's rows", () => {
           const ledger = yield* Ledger
           const sql = yield* SqlClient.SqlClient
           const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
-          const budget = 50_000
+          const budget = SESSION_BUDGET
           const openSession = (sessionId: string, requestId: string) =>
-            Effect.gen(function* () {
-              yield* sql`
-              INSERT INTO sessions (session_id, token_hash, payer, funding_kind, funding_request_id, key_id, budget,
-                                    provider_id, model_class, price_in, price_out, expires_at, status, in_flight)
-              VALUES (${sessionId}, 'x', ${key.wallet}, 'credit', ${requestId}, ${key.keyId}, ${budget}, 'p1',
-                      'chat-small', 1, 1, now() + interval '1 hour', 'open', ${requestId})`
-              yield* ledger.reserveCredit({ ...record(requestId), authorized: budget, sessionId }, key.keyId)
-            }).pipe(Effect.orDie)
-          const opening = (sessionId: string, requestId: string, charged: number) => ({
-            receipt: {
-              ...receiptOf(requestId, key.wallet),
-              authorized: budget,
-              charged,
-              session_id: sessionId
-            },
-            economics: seededEconomics(requestId),
-            source: {
-              _tag: "SessionOpening" as const,
-              sessionId,
-              funding: { _tag: "Credit" as const, keyId: key.keyId },
-              prefixTokens: 0
-            }
-          })
+            openKeySession(key, sessionId, requestId)
+          const opening = (sessionId: string, requestId: string, charged: number) =>
+            sessionOpening(key, sessionId, requestId, charged)
           const release = yield* holdFolds
 
           // Served: the budget stays reserved on the key until the session closes; nothing is queued.
@@ -234,6 +228,15 @@ describe("folding credit captures into the key's and the owner's rows", () => {
             available: 1_000_000 - CHARGED,
             walletReserved: 0
           }
+          // The close queues its remainder for the fold (D402): the rows still hold the budget, readers see
+          // it settled.
+          assert.strictEqual(yield* unfolded, 1)
+          assert.deepStrictEqual(yield* rawRows(key.keyId), {
+            spent: 0,
+            reserved: budget,
+            available: 1_000_000 - budget,
+            walletReserved: budget
+          })
           assert.deepStrictEqual(yield* keyState(key.keyId), closed)
 
           // Never served: the opening's release goes back whole through the fold.
@@ -246,7 +249,7 @@ describe("folding credit captures into the key's and the owner's rows", () => {
               settlement: "none"
             }
           })
-          assert.strictEqual(yield* unfolded, 1)
+          assert.strictEqual(yield* unfolded, 2)
           assert.deepStrictEqual(yield* keyState(key.keyId), closed)
           yield* release
           yield* ledger.foldCredit
@@ -262,6 +265,57 @@ describe("folding credit captures into the key's and the owner's rows", () => {
           }>`SELECT count(*)::int AS n FROM sessions WHERE session_id = 's_failed'`
           assert.strictEqual(sessions[0]!.n, 0)
         })
+    )
+
+    it.effect(
+      "a session close locks neither the key's row nor the balance's: a writer taking them in the other order never deadlocks it",
+      () =>
+        Effect.scoped(
+          Effect.gen(function* () {
+            const ledger = yield* Ledger
+            const sql = yield* SqlClient.SqlClient
+            const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
+            yield* openKeySession(key, "s_locked", "open_locked")
+            yield* ledger.capture(sessionOpening(key, "s_locked", "open_locked", CHARGED))
+            // No fold meanwhile: it would take the same two rows.
+            const release = yield* holdFolds
+            // Another writer locks the owner's balance row, then the key's (an order the fold's plan may take).
+            const balanceHeld = yield* Deferred.make<void>()
+            const takeKey = yield* Deferred.make<void>()
+            const writer = yield* Effect.forkScoped(
+              sql.withTransaction(
+                Effect.gen(function* () {
+                  yield* sql`SELECT 1 FROM wallet_balances WHERE wallet = ${key.wallet} FOR UPDATE`
+                  yield* Deferred.succeed(balanceHeld, undefined)
+                  yield* Deferred.await(takeKey)
+                  yield* sql`SELECT 1 FROM api_keys WHERE key_id = ${key.keyId} FOR UPDATE`
+                })
+              )
+            )
+            yield* Deferred.await(balanceHeld)
+            const close = yield* Effect.forkScoped(Effect.exit(ledger.closeSession("s_locked", false, 1)))
+            // The close is done, or waits on a row lock (a close that took the key's row would wait here).
+            yield* sql<{ n: number }>`
+              SELECT count(*)::int AS n FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'`.pipe(
+              Effect.repeat({ until: (rows) => rows[0]!.n > 0 || close.pollUnsafe() !== undefined }),
+              Effect.orDie
+            )
+            yield* Deferred.succeed(takeKey, undefined)
+            const closed = yield* Fiber.join(close)
+            const written = yield* Fiber.await(writer)
+            assert.isTrue(Exit.isSuccess(closed) && closed.value, String(closed))
+            assert.isTrue(Exit.isSuccess(written), String(written))
+            yield* release
+            yield* ledger.foldCredit
+            assert.deepStrictEqual(yield* rawRows(key.keyId), {
+              spent: CHARGED,
+              reserved: 0,
+              available: 1_000_000 - CHARGED,
+              walletReserved: 0
+            })
+          })
+        )
     )
 
     it.effect("a withdrawal of the whole balance readers see folds first, so it is not refused", () =>

@@ -1,6 +1,7 @@
 import { assert, describe, it, layer } from "@effect/vitest"
 import { Clock, Effect, Layer, Metric } from "effect"
 import { SqlClient } from "effect/sql"
+import { createTestClient, encodeAbiParameters, type Hex, http, keccak256, publicActions, toHex } from "viem"
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
 import { Chain, randomAuthorizationNonce } from "../../src/chain/Chain.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
@@ -10,7 +11,7 @@ import {
   refundRetryDelayMs,
   refundsUnpayable
 } from "../../src/ledger/Refunds.ts"
-import { Treasury } from "../../src/ledger/Treasury.ts"
+import { Treasury, type TreasuryShape } from "../../src/ledger/Treasury.ts"
 import { RouterConfig } from "../../src/RouterConfig.ts"
 import { TestDatabase } from "../support/Database.ts"
 import { fundTreasury } from "./support.ts"
@@ -53,6 +54,38 @@ const seedDueRefund = (amount: bigint) =>
                VALUES (${requestId}, ${payer}, ${amount}, 1, 'due')`
     return { payer, requestId }
   }).pipe(Effect.orDie)
+
+/**
+ * The treasury's `send`, through which every transfer reverts on the real chain: with automine off the
+ * transfer is estimated, signed and broadcast as usual; then the sender's token balance (TestUSDC's
+ * `balanceOf`, storage slot 1) is set to 0 for the one block that mines it, and put back after.
+ */
+const revertingSends = (treasury: TreasuryShape, counter: { sends: number }) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    const anvil = createTestClient({ mode: "anvil", transport: http(chain.rpcUrl) }).extend(publicActions)
+    const slot = keccak256(encodeAbiParameters([{ type: "address" }, { type: "uint256" }], [chain.payer, 1n]))
+    const setSlot = (value: Hex) =>
+      Effect.promise(() => anvil.setStorageAt({ address: chain.token, index: slot, value }))
+    return {
+      ...treasury,
+      send: (transfer: Parameters<typeof treasury.send>[0]) =>
+        Effect.acquireUseRelease(
+          Effect.promise(() => anvil.setAutomine(false)),
+          () =>
+            Effect.gen(function* () {
+              counter.sends++
+              const hash = yield* treasury.send(transfer)
+              const balance = yield* Effect.promise(() => anvil.getStorageAt({ address: chain.token, slot }))
+              yield* setSlot(toHex(0, { size: 32 }))
+              yield* Effect.promise(() => anvil.mine({ blocks: 1 }))
+              yield* setSlot(balance ?? toHex(0, { size: 32 }))
+              return hash
+            }),
+          () => Effect.promise(() => anvil.setAutomine(true))
+        )
+    }
+  })
 
 describe("refund batches the treasury cannot cover", () => {
   it("the retry delay doubles from 1 s and stops growing at its bound", () => {
@@ -114,6 +147,57 @@ describe("refund batches the treasury cannot cover", () => {
         assert.strictEqual(sends, 3)
         assert.strictEqual(yield* status, "paid")
         assert.strictEqual(yield* Metric.value(refundsUnpayable).pipe(Effect.map((s) => s.value)), 0)
+      })
+    )
+
+    it.effect("whose transfer is sent and reverts back off like one that was never sent", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        const treasury = yield* Treasury
+        const counter = { sends: 0 }
+        const reverting = yield* revertingSends(treasury, counter)
+        const make = (service: TreasuryShape) =>
+          makeRefunds({ payoutFloor: 1, currentEpoch: Effect.succeed(1_000) }).pipe(
+            Effect.provideService(Treasury, service)
+          )
+        const refunds = yield* make(reverting)
+        const hand = handClock(1_700_000_000_000)
+        const pass = refunds.settle.pipe(Effect.provideService(Clock.Clock, hand.clock))
+        // The treasury holds the refund: only the block that mines each transfer sees it empty.
+        yield* fundTreasury(1_000n)
+        const { requestId } = yield* seedDueRefund(1_000n)
+        const status = Effect.map(
+          sql<{ status: string }>`SELECT status FROM refunds WHERE request_id = ${requestId}`,
+          (rows) => rows[0]!.status
+        ).pipe(Effect.orDie)
+        const reverted = Effect.map(
+          sql<{ n: number }>`SELECT count(*)::int AS n FROM outgoing_transactions
+                             WHERE kind = 'RefundBatch' AND status = 'reverted'`,
+          (rows) => rows[0]!.n
+        ).pipe(Effect.orDie)
+
+        // Sent and reverted: back to due, retried after 1 s.
+        yield* pass
+        assert.strictEqual(counter.sends, 1)
+        assert.strictEqual(yield* reverted, 1)
+        assert.strictEqual(yield* status, "due")
+        hand.advance(1_000)
+        yield* pass
+        assert.strictEqual(counter.sends, 2)
+        assert.strictEqual(yield* reverted, 2)
+
+        // The second revert doubles the wait: 1 s later nothing is sent, 2 s later the third try goes out.
+        hand.advance(1_000)
+        yield* pass
+        assert.strictEqual(counter.sends, 2)
+        hand.advance(1_000)
+        yield* pass
+        assert.strictEqual(counter.sends, 3)
+        assert.strictEqual(yield* reverted, 3)
+        hand.advance(3_999)
+        yield* pass
+        assert.strictEqual(counter.sends, 3)
+        assert.strictEqual(yield* status, "due")
       })
     )
   })

@@ -396,28 +396,41 @@ const quoteArb = fc.record({
   ),
   cached: fc.option(fc.integer({ min: 0, max: 100_000 }), { nil: undefined })
 })
-const bookArb = fc.array(quoteArb, { maxLength: 12 }).map((rows) =>
-  rows.map((row, i): LiveQuote => {
-    const reserve = findClass(defaultCatalog, row.modelClass)?.reserve ?? {
-      price_in: 1_000_000,
-      price_out: 4_000_000
-    }
-    return live(
-      {
-        quote_id: `q-${String(i).padStart(2, "0")}`,
-        provider_id: PROVIDERS[row.provider] ?? "p0",
-        model_class: row.modelClass,
-        price_in: Math.floor((reserve.price_in * row.inPermille) / 1_000),
-        price_out: Math.floor((reserve.price_out * row.outPermille) / 1_000),
-        max_context: row.maxContext,
-        valid_until: NOW_S + row.ttlS,
-        capacity_rps: row.capacity,
-        price_in_cached: row.cached
-      },
-      row.inFlight
-    )
-  })
-)
+const scaled = (price: number, scale: number) => (Number.isSafeInteger(price * scale) ? price * scale : price)
+/**
+ * A generated row as a live quote: its prices its class's reserve (or a stand-in for a class the catalog
+ * does not know) times its permilles, then times `scale` where that stays a safe integer.
+ */
+const liveFromRow = (
+  row: typeof quoteArb extends fc.Arbitrary<infer R> ? R : never,
+  quoteId: string,
+  providerId: string,
+  scale = 1
+): LiveQuote => {
+  const reserve = findClass(defaultCatalog, row.modelClass)?.reserve ?? {
+    price_in: 1_000_000,
+    price_out: 4_000_000
+  }
+  return live(
+    {
+      quote_id: quoteId,
+      provider_id: providerId,
+      model_class: row.modelClass,
+      price_in: scaled(Math.floor((reserve.price_in * row.inPermille) / 1_000), scale),
+      price_out: scaled(Math.floor((reserve.price_out * row.outPermille) / 1_000), scale),
+      max_context: row.maxContext,
+      valid_until: NOW_S + row.ttlS,
+      capacity_rps: row.capacity,
+      price_in_cached: row.cached
+    },
+    row.inFlight
+  )
+}
+const bookArb = fc
+  .array(quoteArb, { maxLength: 12 })
+  .map((rows) =>
+    rows.map((row, i) => liveFromRow(row, `q-${String(i).padStart(2, "0")}`, PROVIDERS[row.provider] ?? "p0"))
+  )
 const latencyArb = fc
   .array(fc.integer({ min: 50, max: 4_000 }), { minLength: PROVIDERS.length, maxLength: PROVIDERS.length })
   .map(
@@ -809,7 +822,6 @@ describe("clearingTariff", () => {
 // ---- the optimized auction against the reference it replaced (D280, D281) ----
 
 const MANY_PROVIDERS = Array.from({ length: 24 }, (_, i) => `prov-${i}`)
-const scaled = (price: number, scale: number) => (Number.isSafeInteger(price * scale) ? price * scale : price)
 /** Larger books: many providers, several quotes each, ties on price, and prices wide enough for bigint scores. */
 const wideBookArb = fc
   .tuple(
@@ -824,26 +836,7 @@ const wideBookArb = fc
     fc.constantFrom(1, 1, 1, 10_000, 1_000_000)
   )
   .map(([rows, scale]) =>
-    rows.map(({ row, provider, id }, i): LiveQuote => {
-      const reserve = findClass(defaultCatalog, row.modelClass)?.reserve ?? {
-        price_in: 1_000_000,
-        price_out: 4_000_000
-      }
-      return live(
-        {
-          quote_id: `q-${id}-${i}`,
-          provider_id: MANY_PROVIDERS[provider]!,
-          model_class: row.modelClass,
-          price_in: scaled(Math.floor((reserve.price_in * row.inPermille) / 1_000), scale),
-          price_out: scaled(Math.floor((reserve.price_out * row.outPermille) / 1_000), scale),
-          max_context: row.maxContext,
-          valid_until: NOW_S + row.ttlS,
-          capacity_rps: row.capacity,
-          price_in_cached: row.cached
-        },
-        row.inFlight
-      )
-    })
+    rows.map(({ row, provider, id }, i) => liveFromRow(row, `q-${id}-${i}`, MANY_PROVIDERS[provider]!, scale))
   )
 /** Latency from the router's own statistics: measured, warming and never-measured pairs. */
 const measuredLatencyArb = fc

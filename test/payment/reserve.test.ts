@@ -44,7 +44,6 @@ describe("reservation", () => {
             [yield* count("requests"), yield* count("x402_authorizations"), yield* count("ledger_entries")],
             [1, 1, 1]
           )
-          assert.isFalse(yield* ledger.nonceUnused(record("x").payer, hold.nonce))
           const replay = yield* Effect.flip(ledger.reserveX402(record("req_b"), hold))
           assert.strictEqual(replay._tag, "NonceReplay")
           assert.deepStrictEqual(

@@ -16,7 +16,12 @@ import {
   type PaymentRequiredCode,
   paymentRequiredHeader
 } from "../../src/domain/X402.ts"
-import { PaymentVerifier, type VerifiedPayment } from "../../src/payment/PaymentVerifier.ts"
+import {
+  checkPaymentSignature,
+  PaymentVerifier,
+  type SignatureCheck,
+  type VerifiedPayment
+} from "../../src/payment/PaymentVerifier.ts"
 import { X402Config } from "../../src/payment/X402.ts"
 import { submit } from "../support/ChainSend.ts"
 
@@ -87,18 +92,14 @@ const flatHeader = (p: Signed, overrides: Record<string, unknown> = {}) =>
     })
   ).toString("base64")
 
-const verify = (
-  header: string,
-  worstCase = 100_000,
-  nonceUnused = (_: Address, __: string) => Effect.succeed(true)
-) =>
+const verify = (header: string, worstCase = 100_000, signed?: SignatureCheck) =>
   PaymentVerifier.use((verifier) =>
     verifier.verifyExact({
       header,
       worstCase,
       resourceUrl: RESOURCE,
       description: "chat completion",
-      nonceUnused
+      signed
     })
   )
 
@@ -136,10 +137,7 @@ layer(TestLayer, { timeout: "90 seconds", excludeTestServices: true })(
         const chain = yield* Chain
         const payment = yield* sign(yield* demoAccount(0), { value: 150_000n })
         const balanceBefore = yield* chain.balanceOf(payment.from)
-        const seen: Array<[Address, string]> = []
-        const verified = yield* verify(flatHeader(payment), 150_000, (payer, nonce) =>
-          Effect.sync(() => seen.push([payer, nonce])).pipe(Effect.as(true))
-        )
+        const verified = yield* verify(flatHeader(payment), 150_000)
         assert.deepStrictEqual(verified, {
           scheme: "exact",
           payer: payment.from,
@@ -156,7 +154,6 @@ layer(TestLayer, { timeout: "90 seconds", excludeTestServices: true })(
           network: "eip155:31337",
           balance: balanceBefore
         })
-        assert.deepStrictEqual(seen, [[payment.from, payment.nonce]])
         assert.strictEqual(yield* chain.balanceOf(payment.from), balanceBefore)
         assert.isFalse(yield* chain.authorizationState(payment.from, payment.nonce))
         // what passed is exactly what the token will accept when the router settles it
@@ -452,18 +449,11 @@ layer(TestLayer, { timeout: "90 seconds", excludeTestServices: true })(
       })
     )
 
-    it.effect("j) a nonce already used, in our database or on the token: payment_invalid", () =>
+    // A nonce used here is the reservation's to refuse (its primary key, D381; test/payment/reserve.test.ts
+    // and test/payment/signedOnce.test.ts): the verifier reads only the token's record.
+    it.effect("j) a nonce already used on the token: payment_invalid", () =>
       Effect.gen(function* () {
         const chain = yield* Chain
-        const payment = yield* sign(yield* demoAccount(2))
-        const known = yield* expectRejected(
-          payment.from,
-          payment.nonce,
-          "payment_invalid",
-          verify(flatHeader(payment), 100_000, () => Effect.succeed(false))
-        )
-        assert.strictEqual(known.error, "authorization already used")
-
         // settled once on chain (this setup step moves money); verifying it again must not
         const settled = yield* sign(yield* demoAccount(2))
         const receipt = yield* chain.waitForReceipt(
@@ -478,6 +468,60 @@ layer(TestLayer, { timeout: "90 seconds", excludeTestServices: true })(
           verify(flatHeader(settled))
         )
         assert.strictEqual(replay.error, "authorization already used")
+      })
+    )
+
+    it.effect("a carried signature check answers for its own header only, and is taken for it", () =>
+      Effect.gen(function* () {
+        const chain = yield* Chain
+        const victim = yield* demoAccount(0)
+        const genuine = yield* sign(victim)
+        const forged = { ...(yield* sign(yield* demoAccount(1))), from: victim.address }
+        const genuineCheck = yield* checkPaymentSignature(chain, flatHeader(genuine))
+        const forgedCheck = yield* checkPaymentSignature(chain, flatHeader(forged))
+        assert.deepStrictEqual(genuineCheck, {
+          header: flatHeader(genuine),
+          payer: victim.address,
+          valid: true
+        })
+        assert.deepStrictEqual(forgedCheck, {
+          header: flatHeader(forged),
+          payer: victim.address,
+          valid: false
+        })
+        assert.isUndefined(yield* checkPaymentSignature(chain, "%%garbage%%"))
+
+        // A check of another header says nothing about this one: the forgery is checked, and refused.
+        const refused = yield* expectRejected(
+          victim.address,
+          forged.nonce,
+          "payment_invalid",
+          verify(flatHeader(forged), 100_000, genuineCheck!)
+        )
+        assert.include(refused.error, "signature")
+        // Nor does a check claiming validity for another header: it is still this header's own check.
+        yield* expectRejected(
+          victim.address,
+          forged.nonce,
+          "payment_invalid",
+          verify(flatHeader(forged), 100_000, { ...genuineCheck!, header: `${flatHeader(forged)} ` })
+        )
+        // The check of this very header is taken as it is (no second check): a refusal carried for the
+        // genuine header refuses it, and the forgery's own refusal refuses it.
+        yield* expectRejected(
+          victim.address,
+          genuine.nonce,
+          "payment_invalid",
+          verify(flatHeader(genuine), 100_000, { ...genuineCheck!, valid: false })
+        )
+        yield* expectRejected(
+          victim.address,
+          forged.nonce,
+          "payment_invalid",
+          verify(flatHeader(forged), 100_000, forgedCheck!)
+        )
+        const verified = yield* verify(flatHeader(genuine), 100_000, genuineCheck!)
+        assert.strictEqual(verified.payer, victim.address)
       })
     )
 

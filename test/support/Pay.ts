@@ -60,10 +60,21 @@ export const payer = (index = 0) =>
     return { chain, account, payingFetch: officialPayingFetch(exactClient(chain, account)) }
   })
 
-/** A hand-built x402 v2 envelope for negative tests (the official client only signs what it is asked). */
+/**
+ * A hand-built x402 v2 envelope for negative tests (the official client only signs what it is asked).
+ * `signer` signs in `account`'s name (a forgery); `sentValue` is what the envelope claims after the
+ * signing (a tampered amount).
+ */
 export const handSignedHeader = (
   account: PrivateKeyAccount,
-  options: { value: bigint; scheme?: string; to?: Hex; validBefore?: bigint }
+  options: {
+    value: bigint
+    scheme?: string
+    to?: Hex
+    validBefore?: bigint
+    signer?: PrivateKeyAccount
+    sentValue?: bigint
+  }
 ) =>
   Effect.gen(function* () {
     const chain = yield* Chain
@@ -77,7 +88,7 @@ export const handSignedHeader = (
       nonce: randomAuthorizationNonce()
     }
     const signature = yield* Effect.promise(() =>
-      signTransferAuthorization(account, {
+      signTransferAuthorization(options.signer ?? account, {
         token: chain.token,
         chainId: chain.chainId,
         domain: chain.tokenDomain,
@@ -88,7 +99,7 @@ export const handSignedHeader = (
       x402Version: 2,
       scheme: options.scheme ?? "exact",
       network: chain.network,
-      payload: { authorization, signature }
+      payload: { authorization: { ...authorization, value: options.sentValue ?? options.value }, signature }
     })
   })
 

@@ -23,6 +23,7 @@ import { responsesShowsReasoning, responsesToChatRequest } from "../../inference
 import { paidHeaders, servedSvc, svcEnvelope } from "../../inference/ChatEncoding.ts"
 import type { ServeEvent } from "../../inference/Paid.ts"
 import { estimatePromptTokens } from "../../inference/Tokens.ts"
+import { traced } from "../../Telemetry.ts"
 import { Api } from "../Api.ts"
 import { type Original, PaidCalls } from "../PaidCall.ts"
 import type { FrameEncoder, Reply } from "../Replies.ts"
@@ -75,7 +76,7 @@ export const ResponsesHandlers = HttpApiBuilder.group(
       }
     }
 
-    const createResponse = Effect.fn("Adapters.responses")(function* (
+    const createResponse = Effect.fnUntraced(function* (
       payload: ResponsesRequest,
       request: HttpServerRequest
     ) {
@@ -88,7 +89,7 @@ export const ResponsesHandlers = HttpApiBuilder.group(
         request,
         reply
       })
-    })
+    }, traced("Adapters.responses"))
 
     return handlers.handle("createResponse", ({ payload, request }) => createResponse(payload, request))
   })
@@ -136,10 +137,7 @@ export const MessagesHandlers = HttpApiBuilder.group(
       }
     }
 
-    const createMessage = Effect.fn("Adapters.messages")(function* (
-      payload: MessagesRequest,
-      request: HttpServerRequest
-    ) {
+    const createMessage = Effect.fnUntraced(function* (payload: MessagesRequest, request: HttpServerRequest) {
       const chat = yield* Effect.fromResult(messagesToChatRequest(payload))
       return yield* paidCalls.serve({
         path: "/v1/messages",
@@ -149,7 +147,7 @@ export const MessagesHandlers = HttpApiBuilder.group(
         request,
         reply
       })
-    })
+    }, traced("Adapters.messages"))
 
     return handlers
       .handle("createMessage", ({ payload, request }) => createMessage(payload, request))

@@ -1,20 +1,22 @@
+import type { Readable } from "node:stream"
 import { NodeHttpClient } from "@effect/platform-node"
 import {
   Array as Arr,
   Cause,
-  Clock,
   Context,
   Duration,
   Effect,
   Layer,
   Option,
   Redacted,
+  References,
   Result,
   Stream
 } from "effect"
-import { HttpClient, type HttpClientError, HttpClientRequest, type HttpClientResponse } from "effect/http"
+import { HttpTraceContext } from "effect/http"
 import type { ChatCompletionRequest } from "../../domain/Chat.ts"
 import type { MessagesRequest } from "../../domain/Messages.ts"
+import { NO_STACK } from "../../Telemetry.ts"
 import type { UpstreamEvent } from "../Events.ts"
 import {
   anthropicFrameToStep,
@@ -31,6 +33,7 @@ import { promptTexts, redactExcerpt } from "./Redact.ts"
 import { makeSseDecoder, type SseEvent } from "./Sse.ts"
 import type { StreamStep } from "./StreamStep.ts"
 import { UpstreamError } from "./UpstreamError.ts"
+import { bodyStream, errorBodyText, letGo, post, timeoutError } from "./UpstreamHttp.ts"
 
 export type UpstreamDialect = "openai" | "anthropic"
 
@@ -82,10 +85,57 @@ export const anthropicCodec: DialectCodec<typeof initialAnthropicState> = {
   completeAtEnd: () => false
 }
 
-const timeoutError = () =>
-  new UpstreamError({ reason: "timeout", message: "upstream sent no first byte within the timeout" })
-
 const dropped = (message: string) => new UpstreamError({ reason: "dropped", message })
+
+/**
+ * Body bytes to dialect-neutral events, one piece at a time: the SSE decoder and the dialect's state.
+ * Reading stops at the terminal frame (`finished`); a failure found after some events of the same
+ * piece is kept (`failure`) so those events go out first; the end of the body lets the dialect judge
+ * whether the reply was whole.
+ */
+const makeBodyDecoder = <S>(codec: DialectCodec<S>) => {
+  const sse = makeSseDecoder()
+  let state = codec.initial
+  const decoder = {
+    finished: false,
+    failure: undefined as UpstreamError | undefined,
+    /** The events of these frames, up to the terminal frame (then `finished`), or the first failure. */
+    frames: (frames: ReadonlyArray<SseEvent>, events: Array<UpstreamEvent>) => {
+      for (const frame of frames) {
+        const stepped = codec.step(state, frame)
+        if (Result.isFailure(stepped)) {
+          decoder.failure = stepped.failure
+          return
+        }
+        state = stepped.success.state
+        for (const event of stepped.success.events) events.push(event)
+        if (stepped.success.done) {
+          decoder.finished = true
+          return
+        }
+      }
+    },
+    /** The events of these body pieces; `undefined`: the body ended. */
+    pieces: (chunks: ReadonlyArray<Uint8Array> | undefined, events: Array<UpstreamEvent>) => {
+      if (chunks === undefined) {
+        decoder.frames(sse.end(), events)
+        if (!decoder.finished && decoder.failure === undefined) {
+          if (codec.completeAtEnd(state)) decoder.finished = true
+          else decoder.failure = dropped("upstream stream ended before its terminal event")
+        }
+        return
+      }
+      for (const chunk of chunks) {
+        if (decoder.finished || decoder.failure !== undefined) return
+        decoder.frames(sse.push(chunk), events)
+      }
+    }
+  }
+  return decoder
+}
+
+const brokeOff = (error: unknown) =>
+  error instanceof UpstreamError ? error : dropped("upstream body broke off before the reply ended")
 
 /**
  * Raw body bytes to dialect-neutral events, as they arrive. Reading stops at the terminal
@@ -106,21 +156,11 @@ export const decodeUpstreamStream = <S, E>(
 ): Stream.Stream<UpstreamEvent, UpstreamError> =>
   Stream.transformPull(bytes, (pull) =>
     Effect.sync(() => {
-      const sse = makeSseDecoder()
-      let state = codec.initial
-      let finished = false
-      /** A failure found after some events of the same piece: told on the next pull, once those are out. */
-      let failure: UpstreamError | undefined
+      const decoder = makeBodyDecoder(codec)
       const { firstPullMillis, redact = (error: UpstreamError) => error } = options
       let first = firstPullMillis !== undefined
       const read = Effect.catch(pull, (error) =>
-        Cause.isDone(error)
-          ? Effect.succeed(undefined)
-          : Effect.fail(
-              error instanceof UpstreamError
-                ? error
-                : dropped("upstream body broke off before the reply ended")
-            )
+        Cause.isDone(error) ? Effect.succeed(undefined) : Effect.fail(brokeOff(error))
       )
       const nextPiece = Effect.suspend(() => {
         if (!first) return read
@@ -130,43 +170,16 @@ export const decodeUpstreamStream = <S, E>(
           orElse: () => Effect.fail(timeoutError())
         })
       })
-      /** The events of these frames, up to the terminal frame (then `finished`), or the first failure. */
-      const step = (frames: ReadonlyArray<SseEvent>, events: Array<UpstreamEvent>) => {
-        for (const frame of frames) {
-          const stepped = codec.step(state, frame)
-          if (Result.isFailure(stepped)) {
-            failure = stepped.failure
-            return
-          }
-          state = stepped.success.state
-          for (const event of stepped.success.events) events.push(event)
-          if (stepped.success.done) {
-            finished = true
-            return
-          }
-        }
-      }
       const pullEvents: Effect.Effect<
         Arr.NonEmptyReadonlyArray<UpstreamEvent>,
         UpstreamError | Cause.Done
       > = Effect.gen(function* () {
         while (true) {
-          if (failure !== undefined) return yield* Effect.fail(redact(failure))
-          if (finished) return yield* Cause.done()
+          if (decoder.failure !== undefined) return yield* Effect.fail(redact(decoder.failure))
+          if (decoder.finished) return yield* Cause.done()
           const chunks = yield* Effect.mapError(nextPiece, redact)
           const events: Array<UpstreamEvent> = []
-          if (chunks === undefined) {
-            step(sse.end(), events)
-            if (!finished && failure === undefined) {
-              if (codec.completeAtEnd(state)) finished = true
-              else failure = dropped("upstream stream ended before its terminal event")
-            }
-          } else {
-            for (const chunk of chunks) {
-              if (finished || failure !== undefined) break
-              step(sse.push(chunk), events)
-            }
-          }
+          decoder.pieces(chunks, events)
           if (Arr.isArrayNonEmpty(events)) return events
         }
       })
@@ -174,20 +187,95 @@ export const decodeUpstreamStream = <S, E>(
     })
   )
 
-/** The system error code (`ECONNREFUSED`, ...) somewhere down a fetch failure's cause chain. */
-const errorCode = (error: unknown, depth = 0): string | undefined => {
-  if (typeof error !== "object" || error === null || depth > 4) return undefined
-  if ("code" in error && typeof error.code === "string") return error.code
-  return "cause" in error ? errorCode(error.cause, depth + 1) : undefined
+/** Pieces a Node body may buffer ahead of its reader before it is paused. */
+const AHEAD = 64
+
+/**
+ * The pieces of a Node body as they arrive, without a stream of its own: each read takes what came
+ * since the last (a body more than `AHEAD` pieces ahead is paused until then), or waits for more
+ * (`undefined` once the body ended). Interrupting a read, and `close`, destroy the body, which aborts
+ * its request.
+ */
+const nodeBodyReader = (body: Readable) => {
+  let pending: Array<Uint8Array> = []
+  let wake: (() => void) | undefined
+  let failed: unknown
+  let ended = false
+  const onData = (piece: Uint8Array) => {
+    pending.push(piece)
+    if (pending.length >= AHEAD) body.pause()
+    wake?.()
+  }
+  const onEnd = () => {
+    ended = true
+    wake?.()
+  }
+  const onError = (error: unknown) => {
+    failed = error
+    wake?.()
+  }
+  // Closed without its end or an error (torn down under it): broken off, as `finished` would say.
+  const onClose = () => {
+    if (!ended && failed === undefined) onError(new Error("premature close"))
+  }
+  body.on("data", onData)
+  body.on("end", onEnd)
+  body.on("error", onError)
+  body.on("close", onClose)
+  const close = () => {
+    wake = undefined
+    body.off("data", onData)
+    body.off("end", onEnd)
+    body.off("error", onError)
+    body.off("close", onClose)
+    letGo(body)
+  }
+  const read: Effect.Effect<ReadonlyArray<Uint8Array> | undefined, UpstreamError> = Effect.callback(
+    (resume) => {
+      const settle = () => {
+        wake = undefined
+        if (pending.length > 0) {
+          const pieces = pending
+          pending = []
+          if (body.isPaused()) body.resume()
+          resume(Effect.succeed(pieces))
+        } else if (failed !== undefined) resume(Effect.fail(brokeOff(failed)))
+        else if (ended) resume(Effect.succeed(undefined))
+        else wake = settle
+      }
+      settle()
+      return Effect.sync(close)
+    }
+  )
+  return { read, close }
 }
 
-const connectError = (error: HttpClientError.HttpClientError) => {
-  const code = errorCode(error.reason.cause)
-  return new UpstreamError({
-    reason: "connect",
-    message: `could not reach upstream (${error.reason._tag}${typeof code === "string" ? `: ${code}` : ""})`
+/**
+ * Reads a Node body straight into `onEvent`, in the calling fiber: no stream stages, pulls or scopes
+ * held while the reply is open (issue 12 item 5).
+ */
+const readNodeBody = <S>(
+  codec: DialectCodec<S>,
+  body: Readable,
+  onEvent: (event: UpstreamEvent) => Effect.Effect<void>
+): Effect.Effect<void, UpstreamError> =>
+  Effect.suspend(() => {
+    const decoder = makeBodyDecoder(codec)
+    const reader = nodeBodyReader(body)
+    return Effect.gen(function* () {
+      // A late first byte: the call's timer destroys the body with `timeout` (UpstreamHttp.ts).
+      let chunks = yield* reader.read
+      const events: Array<UpstreamEvent> = []
+      while (true) {
+        decoder.pieces(chunks, events)
+        for (const event of events) yield* onEvent(event)
+        events.length = 0
+        if (decoder.failure !== undefined) return yield* Effect.fail(decoder.failure)
+        if (decoder.finished) return
+        chunks = yield* reader.read
+      }
+    }).pipe(Effect.ensuring(Effect.sync(reader.close)))
   })
-}
 
 /** The `type: message` of a JSON error body, else the body as sent. */
 const errorBodySummary = (body: string): string => {
@@ -203,28 +291,79 @@ const errorBodySummary = (body: string): string => {
   return body
 }
 
-/** A bounded read of an error body: a provider streaming garbage cannot hold the call open. */
-const readErrorBody = (response: HttpClientResponse.HttpClientResponse) =>
-  response.stream.pipe(
-    Stream.decodeText(),
-    Stream.scan(
-      () => "",
-      (text, piece: string) => text + piece
-    ),
-    Stream.takeUntil((text) => text.length >= 4096),
-    Stream.runLast,
-    Effect.map(Option.getOrElse(() => "")),
-    Effect.timeoutOrElse({ duration: "2 seconds", orElse: () => Effect.succeed("") }),
-    Effect.orElseSucceed(() => "")
-  )
-
 export const make = Effect.fnUntraced(function* (options: UpstreamOptions = {}) {
-  const timeout = Duration.fromInputUnsafe(options.firstByteTimeout ?? Duration.seconds(30))
-  const timeoutMillis = Duration.toMillis(timeout)
-  // The head must come within the budget; `stream` holds the first body byte to what is left.
-  const client = HttpClient.transform(yield* HttpClient.HttpClient, (effect) =>
-    Effect.timeoutOrElse(effect, { duration: timeout, orElse: () => Effect.fail(timeoutError()) })
+  const timeoutMillis = Duration.toMillis(
+    Duration.fromInputUnsafe(options.firstByteTimeout ?? Duration.seconds(30))
   )
+  // The head and then the first body byte within the budget: one timer, no fiber (UpstreamHttp.ts).
+  const dispatcher = yield* NodeHttpClient.Dispatcher
+  /**
+   * Where spans are exported: the call as a client span (the head, as the HTTP client's was) whose
+   * context goes to the provider in the trace headers.
+   */
+  const tracedPost = (url: URL, headers: Record<string, string>, body: string) =>
+    Effect.useSpan(
+      "POST",
+      { kind: "client", attributes: { "http.request.method": "POST", "url.full": url.href }, ...NO_STACK },
+      (span) =>
+        post(dispatcher, url, { ...headers, ...HttpTraceContext.toHeaders(span) }, body, timeoutMillis).pipe(
+          Effect.tap((response) =>
+            Effect.sync(() => span.attribute("http.response.status_code", response.status))
+          )
+        )
+    )
+
+  /** The request sent and its head read: a 2xx event stream (its first byte still held to the budget). */
+  const open = <S>(
+    codec: DialectCodec<S>,
+    target: UpstreamTarget,
+    apiKey: string | undefined,
+    request: ChatCompletionRequest,
+    modelClass: string,
+    maxTokens: number
+  ) =>
+    Effect.gen(function* () {
+      const url = new URL(`${target.baseUrl}${codec.path}`)
+      const headers = { accept: "text/event-stream", ...codec.headers(apiKey) }
+      const body = JSON.stringify(codec.body(request, modelClass, maxTokens))
+      const response = yield* Effect.withFiber((fiber) =>
+        fiber.getRef(References.TracerEnabled)
+          ? tracedPost(url, headers, body)
+          : post(dispatcher, url, headers, body, timeoutMillis)
+      )
+      if (response.status < 200 || response.status >= 300) {
+        const text = yield* errorBodyText(response)
+        return yield* new UpstreamError({
+          reason: "http_status",
+          message: `upstream answered ${response.status}`,
+          status: response.status,
+          excerpt: errorBodySummary(text)
+        })
+      }
+      // A provider that ignored `stream: true` answers with one JSON document, not events.
+      if ((response.headers["content-type"] ?? "").includes("application/json")) {
+        letGo(response.body)
+        return yield* new UpstreamError({
+          reason: "protocol",
+          message: "upstream answered with JSON instead of an event stream"
+        })
+      }
+      return response
+    })
+
+  /** Every failure's excerpt with the prompt's texts and the key taken out. */
+  const redactFor = (request: ChatCompletionRequest, apiKey: string | undefined) => (error: UpstreamError) =>
+    error.excerpt === undefined
+      ? error
+      : new UpstreamError({
+          reason: error.reason,
+          message: error.message,
+          status: error.status,
+          excerpt: redactExcerpt(error.excerpt, promptTexts(request), apiKey === undefined ? [] : [apiKey])
+        })
+
+  const codecOf = (dialect: UpstreamDialect): DialectCodec<unknown> =>
+    (dialect === "openai" ? openAiCodec : anthropicCodec) as DialectCodec<unknown>
 
   const stream = (
     target: UpstreamTarget,
@@ -233,50 +372,33 @@ export const make = Effect.fnUntraced(function* (options: UpstreamOptions = {}) 
     maxTokens: number
   ): Stream.Stream<UpstreamEvent, UpstreamError> => {
     const apiKey = target.apiKey === undefined ? undefined : Redacted.value(target.apiKey)
-    const redact = (error: UpstreamError) =>
-      error.excerpt === undefined
-        ? error
-        : new UpstreamError({
-            reason: error.reason,
-            message: error.message,
-            status: error.status,
-            excerpt: redactExcerpt(error.excerpt, promptTexts(request), apiKey === undefined ? [] : [apiKey])
-          })
-    const events = <S>(codec: DialectCodec<S>) =>
-      Stream.unwrap(
-        Effect.gen(function* () {
-          const httpRequest = HttpClientRequest.post(`${target.baseUrl}${codec.path}`).pipe(
-            HttpClientRequest.setHeaders({ accept: "text/event-stream", ...codec.headers(apiKey) }),
-            HttpClientRequest.bodyJsonUnsafe(codec.body(request, modelClass, maxTokens))
-          )
-          const started = yield* Clock.currentTimeMillis
-          const response = yield* client
-            .execute(httpRequest)
-            .pipe(Effect.mapError((error) => (error._tag === "UpstreamError" ? error : connectError(error))))
-          if (response.status < 200 || response.status >= 300) {
-            const body = yield* readErrorBody(response)
-            return yield* new UpstreamError({
-              reason: "http_status",
-              message: `upstream answered ${response.status}`,
-              status: response.status,
-              excerpt: errorBodySummary(body)
-            })
-          }
-          // A provider that ignored `stream: true` answers with one JSON document, not events.
-          if ((response.headers["content-type"] ?? "").includes("application/json")) {
-            return yield* new UpstreamError({
-              reason: "protocol",
-              message: "upstream answered with JSON instead of an event stream"
-            })
-          }
-          const left = Math.max(0, timeoutMillis - ((yield* Clock.currentTimeMillis) - started))
-          return decodeUpstreamStream(codec, response.stream, { firstPullMillis: left, redact })
-        }).pipe(Effect.mapError(redact))
+    const redact = redactFor(request, apiKey)
+    const codec = codecOf(target.dialect)
+    return Stream.unwrap(
+      open(codec, target, apiKey, request, modelClass, maxTokens).pipe(
+        Effect.map((response) => decodeUpstreamStream(codec, bodyStream(response), { redact })),
+        Effect.mapError(redact)
       )
-    return target.dialect === "openai" ? events(openAiCodec) : events(anthropicCodec)
+    )
   }
 
-  return { stream }
+  const run = (
+    target: UpstreamTarget,
+    request: ChatCompletionRequest,
+    modelClass: string,
+    maxTokens: number,
+    onEvent: (event: UpstreamEvent) => Effect.Effect<void>
+  ): Effect.Effect<void, UpstreamError> => {
+    const apiKey = target.apiKey === undefined ? undefined : Redacted.value(target.apiKey)
+    const redact = redactFor(request, apiKey)
+    const codec = codecOf(target.dialect)
+    return open(codec, target, apiKey, request, modelClass, maxTokens).pipe(
+      Effect.flatMap((response) => readNodeBody(codec, response.body, onEvent)),
+      Effect.mapError(redact)
+    )
+  }
+
+  return { stream, run }
 })
 
 /**
@@ -293,6 +415,17 @@ export class Upstream extends Context.Service<
       modelClass: string,
       maxTokens: number
     ) => Stream.Stream<UpstreamEvent, UpstreamError>
+    /**
+     * The same reply, each event handed to `onEvent` as it arrives, in the calling fiber. The router's
+     * undici body is read directly (no stream stages held while a reply is open, issue 12 item 5).
+     */
+    readonly run: (
+      target: UpstreamTarget,
+      request: ChatCompletionRequest,
+      modelClass: string,
+      maxTokens: number,
+      onEvent: (event: UpstreamEvent) => Effect.Effect<void>
+    ) => Effect.Effect<void, UpstreamError>
   }
 >()("router/inference/Upstream") {
   static readonly layerWith = (options: UpstreamOptions) => Layer.effect(Upstream, make(options))
@@ -301,9 +434,16 @@ export class Upstream extends Context.Service<
    * The router's: undici's own request API (keep-alive pools per origin), not `fetch` over it: a
    * held-open stream then holds a Node stream, not fetch's Request, Response, Headers and web streams.
    */
-  static readonly layerUndici = Upstream.layer.pipe(Layer.provide(NodeHttpClient.layerUndici))
+  static readonly layerUndici = Upstream.layer.pipe(Layer.provide(NodeHttpClient.layerDispatcher))
 
   /** Scripted replies (by target and class), for tests of what serves through upstreams. */
   static readonly layerTest = (stream: Upstream["Service"]["stream"]) =>
-    Layer.succeed(Upstream, Upstream.of({ stream }))
+    Layer.succeed(
+      Upstream,
+      Upstream.of({
+        stream,
+        run: (target, request, modelClass, maxTokens, onEvent) =>
+          Stream.runForEach(stream(target, request, modelClass, maxTokens), onEvent)
+      })
+    )
 }

@@ -1,7 +1,14 @@
+import {
+  createServer,
+  type IncomingHttpHeaders,
+  type IncomingMessage,
+  type Server,
+  type ServerResponse
+} from "node:http"
+import type { AddressInfo } from "node:net"
 import { NodeHttpClient } from "@effect/platform-node"
 import { assert, it as bareIt, layer } from "@effect/vitest"
 import { Context, Deferred, Effect, Fiber, Layer, Redacted, Stream } from "effect"
-import { HttpClient, HttpClientResponse } from "effect/http"
 import {
   ProviderServer,
   type ProviderServerHandle,
@@ -45,12 +52,12 @@ const collect = (
     const sims = yield* Sims
     const upstream = yield* Upstream
     const events: Array<UpstreamEvent> = []
+    // `run`, as the router serves: undici's body read directly into the handler.
     const exit = yield* upstream
-      .stream({ baseUrl: sims[dialect].baseUrl, dialect }, request, modelClass, maxTokens)
-      .pipe(
-        Stream.runForEach((event) => Effect.sync(() => events.push(event))),
-        Effect.exit
+      .run({ baseUrl: sims[dialect].baseUrl, dialect }, request, modelClass, maxTokens, (event) =>
+        Effect.sync(() => events.push(event))
       )
+      .pipe(Effect.exit)
     return { events, exit } satisfies Run
   })
 
@@ -112,16 +119,19 @@ layer(Layer.mergeAll(Sims.layer, Upstream.layerUndici), { excludeTestServices: t
           .pipe(Stream.runDrain, Effect.exit)
         assert.strictEqual(failure(refused)?.reason, "connect")
 
-        const impatient = yield* make({ firstByteTimeout: "80 millis" }).pipe(
-          Effect.provide(NodeHttpClient.layerUndici)
-        )
+        const impatient = yield* upstreamWith({ firstByteTimeout: "80 millis" })
         for (const dialect of ["openai", "anthropic"] as const) {
+          const target = { baseUrl: sims[dialect].baseUrl, dialect }
           const late = yield* impatient
-            .stream({ baseUrl: sims[dialect].baseUrl, dialect }, ask("Hello [[sim:slow]]"), "chat-medium", 64)
+            .stream(target, ask("Hello [[sim:slow]]"), "chat-medium", 64)
             .pipe(Stream.runDrain, Effect.exit)
           assert.strictEqual(failure(late)?.reason, "timeout")
+          const lateRun = yield* impatient
+            .run(target, ask("Hello [[sim:slow]]"), "chat-medium", 64, () => Effect.void)
+            .pipe(Effect.exit)
+          assert.strictEqual(failure(lateRun)?.reason, "timeout")
         }
-      })
+      }).pipe(Effect.scoped)
     )
   }
 )
@@ -135,13 +145,10 @@ layer(Upstream.layerUndici, { excludeTestServices: true })("Upstream interruptio
           const server = yield* ProviderServer.make(simOptions(dialect, { tokensPerSecond: 20 }))
           const firstToken = yield* Deferred.make<void>()
           const fiber = yield* upstream
-            .stream({ baseUrl: server.baseUrl, dialect }, ask("Tell a long story."), "chat-medium", 4096)
-            .pipe(
-              Stream.runForEach((e) =>
-                e._tag === "TextDelta" ? Deferred.succeed(firstToken, undefined) : Effect.void
-              ),
-              Effect.forkChild
+            .run({ baseUrl: server.baseUrl, dialect }, ask("Tell a long story."), "chat-medium", 4096, (e) =>
+              e._tag === "TextDelta" ? Deferred.succeed(firstToken, undefined) : Effect.void
             )
+            .pipe(Effect.forkChild)
           yield* Deferred.await(firstToken)
           yield* Fiber.interrupt(fiber)
           yield* Effect.sleep("250 millis")
@@ -151,45 +158,76 @@ layer(Upstream.layerUndici, { excludeTestServices: true })("Upstream interruptio
           yield* Effect.sleep("300 millis")
           assert.strictEqual((yield* server.counters).tokensProduced, after.tokensProduced)
         }).pipe(Effect.scoped)
-      // Concurrently, so the two servers' graceful shutdowns overlap.
-      yield* Effect.forEach(["openai", "anthropic"] as const, interruptMidStream, { concurrency: 2 })
+      // Concurrently, so the two servers' graceful shutdowns overlap. undici emits the torn-down body's
+      // abort after `destroy`: with no listener left it is an uncaught exception (a router process ends).
+      const uncaught: Array<unknown> = []
+      const onUncaught = (error: unknown) => uncaught.push(error)
+      process.on("uncaughtException", onUncaught)
+      yield* Effect.forEach(["openai", "anthropic"] as const, interruptMidStream, { concurrency: 2 }).pipe(
+        Effect.andThen(Effect.sleep("100 millis")),
+        Effect.ensuring(Effect.sync(() => process.off("uncaughtException", onUncaught)))
+      )
+      assert.deepStrictEqual(uncaught.map(String), [])
     })
   )
 })
 
-bareIt.effect("sends each dialect's path and credentials, and the class id as the model", () =>
+/** A plain HTTP server on a free loopback port, answering with `handle`, closed with the scope. */
+const localUpstream = (handle: (request: IncomingMessage, body: string, response: ServerResponse) => void) =>
+  Effect.acquireRelease(
+    Effect.promise(
+      () =>
+        new Promise<Server>((resolve) => {
+          const server = createServer((request, response) => {
+            let body = ""
+            request.setEncoding("utf8")
+            request.on("data", (piece: string) => {
+              body += piece
+            })
+            request.on("end", () => handle(request, body, response))
+          })
+          server.listen(0, "127.0.0.1", () => resolve(server))
+        })
+    ),
+    (server) =>
+      Effect.promise(
+        () =>
+          new Promise<void>((resolve) => {
+            server.closeAllConnections()
+            server.close(() => resolve())
+          })
+      )
+  ).pipe(Effect.map((server) => `http://127.0.0.1:${(server.address() as AddressInfo).port}`))
+
+/** An upstream client with `options`, on an undici pool that lives as long as the enclosing scope. */
+const upstreamWith = (options: Parameters<typeof make>[0] = {}) =>
+  Effect.flatMap(Layer.build(NodeHttpClient.layerDispatcher), (context) =>
+    make(options).pipe(Effect.provideContext(context))
+  )
+
+bareIt.live("sends each dialect's path and credentials, and the class id as the model", () =>
   Effect.gen(function* () {
-    const seen: Array<{ url: string; headers: Record<string, string>; body: unknown }> = []
+    const seen: Array<{ url: string; headers: IncomingHttpHeaders; body: unknown }> = []
     const wire = {
       openai: 'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n',
       anthropic: 'event: message_stop\ndata: {"type":"message_stop"}\n\n'
     }
-    const recording = HttpClient.make((request, url) =>
-      Effect.sync(() => {
-        const body =
-          request.body._tag === "Uint8Array"
-            ? JSON.parse(new TextDecoder().decode(request.body.body))
-            : undefined
-        seen.push({ url: url.toString(), headers: { ...request.headers }, body })
-        const dialect = url.pathname === "/v1/messages" ? "anthropic" : "openai"
-        return HttpClientResponse.fromWeb(request, new Response(wire[dialect], { status: 200 }))
-      })
-    )
-    const upstream = yield* make().pipe(Effect.provideService(HttpClient.HttpClient, recording))
+    const baseUrl = yield* localUpstream((request, body, response) => {
+      seen.push({ url: request.url ?? "", headers: request.headers, body: JSON.parse(body) })
+      response.writeHead(200, { "content-type": "text/event-stream" })
+      response.end(wire[request.url === "/v1/messages" ? "anthropic" : "openai"])
+    })
+    const upstream = yield* upstreamWith()
     const apiKey = Redacted.make("sk-test-key")
     for (const dialect of ["openai", "anthropic"] as const) {
       yield* upstream
-        .stream(
-          { baseUrl: "https://upstream.test", dialect, apiKey },
-          ask("hi", { routing: { task: "x" } }),
-          "chat-medium",
-          64
-        )
+        .stream({ baseUrl, dialect, apiKey }, ask("hi", { routing: { task: "x" } }), "chat-medium", 64)
         .pipe(Stream.runDrain)
     }
-    assert.strictEqual(seen[0]?.url, "https://upstream.test/v1/chat/completions")
+    assert.strictEqual(seen[0]?.url, "/v1/chat/completions")
     assert.strictEqual(seen[0]?.headers.authorization, "Bearer sk-test-key")
-    assert.strictEqual(seen[1]?.url, "https://upstream.test/v1/messages")
+    assert.strictEqual(seen[0]?.headers["content-type"], "application/json")
+    assert.strictEqual(seen[1]?.url, "/v1/messages")
     assert.strictEqual(seen[1]?.headers["x-api-key"], "sk-test-key")
     assert.strictEqual(seen[1]?.headers["anthropic-version"], "2023-06-01")
     assert.notProperty(seen[1]?.headers ?? {}, "authorization")
@@ -197,40 +235,48 @@ bareIt.effect("sends each dialect's path and credentials, and the class id as th
       assert.strictEqual((request.body as { model: string }).model, "chat-medium")
       assert.notProperty(request.body, "routing")
     }
-  })
+  }).pipe(Effect.scoped)
 )
 
 bareIt.live(
-  "holds the first body byte to the timeout, and refuses a JSON answer to a streaming request",
+  "holds the head and then the first body byte to the timeout, and refuses a JSON answer to a streaming request",
   () =>
     Effect.gen(function* () {
-      const silentBody = HttpClient.make((request) =>
-        Effect.succeed(
-          HttpClientResponse.fromWeb(
-            request,
-            new Response(new ReadableStream({ start: () => {} }), {
-              headers: { "content-type": "text/event-stream" }
-            })
-          )
-        )
-      )
-      const silent = yield* make({ firstByteTimeout: "60 millis" }).pipe(
-        Effect.provideService(HttpClient.HttpClient, silentBody)
-      )
+      const held: Array<ServerResponse> = []
+      // A head and then nothing (Messages); a whole JSON document (chat completions).
+      const baseUrl = yield* localUpstream((request, _body, response) => {
+        held.push(response)
+        if (request.url === "/v1/messages") {
+          response.writeHead(200, { "content-type": "text/event-stream" })
+          response.flushHeaders()
+        } else {
+          response.writeHead(200, { "content-type": "application/json" })
+          response.end(JSON.stringify({ choices: [{ message: { content: "whole" } }] }))
+        }
+      })
+      // No head at all.
+      const headless = yield* localUpstream((_request, _body, response) => {
+        held.push(response)
+      })
+      const silent = yield* upstreamWith({ firstByteTimeout: "60 millis" })
       const stalled = yield* silent
-        .stream({ baseUrl: "https://upstream.test", dialect: "anthropic" }, ask("hi"), "chat-medium", 64)
+        .stream({ baseUrl, dialect: "anthropic" }, ask("hi"), "chat-medium", 64)
         .pipe(Stream.runDrain, Effect.exit)
       assert.strictEqual(failure(stalled)?.reason, "timeout")
+      const stalledRun = yield* silent
+        .run({ baseUrl, dialect: "anthropic" }, ask("hi"), "chat-medium", 64, () => Effect.void)
+        .pipe(Effect.exit)
+      assert.strictEqual(failure(stalledRun)?.reason, "timeout")
+      const noHead = yield* silent
+        .stream({ baseUrl: headless, dialect: "openai" }, ask("hi"), "chat-medium", 64)
+        .pipe(Stream.runDrain, Effect.exit)
+      assert.strictEqual(failure(noHead)?.reason, "timeout")
 
-      const jsonBody = HttpClient.make((request) =>
-        Effect.succeed(
-          HttpClientResponse.fromWeb(request, Response.json({ choices: [{ message: { content: "whole" } }] }))
-        )
-      )
-      const buffered = yield* make().pipe(Effect.provideService(HttpClient.HttpClient, jsonBody))
+      const buffered = yield* upstreamWith()
       const answer = yield* buffered
-        .stream({ baseUrl: "https://upstream.test", dialect: "openai" }, ask("hi"), "chat-medium", 64)
+        .stream({ baseUrl, dialect: "openai" }, ask("hi"), "chat-medium", 64)
         .pipe(Stream.runDrain, Effect.exit)
       assert.strictEqual(failure(answer)?.reason, "protocol")
-    })
+      for (const response of held) response.destroy()
+    }).pipe(Effect.scoped)
 )

@@ -1,0 +1,181 @@
+import { Deferred, Effect, Metric } from "effect"
+import type { SqlClient, SqlError } from "effect/sql"
+import type { EconomicsRecord } from "../domain/Economics.ts"
+import type { ReceiptBody } from "../domain/Receipt.ts"
+
+/** A ledger row a settlement writes (only for a positive amount). */
+export interface Entry {
+  readonly account: string
+  readonly kind: string
+  readonly amount: number
+}
+
+/**
+ * The settlement of a request paid by a funded key or an `exact` x402 authorization (captured or released),
+ * as data: every write the batched statement makes for it.
+ */
+export interface Settlement {
+  readonly request_id: string
+  readonly status: "captured" | "released"
+  readonly charged: number
+  readonly epoch_id: number
+  readonly receipt: ReceiptBody
+  readonly economics: EconomicsRecord
+  /** Positive amounts only. */
+  readonly entries: ReadonlyArray<Entry>
+  /** The capacity lease the request held: deleted whether or not the request is claimed. */
+  readonly lease: string | null
+  /** A key's request joins the fold's queue (D315). */
+  readonly credit_queued: boolean
+  /** What its x402 authorization becomes: submitted for settlement, or released unsubmitted (its signature erased). */
+  readonly authorization_status: "pending" | "released" | null
+  /** An `exact` authorization's refund due (authorized − charged), recorded when positive. */
+  readonly refund: number
+}
+
+/** How many settlements each batched statement wrote (the count: the statements; the sum: the settlements). */
+export const settleBatchSize = Metric.histogram("svc_settle_batch_size", {
+  description: "Settlements per batched settling statement",
+  boundaries: [1, 2, 4, 8, 16, 32, 64]
+})
+
+/** Batched settling statements that failed: each of their settlements was then written on its own. */
+export const settleBatchFallbacks = Metric.counter("svc_settle_batch_fallbacks_total", {
+  description: "Batched settling statements that failed; each settlement in them was then written alone",
+  incremental: true
+})
+
+/**
+ * Group commit of settlements (D370): the settlements of one wallet that become ready in the same turn of
+ * the event loop go to Postgres as one statement over all of them, which claims each request on its own
+ * (`status = 'reserved'`) and writes only for the ones it claimed. Each caller learns whether its own
+ * request was claimed. A statement that fails wrote nothing (it is one transaction): each of its
+ * settlements is then written alone by its caller, by the same statement over one row, failing as it
+ * would have alone.
+ *
+ * One wallet a batch, only settlements that charge something (D420), and the receipts and economics
+ * inserted in the order of the shared rows their triggers write: a statement locks its wallet's points row
+ * (every receipt in it moves the wallet's points, the first one locks the row), then provider points shards in
+ * `(provider, shard)` order, then at commit the market's rollup shards in their key's order, as a single
+ * settlement does with one of each. So no two statements (batched or not, here or on another instance)
+ * can wait on each other in a cycle.
+ */
+export const makeSettleBatch = Effect.fnUntraced(function* (sql: SqlClient.SqlClient) {
+  const scope = yield* Effect.scope
+
+  /** One statement over `rows` (distinct requests): the ids of the requests it claimed. */
+  const settleAll = (rows: ReadonlyArray<Settlement>) =>
+    sql<{ request_id: string }>`
+      WITH settling AS (
+        SELECT * FROM jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) AS s(
+          request_id text, status text, charged bigint, epoch_id bigint, receipt jsonb, economics jsonb,
+          entries jsonb, lease text, credit_queued boolean, authorization_status text, refund bigint
+        )
+      ), claimed AS (
+        UPDATE requests r SET charged = s.charged, status = s.status, finished_at = now()
+        FROM settling s
+        WHERE r.request_id = s.request_id AND r.status = 'reserved'
+        RETURNING r.request_id, r.key_id, r.payer, r.authorized, s.charged, s.epoch_id, s.receipt, s.economics,
+                  s.entries, s.credit_queued, s.authorization_status, s.refund
+      ), receipt AS (
+        INSERT INTO receipts (request_id, epoch_id, body)
+        SELECT request_id, epoch_id, receipt FROM claimed
+        ORDER BY receipt->>'provider_id', hashtext(request_id) & 7
+      ), economics AS (
+        INSERT INTO economics (request_id, body)
+        SELECT request_id, economics FROM claimed
+        ORDER BY (receipt->>'created_at')::bigint / 3600000, receipt->>'model_class', receipt->>'provider_id',
+                 hashtext(request_id) & 7
+      ), entries AS (
+        INSERT INTO ledger_entries (request_id, account, kind, amount)
+        SELECT c.request_id, e.account, e.kind, e.amount
+        FROM claimed c, jsonb_to_recordset(c.entries) AS e(account text, kind text, amount bigint)
+      ), credit_queued AS (
+        INSERT INTO credit_unfolded (request_id, key_id, wallet, authorized, charged)
+        SELECT request_id, key_id, payer, authorized, charged FROM claimed WHERE credit_queued
+      ), authorization_settled AS (
+        UPDATE x402_authorizations a
+        SET status = c.authorization_status, updated_at = now(),
+            signature = CASE WHEN c.authorization_status = 'released' THEN NULL ELSE a.signature END
+        FROM claimed c
+        WHERE a.request_id = c.request_id AND a.status = 'reserved' AND c.authorization_status IS NOT NULL
+      ), refund_recorded AS (
+        INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
+        SELECT request_id, receipt->>'wallet', refund, epoch_id, 'due' FROM claimed WHERE refund > 0
+      ), lease_released AS (
+        DELETE FROM capacity_leases WHERE lease_id IN (SELECT lease FROM settling)
+      )
+      SELECT request_id FROM claimed
+    `.pipe(Effect.map((claimed) => new Set(claimed.map((row) => row.request_id))))
+
+  const alone = (row: Settlement) => Effect.map(settleAll([row]), (claimed) => claimed.size > 0)
+
+  interface Batch {
+    readonly rows: Map<string, Settlement>
+    /** The ids the statement claimed; undefined when it failed (each is then written alone). */
+    readonly done: Deferred.Deferred<ReadonlySet<string> | undefined>
+  }
+  /** The batch still open for each wallet. */
+  const open = new Map<string, Batch>()
+  let closed = false
+
+  /** Sends `batch` (unless it was sent already): uninterruptible, so a batch taken is a batch answered. */
+  const send = (wallet: string, batch: Batch) =>
+    Effect.suspend(() => {
+      if (open.get(wallet) !== batch) return Effect.void
+      open.delete(wallet)
+      return Metric.update(settleBatchSize, batch.rows.size).pipe(
+        // Built inside the effect: a record that could not be encoded fails the batch (each row then goes
+        // alone) instead of throwing past the answer every caller of the batch waits for.
+        Effect.andThen(Effect.suspend(() => settleAll([...batch.rows.values()]))),
+        Effect.matchCauseEffect({
+          onSuccess: (claimed) => Deferred.succeed(batch.done, claimed),
+          onFailure: (cause) =>
+            Effect.andThen(
+              Effect.logWarning("batched settlement failed; each settlement is written alone", {
+                settlements: batch.rows.size,
+                cause: String(cause)
+              }),
+              Metric.update(settleBatchFallbacks, 1)
+            ).pipe(Effect.andThen(Deferred.succeed(batch.done, undefined)))
+        })
+      )
+    }).pipe(Effect.uninterruptible)
+
+  // At shutdown what is still open is sent before the database goes, and before the fold's and the receipt
+  // signer's last passes (made before this, so closed after it).
+  yield* Effect.addFinalizer(() =>
+    Effect.suspend(() => {
+      closed = true
+      return Effect.forEach([...open], ([wallet, batch]) => send(wallet, batch), { discard: true })
+    })
+  )
+
+  /** Settles `row` in its wallet's batch of this turn: whether this call claimed the request. */
+  const settle = (row: Settlement): Effect.Effect<boolean, SqlError.SqlError> =>
+    Effect.suspend(() => {
+      if (closed) return alone(row)
+      const wallet = row.receipt.wallet
+      const current = open.get(wallet)
+      // The same request twice in one turn: the second is written after the batch, alone (and claims nothing).
+      if (current?.rows.has(row.request_id)) return Effect.andThen(Deferred.await(current.done), alone(row))
+      // Nothing charged (a release, or a capture of nothing) moves no points of the wallet: its receipt locks
+      // a provider shard and not the wallet's row, so in a batch it could take a shard before the wallet's row
+      // while another batch of the wallet holds that row and waits for the shard. It goes alone (D420).
+      if (row.charged <= 0) return alone(row)
+      const batch: Batch = current ?? { rows: new Map(), done: Deferred.makeUnsafe() }
+      batch.rows.set(row.request_id, row)
+      const answer = Effect.flatMap(Deferred.await(batch.done), (claimed) =>
+        claimed === undefined ? alone(row) : Effect.succeed(claimed.has(row.request_id))
+      )
+      if (current !== undefined) return answer
+      open.set(wallet, batch)
+      // Sent once the fibers ready in this turn have run (and added theirs).
+      return Effect.andThen(
+        Effect.forkIn(Effect.andThen(Effect.yieldNow, send(wallet, batch)), scope),
+        answer
+      )
+    })
+
+  return { settle }
+})
