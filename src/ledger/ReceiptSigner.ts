@@ -18,6 +18,8 @@ interface Running {
   idle: ReturnType<typeof setTimeout> | undefined
   /** Let go for want of work: its exit is not a crash. */
   retired: boolean
+  /** Its module has loaded (its first message): until then batches are signed on the main thread. */
+  ready: boolean
 }
 
 /**
@@ -30,6 +32,7 @@ interface Running {
  *
  * A scoped resource: the worker starts with the first batch, is let go after `IDLE_STOP_MS` without one
  * (D421), and is terminated when the scope closes; what is signed after that is signed on the main thread.
+ * Batches that come while it is still loading are signed on the main thread too (D424).
  */
 export const makeReceiptSigner = Effect.fnUntraced(function* (
   chain: ChainShape,
@@ -54,9 +57,13 @@ export const makeReceiptSigner = Effect.fnUntraced(function* (
       resourceLimits: { maxYoungGenerationSizeMb: 4 }
     })
     key.fill(0)
-    const self: Running = { worker, pending: new Map(), idle: undefined, retired: false }
+    const self: Running = { worker, pending: new Map(), idle: undefined, retired: false, ready: false }
     let failure: string | undefined
     worker.on("message", (reply: SignReply) => {
+      if ("ready" in reply) {
+        self.ready = true
+        return
+      }
       const resume = self.pending.get(reply.id)
       if (resume === undefined) return
       self.pending.delete(reply.id)
@@ -109,7 +116,9 @@ export const makeReceiptSigner = Effect.fnUntraced(function* (
   const inWorker = (receipts: ReadonlyArray<ReceiptBody>) =>
     Effect.callback<ReadonlyArray<Hex> | undefined>((resume) => {
       const current = running ?? start()
-      if (current === undefined) return resume(Effect.succeed(undefined))
+      // A worker still loading (about 170 ms on an idle machine, seconds on a loaded one) is not waited
+      // for: the receipts of the first batch after an idle stop are not held back by its start.
+      if (current === undefined || !current.ready) return resume(Effect.succeed(undefined))
       const id = nextId++
       if (current.pending.size === 0) busy(current)
       current.pending.set(id, (signatures) => resume(Effect.succeed(signatures)))
@@ -123,12 +132,19 @@ export const makeReceiptSigner = Effect.fnUntraced(function* (
   const inThread = (receipts: ReadonlyArray<ReceiptBody>) =>
     Effect.forEach(receipts, (receipt) => chain.signDigest(receiptDigest(receipt, chain.chainId)))
 
+  /** How many receipts each thread has signed. */
+  const signed = { worker: 0, thread: 0 }
+
   /** The router signer's signatures of `receipts`, in order. */
   const sign = (receipts: ReadonlyArray<ReceiptBody>) =>
     receipts.length === 0
       ? Effect.succeed<ReadonlyArray<Hex>>([])
       : Effect.flatMap(inWorker(receipts), (signatures) => {
-          if (signatures !== undefined) return Effect.succeed(signatures)
+          if (signatures !== undefined) {
+            signed.worker += receipts.length
+            return Effect.succeed(signatures)
+          }
+          signed.thread += receipts.length
           const why = stopped
           stopped = undefined
           return why === undefined
@@ -151,7 +167,11 @@ export const makeReceiptSigner = Effect.fnUntraced(function* (
   return {
     sign,
     /** The worker thread signing now, if any (tests terminate it to stand for a crash). */
-    worker: (): Worker | undefined => running?.worker
+    worker: (): Worker | undefined => running?.worker,
+    /** Whether the worker has loaded and takes batches. */
+    ready: (): boolean => running?.ready === true,
+    /** Receipts signed so far by the worker and on the main thread. */
+    signed: (): { readonly worker: number; readonly thread: number } => ({ ...signed })
   }
 })
 

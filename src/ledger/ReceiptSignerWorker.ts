@@ -21,6 +21,8 @@ export interface SignRequest {
 export type SignReply =
   | { readonly id: number; readonly signatures: ReadonlyArray<`0x${string}`> }
   | { readonly id: number; readonly error: string }
+  /** Sent once, when the module has loaded: batches sent before it are signed on the main thread. */
+  | { readonly ready: true }
 
 const port = parentPort
 if (port !== null) {
@@ -45,4 +47,5 @@ if (port !== null) {
     }
     port.postMessage(reply)
   })
+  port.postMessage({ ready: true } satisfies SignReply)
 }

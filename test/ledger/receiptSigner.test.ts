@@ -5,7 +5,7 @@ import fc from "fast-check"
 import { type Hex, recoverTypedDataAddress } from "viem"
 import { Chain } from "../../src/chain/Chain.ts"
 import { type ReceiptBody, receiptTypedData } from "../../src/domain/Receipt.ts"
-import { makeReceiptSigner } from "../../src/ledger/ReceiptSigner.ts"
+import { makeReceiptSigner, type ReceiptSigner } from "../../src/ledger/ReceiptSigner.ts"
 import { makeReceiptStore } from "../../src/ledger/ReceiptStore.ts"
 import { TestDatabase } from "../support/Database.ts"
 import { arbitraryReceipt } from "../support/Receipts.ts"
@@ -21,6 +21,15 @@ const viemSignatures = (batch: ReadonlyArray<ReceiptBody>) =>
     )
   })
 
+/** Until the signer's worker has loaded: batches before that are signed on the main thread (D424). */
+const workerReady = (signer: ReceiptSigner) =>
+  Effect.gen(function* () {
+    // Real time: the layer's clock is the test clock.
+    for (let i = 0; i < 500 && !signer.ready(); i++)
+      yield* Effect.promise(() => new Promise((resolve) => setTimeout(resolve, 20)))
+    assert.isTrue(signer.ready(), "the worker loaded")
+  })
+
 /** `effect` in a scope of its own, with the means to close it. */
 const scoped = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
   Effect.gen(function* () {
@@ -34,9 +43,16 @@ layer(TestLayer, { timeout: 120_000 })("receipt signer (worker thread)", (it) =>
     Effect.gen(function* () {
       const chain = yield* Chain
       const { value: signer, close } = yield* scoped(makeReceiptSigner(chain))
-      // Started by the first batch (D421).
+      // Started by the first batch (D421), which does not wait for it to load (D424).
       assert.isUndefined(signer.worker())
+      const first = fc.sample(arbitraryReceipt, 3)
+      assert.deepStrictEqual(yield* Effect.orDie(signer.sign(first)), yield* viemSignatures(first))
+      assert.isDefined(signer.worker())
+      assert.deepStrictEqual(signer.signed(), { worker: 0, thread: 3 })
+      yield* workerReady(signer)
+      let count = 0
       for (const batch of fc.sample(fc.array(arbitraryReceipt, { minLength: 1, maxLength: 25 }), 8)) {
+        count += batch.length
         const signatures = yield* Effect.orDie(signer.sign(batch))
         assert.deepStrictEqual(signatures, yield* viemSignatures(batch))
         for (const [i, receipt] of batch.entries()) {
@@ -49,6 +65,7 @@ layer(TestLayer, { timeout: 120_000 })("receipt signer (worker thread)", (it) =>
           assert.strictEqual(recovered, chain.routerSigner)
         }
       }
+      assert.deepStrictEqual(signer.signed(), { worker: count, thread: 3 })
       yield* close
       assert.isUndefined(signer.worker())
     })
@@ -64,9 +81,14 @@ layer(TestLayer, { timeout: 120_000 })("receipt signer (worker thread)", (it) =>
         const expected = yield* viemSignatures(batch)
         // More rounds than the crashes that would keep signing on the main thread for good.
         for (let round = 0; round < 4; round++) {
+          // The first batch starts a worker; once it has loaded, the next is its own.
           assert.deepStrictEqual(yield* Effect.orDie(signer.sign(batch)), expected)
+          yield* workerReady(signer)
+          const before = signer.signed().worker
+          assert.deepStrictEqual(yield* Effect.orDie(signer.sign(batch)), expected)
+          assert.strictEqual(signer.signed().worker, before + batch.length, `round ${round}: signed by a worker`)
           const worker = signer.worker()
-          assert.isDefined(worker, `round ${round}: signed by a worker`)
+          assert.isDefined(worker, `round ${round}: a worker`)
           const exited = yield* Effect.promise(
             () => new Promise<number>((resolve) => worker!.once("exit", (code) => resolve(code)))
           ).pipe(Effect.timeout("5 seconds"), Effect.orDie)
@@ -85,6 +107,8 @@ layer(TestLayer, { timeout: 120_000 })("receipt signer (worker thread)", (it) =>
         const { value: signer, close } = yield* scoped(makeReceiptSigner(chain))
         const batch = fc.sample(arbitraryReceipt, 200)
         const expected = yield* viemSignatures(batch)
+        yield* Effect.orDie(signer.sign(batch.slice(0, 1)))
+        yield* workerReady(signer)
         const signing = yield* Effect.forkChild(Effect.orDie(signer.sign(batch)))
         yield* Effect.yieldNow
         const first = signer.worker()
@@ -98,6 +122,10 @@ layer(TestLayer, { timeout: 120_000 })("receipt signer (worker thread)", (it) =>
         const second = signer.worker()
         assert.isDefined(second)
         assert.notStrictEqual(second, first)
+        yield* workerReady(signer)
+        const before = signer.signed().worker
+        assert.deepStrictEqual(yield* Effect.orDie(signer.sign(next)), yield* viemSignatures(next))
+        assert.strictEqual(signer.signed().worker, before + next.length, "the next worker signs")
         yield* close
       })
   )
@@ -109,6 +137,8 @@ layer(TestLayer, { timeout: 120_000 })("receipt signer (worker thread)", (it) =>
       const batch = fc.sample(arbitraryReceipt, 200)
       const expected = yield* viemSignatures(batch)
       for (let crash = 0; crash < 3; crash++) {
+        yield* Effect.orDie(signer.sign(batch.slice(0, 1)))
+        yield* workerReady(signer)
         const signing = yield* Effect.forkChild(Effect.orDie(signer.sign(batch)))
         yield* Effect.yieldNow
         const worker = signer.worker()
