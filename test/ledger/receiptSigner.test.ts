@@ -86,7 +86,11 @@ layer(TestLayer, { timeout: 120_000 })("receipt signer (worker thread)", (it) =>
           yield* workerReady(signer)
           const before = signer.signed().worker
           assert.deepStrictEqual(yield* Effect.orDie(signer.sign(batch)), expected)
-          assert.strictEqual(signer.signed().worker, before + batch.length, `round ${round}: signed by a worker`)
+          assert.strictEqual(
+            signer.signed().worker,
+            before + batch.length,
+            `round ${round}: signed by a worker`
+          )
           const worker = signer.worker()
           assert.isDefined(worker, `round ${round}: a worker`)
           const exited = yield* Effect.promise(
