@@ -40,17 +40,18 @@ export const clearingPrice = (
   return { target: Math.max(ownCost, critical), priceSetter: "runner-up" }
 }
 
-const toSafe = (value: bigint): number => {
-  if (value > BigInt(Number.MAX_SAFE_INTEGER))
-    throw new RangeError("clearing price exceeds the safe integer range")
-  return Number(value)
-}
+const MAX_PRICE = BigInt(Number.MAX_SAFE_INTEGER)
 
 /**
  * An integer tariff, component-wise at or above `own`, whose charge at the scoring tokens is exactly
  * `target`: scale both prices by target*1e6/W (floored, so the numerator stays <= target*1e6), then raise
  * price_out by floor(gap / maxTokens), which leaves the numerator in (target*1e6 - maxTokens, target*1e6],
  * inside the rounding bucket of `target` because maxTokens <= 1e6. Proof in docs/auction.md.
+ *
+ * Where a scaled price would pass 2^53 (a tiny own cost cleared at a huge target), the gap goes onto the
+ * component with more tokens first, then the rest onto the other, each at most 2^53 - 1: exact where the
+ * capped components can carry it, else the highest charge they can, below `target` (D425). Never throws for a market's
+ * prices: one absurd quote must not fail every auction of its class.
  */
 export const clearingTariff = (own: Tariff, tokens: ScoringTokens, target: number): ClearingTariff => {
   assertScoringTokens(tokens)
@@ -72,7 +73,28 @@ export const clearingTariff = (own: Tariff, tokens: ScoringTokens, target: numbe
   const scaledOut = scale(own.price_out)
   const gap = top - (BigInt(tokens.promptTokens) * priceIn + BigInt(tokens.maxTokens) * scaledOut)
   const priceOut = scaledOut + gap / BigInt(tokens.maxTokens)
-  return { price_in: toSafe(priceIn), price_out: toSafe(priceOut), ...cached }
+  if (priceIn <= MAX_PRICE && priceOut <= MAX_PRICE) {
+    return { price_in: Number(priceIn), price_out: Number(priceOut), ...cached }
+  }
+  return { ...filledTariff(own, tokens, top - ownNumerator), ...cached }
+}
+
+/** `own` raised by `gap` of numerator: the component with more tokens first, each capped at 2^53 - 1. */
+const filledTariff = (own: Tariff, tokens: ScoringTokens, gap: bigint) => {
+  const prompt = BigInt(tokens.promptTokens)
+  const output = BigInt(tokens.maxTokens)
+  let left = gap
+  const raise = (price: number, perUnit: bigint): number => {
+    const added = left / perUnit < MAX_PRICE - BigInt(price) ? left / perUnit : MAX_PRICE - BigInt(price)
+    left -= added * perUnit
+    return Number(BigInt(price) + added)
+  }
+  if (output >= prompt) {
+    const price_out = raise(own.price_out, output)
+    return { price_in: raise(own.price_in, prompt), price_out }
+  }
+  const price_in = raise(own.price_in, prompt)
+  return { price_in, price_out: raise(own.price_out, output) }
 }
 
 export const lockedClear = (tariff: Tariff): ClearingTariff => ({

@@ -811,6 +811,37 @@ describe("clearingTariff", () => {
     )
   })
 
+  it("never throws for huge targets over tiny own costs: safe prices, exact where a safe tariff carries it (D425)", () => {
+    const MAX = Number.MAX_SAFE_INTEGER
+    fc.assert(
+      fc.property(
+        fc.integer({ min: 1, max: 1_000_000 }),
+        fc.integer({ min: 1, max: 1_000_000 }),
+        fc.integer({ min: 0, max: 5_000_000_000_000 }),
+        fc.integer({ min: 0, max: 5_000_000_000_000 }),
+        fc.double({ min: 0, max: 1, noNaN: true }),
+        (promptTokens, maxTokens, priceIn, priceOut, where) => {
+          const own = { price_in: priceIn, price_out: priceOut }
+          const ownCost = worstCase(promptTokens, maxTokens, own)
+          const target = ownCost + Math.floor((MAX - ownCost) * where)
+          const clear = clearingTariff(own, { promptTokens, maxTokens }, target)
+          assert.isTrue(Number.isSafeInteger(clear.price_in) && Number.isSafeInteger(clear.price_out))
+          assert.isAtLeast(clear.price_in, priceIn)
+          assert.isAtLeast(clear.price_out, priceOut)
+          const cleared = worstCase(promptTokens, maxTokens, clear)
+          assert.isAtMost(cleared, target)
+          // Both components capped at 2^53 - 1 carry (prompt + max) * (2^53 - 1) of numerator: below that
+          // (with a bucket's room for the own prices' part), the charge is the target exactly.
+          const capacity = (BigInt(promptTokens) + BigInt(maxTokens)) * BigInt(MAX)
+          const room = 2n * 1_000_000n * BigInt(Math.max(promptTokens, maxTokens))
+          if (BigInt(target) * 1_000_000n + room <= capacity) assert.strictEqual(cleared, target)
+          else assert.strictEqual(clear.price_in === MAX || clear.price_out === MAX, true)
+        }
+      ),
+      { numRuns: 2_000 }
+    )
+  })
+
   it("refuses a target below the own cost", () => {
     assert.throws(
       () => clearingTariff({ price_in: 1_000_000, price_out: 0 }, { promptTokens: 10, maxTokens: 1 }, 9),
