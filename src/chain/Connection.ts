@@ -160,7 +160,7 @@ export interface Deployment {
   readonly mode: "embedded" | "external"
   readonly connection: Connection
   readonly router: Sender
-  /** The router signer's private key, for the receipt signer's worker thread (ledger/ReceiptSigner.ts). */
+  /** The router signer's private key, for `Chain.signDigest` (receipts, signed in WebAssembly). */
   readonly routerKey: Redacted.Redacted<Hex>
   /** Absent when no treasury key is configured: then the router signer sends refunds and payouts. */
   readonly treasurySender: Sender | undefined

@@ -1,7 +1,7 @@
 /**
- * The EIP-712 digest of a receipt, computed directly. Kept apart from `Receipt.ts` with nothing but
- * noble's keccak (the one viem uses) so the receipt signer's worker thread (`ledger/ReceiptSignerWorker.ts`)
- * loads it without viem or effect: those took about 3 s and 7 MB more per worker to load.
+ * The EIP-712 digest of a receipt, computed directly with noble's keccak (the one viem uses). Kept
+ * apart from `Receipt.ts` (which re-exports it) from the days a worker thread loaded it without viem
+ * or effect (D391); receipts are now signed on the main thread (D433).
  */
 import { keccak_256 } from "@noble/hashes/sha3"
 

@@ -4,7 +4,7 @@ import { repeatInBackground } from "../Background.ts"
 import type { ChainShape } from "../chain/Chain.ts"
 import { ReceiptBody } from "../domain/Receipt.ts"
 import { traced } from "../Telemetry.ts"
-import { makeReceiptSigner } from "./ReceiptSigner.ts"
+import { signReceipt, signReceipts } from "./ReceiptSigner.ts"
 
 const decodeReceipt = Schema.decodeUnknownEffect(ReceiptBody)
 
@@ -25,15 +25,13 @@ const finalAsStored = (receipt: ReceiptBody) =>
  * economics, and the re-signing of a receipt once its settlement facts are final.
  *
  * A settled request's receipt is signed off the reply's path (spec 2.3: the receipt linked from the
- * reply can finalize shortly after the response): `enqueue` queues it, a background pass has what is
- * queued signed, off the main thread too (`ReceiptSigner`), and stores the signatures in one statement.
+ * reply can finalize shortly after the response): `enqueue` queues it, and a background pass every 20 ms
+ * signs what is queued (`signReceipts`) and stores the signatures in one statement.
  * Signatures are deterministic (RFC 6979), so whoever signs a receipt first (the pass, a reader that
  * finds it unsigned, the sweep of an instance that stopped before signing) stores the same bytes.
  */
 export const makeReceiptStore = Effect.fnUntraced(function* (sql: SqlClient.SqlClient, chain: ChainShape) {
-  // Acquired first, so released last: the last pass at shutdown (below) still has its worker.
-  const signer = yield* makeReceiptSigner(chain)
-  const sign = (receipt: ReceiptBody) => Effect.map(signer.sign([receipt]), (signatures) => signatures[0]!)
+  const sign = (receipt: ReceiptBody) => signReceipt(chain, receipt)
 
   const storeSignatures = (
     signed: ReadonlyArray<{ readonly request_id: string; readonly signature: string }>
@@ -47,15 +45,13 @@ export const makeReceiptStore = Effect.fnUntraced(function* (sql: SqlClient.SqlC
         `.pipe(Effect.asVoid)
 
   const signAll = (batch: ReadonlyArray<ReceiptBody>) =>
-    signer
-      .sign(batch)
-      .pipe(
-        Effect.flatMap((signatures) =>
-          storeSignatures(
-            batch.map((receipt, i) => ({ request_id: receipt.request_id, signature: signatures[i]! }))
-          )
+    signReceipts(chain, batch).pipe(
+      Effect.flatMap((signatures) =>
+        storeSignatures(
+          batch.map((receipt, i) => ({ request_id: receipt.request_id, signature: signatures[i]! }))
         )
       )
+    )
 
   const queue: Array<ReceiptBody> = []
 
