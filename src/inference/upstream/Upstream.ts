@@ -230,6 +230,22 @@ const nodeBodyReader = (body: Readable) => {
     body.off("close", onClose)
     letGo(body)
   }
+  /**
+   * The reply is decoded whole (its terminal frame came): the body's end is usually already parsed, its
+   * `end` event a tick away. Torn down before that event, undici makes (and stack-traces) an abort error
+   * for a finished response, per call (D470). So what is left is read and dropped until the next turn
+   * of the event loop, and only a body still open then is let go.
+   */
+  const finish = () => {
+    if (ended || failed !== undefined || body.destroyed) return close()
+    wake = undefined
+    body.off("data", onData)
+    body.off("end", onEnd)
+    body.off("close", onClose)
+    body.on("error", ignoreError)
+    body.resume()
+    setImmediate(letGoUnlessEnded, body)
+  }
   const read: Effect.Effect<ReadonlyArray<Uint8Array> | undefined, UpstreamError> = Effect.callback(
     (resume) => {
       const settle = () => {
@@ -247,7 +263,13 @@ const nodeBodyReader = (body: Readable) => {
       return Effect.sync(close)
     }
   )
-  return { read, close }
+  return { read, close, finish }
+}
+
+const ignoreError = () => {}
+
+const letGoUnlessEnded = (body: Readable) => {
+  if (!body.readableEnded) letGo(body)
 }
 
 /**
@@ -262,6 +284,7 @@ const readNodeBody = <S>(
   Effect.suspend(() => {
     const decoder = makeBodyDecoder(codec)
     const reader = nodeBodyReader(body)
+    let finished = false
     return Effect.gen(function* () {
       // A late first byte: the call's timer destroys the body with `timeout` (UpstreamHttp.ts).
       let chunks = yield* reader.read
@@ -271,10 +294,13 @@ const readNodeBody = <S>(
         for (const event of events) yield* onEvent(event)
         events.length = 0
         if (decoder.failure !== undefined) return yield* Effect.fail(decoder.failure)
-        if (decoder.finished) return
+        if (decoder.finished) {
+          finished = true
+          return
+        }
         chunks = yield* reader.read
       }
-    }).pipe(Effect.ensuring(Effect.sync(reader.close)))
+    }).pipe(Effect.ensuring(Effect.sync(() => (finished ? reader.finish() : reader.close()))))
   })
 
 /** The `type: message` of a JSON error body, else the body as sent. */

@@ -6,6 +6,7 @@ import {
   type ServerResponse
 } from "node:http"
 import type { AddressInfo } from "node:net"
+import type { Readable } from "node:stream"
 import { NodeHttpClient } from "@effect/platform-node"
 import { assert, it as bareIt, layer } from "@effect/vitest"
 import { Context, Deferred, Effect, Fiber, Layer, Redacted, Stream } from "effect"
@@ -278,5 +279,48 @@ bareIt.live(
         .pipe(Stream.runDrain, Effect.exit)
       assert.strictEqual(failure(answer)?.reason, "protocol")
       for (const response of held) response.destroy()
+    }).pipe(Effect.scoped)
+)
+
+bareIt.live(
+  "a reply read to its terminal frame lets its body end on its own: no abort for a finished response",
+  () =>
+    Effect.gen(function* () {
+      // The frames and the body's end in one write, as a provider ending its reply sends them.
+      const baseUrl = yield* localUpstream((_request, _body, response) => {
+        response.writeHead(200, { "content-type": "text/event-stream" })
+        const chunk = (delta: object, finish: string | null) =>
+          `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 1, model: "m", choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`
+        response.end(`${chunk({ content: "done" }, null)}${chunk({}, "stop")}data: [DONE]\n\n`)
+      })
+      // undici's bodies as the router's dispatcher hands them out.
+      const bodies: Array<Readable> = []
+      const dispatcher = yield* Layer.build(NodeHttpClient.layerDispatcher).pipe(
+        Effect.map((context) => Context.get(context, NodeHttpClient.Dispatcher))
+      )
+      const spying = {
+        request: (options: Parameters<typeof dispatcher.request>[0]) =>
+          dispatcher.request(options).then((data) => {
+            bodies.push(data.body as unknown as Readable)
+            return data
+          })
+      } as unknown as typeof dispatcher
+      const upstream = yield* make().pipe(Effect.provideService(NodeHttpClient.Dispatcher, spying))
+      for (let i = 0; i < 3; i++) {
+        const texts: Array<string> = []
+        yield* upstream.run({ baseUrl, dialect: "openai" }, ask("hi"), "chat-medium", 64, (event) =>
+          Effect.sync(() => {
+            if (event._tag === "TextDelta") texts.push(event.text)
+          })
+        )
+        assert.deepStrictEqual(texts, ["done"])
+      }
+      yield* Effect.sleep("50 millis")
+      assert.strictEqual(bodies.length, 3)
+      // Torn down before its `end` event, undici errors a finished body with a (stack-traced) abort (D470).
+      for (const body of bodies) {
+        assert.isTrue(body.readableEnded)
+        assert.isNull(body.errored)
+      }
     }).pipe(Effect.scoped)
 )
