@@ -3,6 +3,7 @@ import type { SqlError } from "effect/sql"
 import type { TokenCounts } from "../domain/Billing.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import type { AuctionCleared, RankedBid } from "../market/Auction.ts"
+import { within } from "../process/Within.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { traced } from "../Telemetry.ts"
 import { epochOf } from "./Epochs.ts"
@@ -54,7 +55,7 @@ const COLLECT_RUNWAY_S = 60
 /** Tries on the reply's path (then the background takes over), and the bound on all of them. */
 const INLINE_RETRY = Schedule.exponential("50 millis")
 const INLINE_RETRIES = 2
-const INLINE_BOUND = "2 seconds"
+const INLINE_BOUND_MS = 2_000
 
 /** The background retry: exponential from 250 ms, at most 15 s apart, 20 times (about 4 minutes). */
 const BACKGROUND_RETRY = Schedule.exponential("250 millis").pipe(
@@ -269,7 +270,7 @@ export class Settle extends Context.Service<
         return attempt.pipe(
           Effect.as(true),
           Effect.retry({ schedule: INLINE_RETRY, times: INLINE_RETRIES }),
-          Effect.timeout(INLINE_BOUND),
+          (retried) => within(retried, INLINE_BOUND_MS),
           // Never silent, never a held caller: the caller gets its answer now, the write is retried
           // in the background from the final meter recorded on the row, counted in /metrics.
           Effect.catch((cause) =>
