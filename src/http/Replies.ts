@@ -139,9 +139,6 @@ export const keptResponse = (kept: KeptReply, from: number) =>
     headers: kept.headers
   })
 
-/** A reader that takes no event: it holds the work (a hang-up still stops it) until it ends. */
-const untilEnd = { map: () => undefined }
-
 /**
  * The reply from event `from` on (0: from the start, with the opening frames): SSE when the caller
  * streams or resumes, else the whole body. A reader that comes after the stream was compacted reads
@@ -174,13 +171,11 @@ export const respondLive = (live: LiveStreams["Service"], written: Writing, from
         HttpServerResponse.stream(body, { contentType: SSE, headers: sseHeaders(reply.headers) })
       )
     }
-    // The events are not read here: when the work ends, its keeper writes this very body (D324).
-    return Stream.runDrain(live.follow(stream, 0, untilEnd)).pipe(
-      Effect.map(() =>
-        stream.kept !== undefined
-          ? keptResponse(stream.kept, 0)
-          : HttpServerResponse.jsonUnsafe(reply.body(stream.events), { headers: reply.headers })
-      ),
-      Effect.catchTag("Compacted", () => Effect.succeed(keptResponse(stream.kept!, from)))
+    // The events are not read here: when the work ends, its keeper writes this very body (D324). The
+    // wait holds the work as a reader (a hang-up still stops it) with no stream of its own (D471).
+    return Effect.map(live.awaitEnd(stream), () =>
+      stream.kept !== undefined
+        ? keptResponse(stream.kept, 0)
+        : HttpServerResponse.jsonUnsafe(reply.body(stream.events), { headers: reply.headers })
     )
   })

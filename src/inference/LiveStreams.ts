@@ -1,5 +1,18 @@
 import { createHash } from "node:crypto"
-import { Cause, Clock, Context, Data, Effect, Fiber, Layer, Queue, Schedule, Stream } from "effect"
+import {
+  Cause,
+  Channel,
+  Clock,
+  Context,
+  Data,
+  Effect,
+  Fiber,
+  Layer,
+  Queue,
+  Schedule,
+  Scope,
+  Stream
+} from "effect"
 import { randomText } from "../domain/RandomText.ts"
 
 /**
@@ -45,8 +58,20 @@ export interface ReaderOptions<E, A> {
   readonly map: (indexed: Indexed<E>) => A | undefined
 }
 
-type Reader = Queue.Queue<unknown, Cause.Done | Compacted>
+/**
+ * A reader: a queue its stream's events are offered to, or a waiter that takes no event and is told the
+ * end (`awaitEnd`: a whole reply waits for it without a queue, a stream or a fiber of its own, D471).
+ */
+type Reader = Queue.Queue<unknown, Cause.Done | Compacted> | Waiter
+class Waiter {
+  readonly end: () => void
+  constructor(end: () => void) {
+    this.end = end
+  }
+}
 type ReaderMap<E> = (indexed: Indexed<E>) => unknown
+
+const takesNothing = () => undefined
 
 const asIndexed = <E>(indexed: Indexed<E>) => indexed
 
@@ -98,6 +123,11 @@ export class LiveStreams extends Context.Service<
       <E, A>(stream: LiveStream<E>, from: number, reader: ReaderOptions<E, A>): Stream.Stream<A, Compacted>
     }
     /**
+     * Waits for the work to end, holding it as a reader that takes no event (a hang-up still stops it,
+     * after the grace period, when it was the last reader); at once if it has ended.
+     */
+    readonly awaitEnd: <E>(stream: LiveStream<E>) => Effect.Effect<void>
+    /**
      * What a finished stream keeps: when its work ends (at once if it has), `keeper` turns its events
      * into the kept reply, and the events and `keeper` are let go.
      */
@@ -139,14 +169,19 @@ export class LiveStreams extends Context.Service<
               if (stream.events.length < MAX_EVENTS) stream.events.push(event)
               for (const [reader, map] of stream.readers) {
                 const item = map(indexed)
-                if (item !== undefined) Queue.offerUnsafe(reader, item)
+                if (item !== undefined && !(reader instanceof Waiter)) Queue.offerUnsafe(reader, item)
               }
             })
           stream.fiber = yield* work(emit).pipe(
             Effect.ensuring(
               Effect.gen(function* () {
                 stream.finishedAt = yield* Clock.currentTimeMillis
-                for (const reader of stream.readers.keys()) Queue.endUnsafe(reader)
+                // A waiter is told after the compaction below: resumed, it answers with the kept body.
+                let waiters: Array<Waiter> | undefined
+                for (const reader of stream.readers.keys()) {
+                  if (reader instanceof Waiter) (waiters ??= []).push(reader)
+                  else Queue.endUnsafe(reader)
+                }
                 stream.readers.clear()
                 // Kept for replay are the events and this record only: the finished fiber holds the
                 // context it was started in (the caller's HTTP request among it) and `work`'s closure.
@@ -158,6 +193,7 @@ export class LiveStreams extends Context.Service<
                     Effect.logError("A finished stream's reply was not kept", defect)
                   )
                 )
+                if (waiters !== undefined) for (const waiter of waiters) waiter.end()
               })
             ),
             // Started at once and uninterruptible until `work` opens its own interruptible
@@ -173,43 +209,71 @@ export class LiveStreams extends Context.Service<
           if (stream.fiber !== undefined) yield* Fiber.interrupt(stream.fiber)
         })
 
+      // The reader's queue is registered, and its leaving added to the reader's scope, in one
+      // uninterruptible step; its pulls take from the queue. `Stream.callback` would run the registration
+      // in a fiber of its own, one per reply written (D473).
       const follow = <E, A>(stream: LiveStream<E>, from: number, reader?: ReaderOptions<E, A>) =>
-        Stream.callback<unknown, Compacted>((queue) =>
-          Effect.acquireRelease(
-            Effect.sync(() => {
-              // Checked in the same step that reads the events: nothing can compact in between.
-              if (stream.kept !== undefined) {
-                Queue.failCauseUnsafe(queue, Cause.fail(new Compacted()))
-                return
-              }
-              const map: ReaderMap<E> = reader?.map ?? asIndexed
-              for (const item of reader?.opening ?? []) Queue.offerUnsafe(queue, item)
-              for (let i = Math.max(0, from); i < stream.events.length; i++) {
-                const item = map({ index: i, event: stream.events[i]! })
-                if (item !== undefined) Queue.offerUnsafe(queue, item)
-              }
-              if (stream.finishedAt !== undefined) Queue.endUnsafe(queue)
-              else stream.readers.set(queue, map)
-            }),
-            () =>
-              Effect.suspend(() => {
-                stream.readers.delete(queue)
-                if (stream.readers.size > 0 || stream.finishedAt !== undefined) return Effect.void
-                // The last reader left mid-work: stop it unless someone reconnects in time.
-                return Effect.sleep(GRACE).pipe(
+        Stream.fromChannel(
+          Channel.fromTransform((_, readerScope) =>
+            Effect.flatMap(Queue.make<unknown, Cause.Done | Compacted>(), (queue) =>
+              Effect.as(
+                Effect.uninterruptible(
                   Effect.andThen(
-                    Effect.suspend(() =>
-                      stream.readers.size === 0 && stream.finishedAt === undefined
-                        ? stop(stream)
-                        : Effect.void
-                    )
-                  ),
-                  Effect.forkIn(scope),
-                  Effect.asVoid
-                )
-              })
+                    Effect.sync(() => register(stream, from, reader, queue)),
+                    Scope.addFinalizer(readerScope, leave(stream, queue))
+                  )
+                ),
+                Queue.takeAll(queue)
+              )
+            )
           )
         )
+
+      const register = <E, A>(
+        stream: LiveStream<E>,
+        from: number,
+        reader: ReaderOptions<E, A> | undefined,
+        queue: Queue.Queue<unknown, Cause.Done | Compacted>
+      ) => {
+        // Checked in the same step that reads the events: nothing can compact in between.
+        if (stream.kept !== undefined) {
+          Queue.failCauseUnsafe(queue, Cause.fail(new Compacted()))
+          return
+        }
+        const map: ReaderMap<E> = reader?.map ?? asIndexed
+        for (const item of reader?.opening ?? []) Queue.offerUnsafe(queue, item)
+        for (let i = Math.max(0, from); i < stream.events.length; i++) {
+          const item = map({ index: i, event: stream.events[i]! })
+          if (item !== undefined) Queue.offerUnsafe(queue, item)
+        }
+        if (stream.finishedAt !== undefined) Queue.endUnsafe(queue)
+        else stream.readers.set(queue, map)
+      }
+
+      /** A reader leaves; the last one to leave mid-work stops it unless someone reconnects in time. */
+      const leave = <E>(stream: LiveStream<E>, reader: Reader) =>
+        Effect.suspend(() => {
+          stream.readers.delete(reader)
+          if (stream.readers.size > 0 || stream.finishedAt !== undefined) return Effect.void
+          return Effect.sleep(GRACE).pipe(
+            Effect.andThen(
+              Effect.suspend(() =>
+                stream.readers.size === 0 && stream.finishedAt === undefined ? stop(stream) : Effect.void
+              )
+            ),
+            Effect.forkIn(scope),
+            Effect.asVoid
+          )
+        })
+
+      const awaitEnd = <E>(stream: LiveStream<E>) =>
+        Effect.callback<void>((resume) => {
+          if (stream.finishedAt !== undefined) return resume(Effect.void)
+          const waiter = new Waiter(() => resume(Effect.void))
+          stream.readers.set(waiter, takesNothing)
+          // Interrupted while waiting (the caller hung up): it leaves as any reader does.
+          return leave(stream, waiter)
+        })
 
       yield* Effect.gen(function* () {
         const now = yield* Clock.currentTimeMillis
@@ -224,6 +288,7 @@ export class LiveStreams extends Context.Service<
         start,
         get: <E>(id: string) => streams.get(id) as LiveStream<E> | undefined,
         follow: follow as LiveStreams["Service"]["follow"],
+        awaitEnd,
         keep: (stream, keeper) => {
           stream.keeper = keeper
           compact(stream)

@@ -1,5 +1,6 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect, Fiber, Queue, Stream } from "effect"
+import { TestClock } from "effect/testing"
 import type { HttpServerResponse } from "effect/http"
 import { keptReply, keptResponse, type Reply, respondLive, writing } from "../../src/http/Replies.ts"
 import { LiveStreams } from "../../src/inference/LiveStreams.ts"
@@ -130,6 +131,55 @@ describe("a streamed reply", () => {
         assert.strictEqual(kept!.offsets!.length, 8)
         assert.strictEqual(kept!.offsets!.at(-1), kept!.body.length)
       })
+    )
+
+    it.effect(
+      "a whole reply waits for the end as a reader: answered with the kept body; a hang-up stops the work",
+      () =>
+        Effect.gen(function* () {
+          const whole = (id: string, stream: Reply["stream"]): Reply => ({
+            stream,
+            streaming: false,
+            headers: { "x-request-id": id },
+            encoder: countingEncoder().encoder,
+            body: (events) => ({ events: events.length })
+          })
+          // Answered once the work ends, with the body its keeper wrote.
+          const served = yield* scripted("req_replies_whole")
+          const written = writing(whole("req_replies_whole", served.stream))
+          served.live.keep(served.stream, (events) => keptReply(written, events))
+          const waiting = yield* respondLive(served.live, written, 0).pipe(Effect.forkChild)
+          yield* Effect.yieldNow
+          assert.strictEqual(served.stream.readers.size, 1, "the wait is not a reader of the work")
+          yield* served.send(text("a"), end, undefined)
+          const response = yield* Fiber.join(waiting)
+          assert.strictEqual(response.body._tag, "Uint8Array", "not answered with the kept body")
+          const answered = yield* bodyBytes(response)
+          assert.deepStrictEqual(JSON.parse(utf8(answered)), { events: 2 })
+          assert.strictEqual(served.stream.readers.size, 0)
+          // After the end: answered at once.
+          const late = yield* respondLive(served.live, written, 0).pipe(Effect.flatMap(bodyBytes))
+          assert.strictEqual(utf8(late), utf8(answered))
+
+          // The caller hangs up mid-work: its wait leaves, and the work is stopped after the grace period.
+          const { stream: cut } = yield* served.live.start<ServeEvent>("req_replies_whole_cut", () =>
+            Effect.interruptible(Effect.never)
+          )
+          const cutWait = yield* respondLive(
+            served.live,
+            writing(whole("req_replies_whole_cut", cut)),
+            0
+          ).pipe(Effect.forkChild)
+          yield* Effect.yieldNow
+          assert.strictEqual(cut.readers.size, 1)
+          yield* Fiber.interrupt(cutWait)
+          assert.strictEqual(cut.readers.size, 0)
+          assert.isFalse(cut.stopRequested, "stopped before its grace period")
+          yield* TestClock.adjust("600 millis")
+          for (let i = 0; i < 20 && cut.finishedAt === undefined; i++) yield* Effect.yieldNow
+          assert.isTrue(cut.stopRequested, "a hung-up whole reply did not stop its work")
+          assert.isDefined(cut.finishedAt)
+        })
     )
 
     it.effect("whose keeper throws still finishes, keeps its events, and ends its readers", () =>
