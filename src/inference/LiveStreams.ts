@@ -179,8 +179,9 @@ export class LiveStreams extends Context.Service<
                 // A waiter is told after the compaction below: resumed, it answers with the kept body.
                 let waiters: Array<Waiter> | undefined
                 for (const reader of stream.readers.keys()) {
-                  if (reader instanceof Waiter) (waiters ??= []).push(reader)
-                  else Queue.endUnsafe(reader)
+                  if (!(reader instanceof Waiter)) Queue.endUnsafe(reader)
+                  else if (waiters === undefined) waiters = [reader]
+                  else waiters.push(reader)
                 }
                 stream.readers.clear()
                 // Kept for replay are the events and this record only: the finished fiber holds the

@@ -1,7 +1,7 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect, Fiber, Queue, Stream } from "effect"
-import { TestClock } from "effect/testing"
 import type { HttpServerResponse } from "effect/http"
+import { TestClock } from "effect/testing"
 import { keptReply, keptResponse, type Reply, respondLive, writing } from "../../src/http/Replies.ts"
 import { LiveStreams } from "../../src/inference/LiveStreams.ts"
 import type { ServeEvent } from "../../src/inference/Paid.ts"
