@@ -192,6 +192,8 @@ interface Row {
   /** The part of `cpuPerRequestMs` on the node processes' main threads. */
   readonly mainCpuPerRequestMs: number
   readonly dbCpuPerRequestMs: number
+  /** The router's embedded Anvil (the chain its x402 reads and settlements go to). */
+  readonly chainCpuPerRequestMs: number
   readonly rssMb: number
   /** Share of the target's runnable time spent waiting for a CPU (other work on the machine). */
   readonly cpuWait: number
@@ -337,6 +339,8 @@ const main = async () => {
         before && after
           ? (after.cpuMs.postgres - before.cpuMs.postgres) / Math.max(1, result.requests)
           : Number.NaN
+      const chain =
+        before && after ? (after.cpuMs.anvil - before.cpuMs.anvil) / Math.max(1, result.requests) : Number.NaN
       rows.push({
         target: targets[name]?.name ?? name,
         load,
@@ -344,6 +348,7 @@ const main = async () => {
         cpuPerRequestMs: cpu,
         mainCpuPerRequestMs: main,
         dbCpuPerRequestMs: name === "router" || name === "x402" ? db : Number.NaN,
+        chainCpuPerRequestMs: name === "router" || name === "x402" ? chain : Number.NaN,
         rssMb: after ? after.rss.node / MB : Number.NaN,
         cpuWait:
           before && after
@@ -456,6 +461,7 @@ const main = async () => {
       "cpu ms/req".padStart(10),
       "main ms/req".padStart(11),
       "pg ms/req".padStart(9),
+      "chain ms/req".padStart(12),
       "rss MB".padStart(7),
       "cpu wait".padStart(8)
     ].join(" ")
@@ -488,6 +494,7 @@ const main = async () => {
             fmt(median(mine.map((r) => r.cpuPerRequestMs)), 2).padStart(10),
             fmt(median(mine.map((r) => r.mainCpuPerRequestMs)), 2).padStart(11),
             fmt(median(mine.map((r) => r.dbCpuPerRequestMs)), 2).padStart(9),
+            fmt(median(mine.map((r) => r.chainCpuPerRequestMs)), 2).padStart(12),
             fmt(median(mine.map((r) => r.rssMb)), 0).padStart(7),
             `${fmt(100 * median(mine.map((r) => r.cpuWait)), 0)}%`.padStart(8)
           ].join(" ")
@@ -519,7 +526,8 @@ const main = async () => {
         `Machine: ${availableParallelism()} cores, load average ${fmt(loadAtStart)} at the start and ${fmt(loadavg()[0]!)} at the end (other work on the machine slows every target).`,
         "+p50/+p99: latency added over the mock called directly under the same load. cpu ms/req: the target's node",
         "processes' CPU time per request (/proc/<pid>/stat), main ms/req the part on their main threads (/proc/<pid>/task/<pid>/stat:",
-        "the event loop, without worker, GC and I/O threads); pg ms/req: the router's Postgres. rss: the target's node RSS after the phase.",
+        "the event loop, without worker, GC and I/O threads); pg ms/req: the router's Postgres; chain ms/req: its embedded Anvil.",
+        "rss: the target's node RSS after the phase.",
         "cpu wait: the share of the target's runnable time it spent waiting for a core (/proc/<pid>/schedstat; high = a busy machine).",
         "",
         header,

@@ -1,5 +1,5 @@
 import { join } from "node:path"
-import { Config, Context, Effect, Layer, Option, Redacted } from "effect"
+import { Config, Context, Effect, Layer, Option, Redacted, Schema } from "effect"
 import {
   type Address,
   encodeFunctionData,
@@ -26,6 +26,7 @@ import {
 } from "./Connection.ts"
 import { embedded, external } from "./Deployment.ts"
 import type { TokenDomain } from "./Eip3009.ts"
+import type { EmbeddedMining } from "./Mining.ts"
 import { makeOutgoing, type OutgoingCall, type OutgoingTransactions } from "./Outgoing.ts"
 import { PERMIT2_ADDRESS, UPTO_PROXY_ADDRESS } from "./Permit2.ts"
 import { readCalldata } from "./QuickReads.ts"
@@ -367,11 +368,30 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
   } satisfies ChainShape
 })
 
-const make = Effect.fnUntraced(function* (stateDir: string | undefined) {
+/**
+ * `CHAIN_BLOCK_TIME` (embedded chain only): seconds between blocks, 0 for a block per transaction; unset,
+ * `fallback` (`npm start` paces its chain, tests mine a block per transaction; D450).
+ */
+export const miningConfig = (fallback: EmbeddedMining) =>
+  Config.schema(Schema.Finite.check(Schema.isBetween({ minimum: 0, maximum: 60 })), "CHAIN_BLOCK_TIME").pipe(
+    Config.option,
+    Config.map(
+      (seconds): EmbeddedMining =>
+        Option.isNone(seconds)
+          ? fallback
+          : seconds.value === 0
+            ? { _tag: "automine" }
+            : { _tag: "interval", seconds: seconds.value }
+    )
+  )
+
+const make = Effect.fnUntraced(function* (stateDir: string | undefined, defaultMining: EmbeddedMining) {
   const rpcUrl = yield* Config.option(Config.String("RPC_URL"))
   const configured = Option.getOrUndefined(rpcUrl)?.trim()
   return yield* makeService(
-    configured === undefined || configured === "" ? yield* embedded(stateDir) : yield* external(configured)
+    configured === undefined || configured === ""
+      ? yield* embedded(stateDir, yield* miningConfig(defaultMining))
+      : yield* external(configured)
   )
 })
 
@@ -380,11 +400,14 @@ const make = Effect.fnUntraced(function* (stateDir: string | undefined) {
  * Embedded (no RPC_URL) starts and seeds a private Anvil; external uses the configured RPC and contracts.
  */
 export class Chain extends Context.Service<Chain, ChainShape>()("router/chain/Chain") {
-  /** The embedded chain lives as long as the layer (tests). */
-  static readonly layer = Layer.effect(Chain, make(undefined))
-  /** The embedded chain persists in `DATA_DIR/chain` across restarts (`npm start`). */
+  /** The embedded chain lives as long as the layer (tests); a block per transaction unless `CHAIN_BLOCK_TIME`. */
+  static readonly layer = Layer.effect(Chain, make(undefined, { _tag: "automine" }))
+  /**
+   * The embedded chain persists in `DATA_DIR/chain` across restarts (`npm start`); its mining paced by
+   * its load (`Mining.ts`) unless `CHAIN_BLOCK_TIME`.
+   */
   static readonly layerDurable = Layer.effect(
     Chain,
-    Effect.flatMap(RouterConfig, (config) => make(join(config.dataDir, "chain")))
+    Effect.flatMap(RouterConfig, (config) => make(join(config.dataDir, "chain"), { _tag: "paced" }))
   )
 }

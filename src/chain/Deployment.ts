@@ -11,12 +11,15 @@ import {
   DEMO_WALLET_FUNDING,
   type Deployment,
   makeSender,
+  QUICK_READ_TIMEOUT_MS,
   type Sender,
   type SignerWallet
 } from "./Connection.ts"
 import { demoWalletAccounts, privateKeyOf, routerSignerAccount, treasuryAccount } from "./DevAccounts.ts"
 import { type EmbeddedContracts, prepareState, readContracts, writeContracts } from "./EmbeddedState.ts"
+import { type EmbeddedMining, paceMining } from "./Mining.ts"
 import { ensureUptoContracts } from "./Permit2.ts"
+import { httpPost } from "./QuickReads.ts"
 
 /**
  * Where the chain comes from: an embedded Anvil with the project's contracts deployed (or reloaded from
@@ -82,12 +85,19 @@ export const isDeployed = (connection: Connection, contracts: EmbeddedContracts)
 /**
  * No RPC_URL: a private Anvil with the project's contracts and funded demo wallets. With `stateDir`
  * the chain persists there across restarts (contracts deployed once, on a fresh chain); without it,
- * it lives as long as the layer.
+ * it lives as long as the layer. `mining`: how its blocks are mined (`Mining.ts`).
  */
-export const embedded = Effect.fnUntraced(function* (stateDir: string | undefined) {
+export const embedded = Effect.fnUntraced(function* (
+  stateDir: string | undefined,
+  mining: EmbeddedMining = { _tag: "automine" }
+) {
   const state = stateDir === undefined ? undefined : yield* prepareState(stateDir)
-  const anvil = yield* launchAnvil({ state })
+  const anvil = yield* launchAnvil({
+    state,
+    blockTime: mining._tag === "interval" ? mining.seconds : undefined
+  })
   const connection = connect(anvil.rpcUrl, anvil.chainId, 50)
+  if (mining._tag === "paced") yield* paceMining(httpPost(anvil.rpcUrl, QUICK_READ_TIMEOUT_MS))
   // Permit2 and the upto proxy at their canonical addresses (idempotent: a resumed chain has them).
   yield* ensureUptoContracts(connection)
   const routerAccount = routerSignerAccount()

@@ -1,7 +1,7 @@
 import { Clock, Context, Effect, Layer } from "effect"
 import { getAddress, type Hex } from "viem"
 import { repeatInBackground } from "../Background.ts"
-import { Chain } from "../chain/Chain.ts"
+import { Chain, type ChainError } from "../chain/Chain.ts"
 import { Authorizations, type ClaimedAuthorization } from "../ledger/Authorizations.ts"
 import { Ledger, permit2NonceOf } from "../ledger/Ledger.ts"
 import type { OutgoingTransfer } from "../ledger/Transfers.ts"
@@ -92,29 +92,42 @@ export class Settlement extends Context.Service<
             }
           }
 
-    const settleOne = (row: ClaimedAuthorization) =>
+    // Nothing recorded for this authorization (a refused estimate), or a wait that failed: the token says
+    // whether it is used. Used with no transaction of ours means someone else submitted it.
+    const unresolved = (row: ClaimedAuthorization, e: ChainError) =>
       Effect.gen(function* () {
-        if (row.signature === null) return yield* failed(row, "no signature on record")
+        const ours = yield* treasury.recorded(transferOf(row, (row.signature ?? "0x") as Hex))
+        const used = yield* alreadyUsed(row).pipe(Effect.orElseSucceed(() => false))
+        if (used) return yield* landed(row, (ours ?? row.tx_hash ?? "unknown") as Hex)
+        // A transaction of ours still open is not a failure: the next pass confirms it.
+        return yield* failed(row, `${e.reason}: ${e.message}`)
+      })
+
+    /** Sends the row's transfer (or adopts the one recorded for it) and records its hash; none: handled. */
+    const submitOne = (row: ClaimedAuthorization) =>
+      Effect.gen(function* () {
+        if (row.signature === null) {
+          yield* failed(row, "no signature on record")
+          return undefined
+        }
         const hash = yield* treasury.send(transferOf(row, row.signature as Hex))
         if (row.tx_hash !== hash) yield* authorizations.recordBroadcast(row, hash)
+        return hash
+      }).pipe(
+        Effect.catchTag("ChainError", (e) => Effect.as(unresolved(row, e), undefined)),
+        Effect.withSpan("Settlement.submit", { attributes: { request_id: row.request_id } })
+      )
+
+    const confirmOne = (row: ClaimedAuthorization, hash: Hex) =>
+      Effect.gen(function* () {
         const outcome = yield* treasury.confirm(hash)
         if (outcome.status === "success") return yield* landed(row, hash)
         // Moved nothing; the token says whether another submission (not ours) used the authorization.
         if (yield* alreadyUsed(row)) return yield* landed(row, (row.tx_hash ?? hash) as Hex)
         return yield* failed(row, `transfer ${outcome.status}`)
       }).pipe(
-        Effect.catchTag("ChainError", (e) =>
-          // Nothing recorded for this authorization (a refused estimate), or a wait that failed: the token
-          // says whether it is used. Used with no transaction of ours means someone else submitted it.
-          Effect.gen(function* () {
-            const ours = yield* treasury.recorded(transferOf(row, (row.signature ?? "0x") as Hex))
-            const used = yield* alreadyUsed(row).pipe(Effect.orElseSucceed(() => false))
-            if (used) return yield* landed(row, (ours ?? row.tx_hash ?? "unknown") as Hex)
-            // A transaction of ours still open is not a failure: the next pass confirms it.
-            return yield* failed(row, `${e.reason}: ${e.message}`)
-          })
-        ),
-        Effect.withSpan("Settlement.settle", { attributes: { request_id: row.request_id } })
+        Effect.catchTag("ChainError", (e) => unresolved(row, e)),
+        Effect.withSpan("Settlement.confirm", { attributes: { request_id: row.request_id } })
       )
 
     // A claim is stale after 3 minutes (`Authorizations.recover`): looking every 30 s, not on every
@@ -127,7 +140,18 @@ export class Settlement extends Context.Service<
         yield* authorizations.recover
       }
       const rows = yield* authorizations.claimDue
-      yield* Effect.forEach(rows, settleOne, { concurrency: 4, discard: true })
+      // Every claimed row is sent before any is waited for (D451): the transfers of one pass go to the
+      // chain together (one block where blocks are timed) and their waits overlap. Waiting for each
+      // row's block before sending the next four held a pass for a block per four rows.
+      const sent = yield* Effect.forEach(rows, submitOne, { concurrency: 4 })
+      yield* Effect.forEach(
+        rows,
+        (row, i) => {
+          const hash = sent[i]
+          return hash === undefined ? Effect.void : confirmOne(row, hash)
+        },
+        { concurrency: "unbounded", discard: true }
+      )
       return rows.length
     }).pipe(Effect.withSpan("Settlement.runOnce"))
 

@@ -121,3 +121,70 @@ describe("settlement's look for stale claims", () => {
     })
   )
 })
+
+describe("a settlement pass", () => {
+  it.effect("sends every claimed authorization before it waits for any (D451)", () =>
+    Effect.gen(function* () {
+      const events: Array<string> = []
+      const rows = Array.from({ length: 9 }, (_, i) => ({
+        payer: "0x00000000000000000000000000000000000000a1",
+        nonce: `0x${i.toString(16).padStart(64, "0")}`,
+        request_id: `req_pass_${i}`,
+        value: "20000",
+        valid_after: "0",
+        valid_before: "99999999999",
+        signature: `0x${"11".repeat(65)}`,
+        tx_hash: null,
+        attempts: 1,
+        scheme: "exact" as const,
+        ceiling: null
+      }))
+      const hashOf = (requestId: string) =>
+        `0x${Number(requestId.slice("req_pass_".length)).toString(16).padStart(64, "0")}` as const
+      const settlement = yield* Settlement.make.pipe(
+        Effect.provideService(
+          Authorizations,
+          Authorizations.of({
+            recover: Effect.void,
+            claimDue: Effect.succeed(rows),
+            releaseClaimsOf: () => Effect.succeed(0),
+            recordBroadcast: () => Effect.void,
+            recordLanded: (row) =>
+              Effect.sync(() => {
+                events.push(`landed ${row.request_id}`)
+                return true
+              }),
+            recordFailed: (row) => Effect.die(`not expected: ${row.request_id} failed`)
+          })
+        ),
+        Effect.provideService(Chain, {
+          treasury: "0x00000000000000000000000000000000000000b2"
+        } as unknown as Chain["Service"]),
+        Effect.provideService(Ledger, { finalizeReceipt: () => Effect.void } as unknown as Ledger["Service"]),
+        Effect.provideService(
+          Treasury,
+          Treasury.of({
+            send: (transfer) =>
+              Effect.sync(() => {
+                const requestId = transfer._tag === "X402Settlement" ? transfer.requestId : "?"
+                events.push(`send ${requestId}`)
+                return hashOf(requestId)
+              }),
+            confirm: (hash) =>
+              Effect.sync(() => {
+                events.push(`confirm ${hash}`)
+                return { status: "success", blockNumber: 1n } as const
+              }),
+            recorded: () => Effect.succeed(undefined),
+            recover: Effect.succeed(0)
+          })
+        )
+      )
+      assert.strictEqual(yield* settlement.runOnce, rows.length)
+      const firstConfirm = events.findIndex((event) => event.startsWith("confirm"))
+      const lastSend = events.findLastIndex((event) => event.startsWith("send"))
+      assert.isTrue(firstConfirm > lastSend, events.join(", "))
+      assert.strictEqual(events.filter((event) => event.startsWith("landed")).length, rows.length)
+    })
+  )
+})
