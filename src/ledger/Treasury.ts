@@ -1,4 +1,4 @@
-import { Clock, Context, Duration, Effect, Layer, Schema } from "effect"
+import { Clock, Context, Duration, Effect, Layer, Option, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import { getAddress, type Hash, type Hex } from "viem"
 import { repeatInBackground } from "../Background.ts"
@@ -26,6 +26,13 @@ const Recorded = Schema.Struct({
 })
 type Recorded = typeof Recorded.Type
 const decodeRecorded = Schema.decodeUnknownEffect(Schema.Array(Recorded))
+
+/**
+ * Most poll intervals a confirm waits for a new block before it looks at its transaction again (D452): with
+ * blocks a second apart (a paced embedded chain, D450) a look every 100 ms cost each waiting settlement
+ * two RPCs and a statement ten times a block.
+ */
+export const HEAD_WAIT_POLLS = 10
 
 /** How long one answer of the node's mined count backs the kept nonce of a sender (D331). */
 export const NONCE_TRUST_MS = 30_000
@@ -85,6 +92,23 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
       const pollInterval = Duration.fromInputUnsafe(
         options.pollInterval ?? (chain.mode === "embedded" ? "100 millis" : "1 second")
       )
+
+      // The chain's head, asked at most once a poll interval however many confirms wait (D452).
+      const head = yield* Effect.cachedWithTTL(chain.blockNumber(), pollInterval)
+      /**
+       * Waits until the chain has a block past `seen` (a look at a pending transaction before then would
+       * find it as it was), or `HEAD_WAIT_POLLS` intervals have passed: a transaction that no block will
+       * take (a gap below it, a lost broadcast) is looked at again, and offered again, all the same.
+       */
+      const blockAfter = (seen: bigint | undefined) =>
+        Effect.gen(function* () {
+          for (let poll = 0; poll < HEAD_WAIT_POLLS; poll++) {
+            yield* Effect.sleep(pollInterval)
+            if (seen === undefined) return
+            const now = yield* Effect.option(head)
+            if (now._tag === "None" || now.value > seen) return
+          }
+        })
 
       const callOf = (transfer: OutgoingTransfer): Effect.Effect<OutgoingCall, ChainError> => {
         switch (transfer._tag) {
@@ -349,6 +373,7 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
           while (true) {
             const resolution = yield* resolve(record)
             if (resolution.status !== "pending") return resolution
+            const seen = Option.getOrUndefined(yield* Effect.option(head))
             yield* fillGapBelow(record)
             if ((yield* Clock.currentTimeMillis) >= deadline) {
               return yield* new ChainError({
@@ -356,7 +381,7 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
                 message: `Treasury.confirm: ${hash} not final in ${Duration.format(confirmTimeout)}`
               })
             }
-            yield* Effect.sleep(pollInterval)
+            yield* blockAfter(seen)
           }
         }).pipe(Effect.withSpan("Treasury.confirm", { attributes: { tx_hash: hash } }))
 

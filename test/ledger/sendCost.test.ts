@@ -93,3 +93,44 @@ describe("one outgoing transfer's cost (issue 12, sends)", () => {
     )
   })
 })
+
+describe("a confirm on a chain whose blocks are seconds apart (D452)", () => {
+  const SlowChain = Chain.layer.pipe(
+    Layer.provide(ConfigProvider.layer(ConfigProvider.fromEnvRecord({ CHAIN_BLOCK_TIME: "1" })))
+  )
+  layer(Layer.mergeAll(Database, SlowChain), { excludeTestServices: true, timeout: 120_000 })((it) => {
+    it.effect("looks at its transaction once a block, not once a poll interval", () =>
+      Effect.gen(function* () {
+        const chain = yield* Chain
+        yield* fundTreasury(1_000_000n)
+        const treasury = yield* Treasury.make()
+        // Sent just after a block: the next one is about a second (ten 100 ms polls) away.
+        const start = yield* chain.blockNumber()
+        while ((yield* chain.blockNumber()) === start) yield* Effect.sleep("20 millis")
+        const hash = yield* treasury.send({
+          _tag: "Withdrawal",
+          withdrawalId: "slow_1",
+          to: freshAddress(),
+          amount: 1n
+        })
+        const realFetch = globalThis.fetch
+        const methods: Array<string> = []
+        globalThis.fetch = (input, init) => {
+          if (typeof init?.body === "string") {
+            const body = JSON.parse(init.body) as { method: string } | Array<{ method: string }>
+            for (const call of Array.isArray(body) ? body : [body]) methods.push(call.method)
+          }
+          return realFetch(input, init)
+        }
+        const outcome = yield* treasury
+          .confirm(hash)
+          .pipe(Effect.ensuring(Effect.sync(() => (globalThis.fetch = realFetch))))
+        assert.strictEqual(outcome.status, "success")
+        // Each look that finds it pending asks for the transaction itself: one before the block (two if
+        // the head read raced it), where a look every 100 ms made about ten.
+        const pendingLooks = methods.filter((m) => m === "eth_getTransactionByHash").length
+        assert.isAtMost(pendingLooks, 2, methods.join(", "))
+      })
+    )
+  })
+})
