@@ -126,3 +126,49 @@ export const usage = (root: number): Usage => {
   }
   return { cpuMs, nodeMainCpuMs, rss, nodeRanNs, nodeWaitedNs }
 }
+
+/** What a Postgres process is, from its title (`postgres: walwriter`, `postgres: <user> <db> … idle`): its role. */
+const postgresRole = (pid: number): string => {
+  try {
+    const title = readFileSync(`/proc/${pid}/cmdline`, "utf8").replaceAll("\0", " ").trim()
+    const role = /^postgres: (.+)$/.exec(title)?.[1]
+    if (role === undefined) return "postmaster"
+    for (const known of [
+      "walwriter",
+      "checkpointer",
+      "background writer",
+      "autovacuum launcher",
+      "autovacuum worker",
+      "logical replication launcher",
+      "io worker",
+      "walsummarizer"
+    ])
+      if (role.startsWith(known)) return known
+    return "backends"
+  } catch {
+    return "gone"
+  }
+}
+
+/**
+ * CPU milliseconds of the Postgres processes under `root`, by role (backends, walwriter, checkpointer,
+ * autovacuum workers…), and `exited`: what the postmaster's children that ended meanwhile used (its
+ * cutime + cstime), so a short-lived autovacuum worker is counted too.
+ */
+export const postgresCpuByRole = (root: number): Record<string, number> => {
+  const byRole: Record<string, number> = {}
+  for (const stat of tree(root)) {
+    if (kindOf(stat.comm) !== "postgres") continue
+    const role = postgresRole(stat.pid)
+    byRole[role] = (byRole[role] ?? 0) + stat.cpuMs
+    if (role === "postmaster") {
+      try {
+        const text = readFileSync(`/proc/${stat.pid}/stat`, "utf8")
+        const fields = text.slice(text.lastIndexOf(")") + 2).split(" ")
+        byRole.exited =
+          (byRole.exited ?? 0) + ((Number(fields[13]) + Number(fields[14])) * 1000) / ticksPerSecond
+      } catch {}
+    }
+  }
+  return byRole
+}

@@ -19,20 +19,14 @@
  * WORKERS (passed to the router unchanged), BENCH_STREAM=1 (the calls ask for SSE: what a streamed reply
  * costs; Portkey fails those, so with BENCH_TARGETS=direct,router). BENCH_ROUNDS=0 runs only the memory part.
  */
-import { chmodSync, mkdtempSync, readFileSync, rmSync } from "node:fs"
+import { chmodSync, mkdtempSync, rmSync } from "node:fs"
 import { Agent } from "node:http"
 import { availableParallelism, loadavg, tmpdir } from "node:os"
 import { join } from "node:path"
-import { ExactEvmScheme } from "@x402/evm/exact/client"
-import { x402Client, x402HTTPClient } from "@x402/fetch"
-import { Effect } from "effect"
-import { demoWalletAccounts } from "../../src/chain/DevAccounts.ts"
-import { type ProviderConfig, simulationAccount } from "../../src/devnet/fleet/FleetConfig.ts"
-import { signQuote, unsignedQuote } from "../../src/devnet/fleet/Quotes.ts"
-import { Children, freePort, post, routerArgs, sleep } from "../support/Children.ts"
-import { fundCreditKey } from "../support/CreditKeys.ts"
+import { Children, freePort, post, sleep } from "../support/Children.ts"
 import { closedLoop, type LoadResult, openLoop, send, type Target } from "./Load.ts"
 import { rssBytes, usage } from "./Proc.ts"
+import { chatBody, startRouter, x402Payments } from "./Setup.ts"
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 8)
 const OPEN_SECONDS = Number(process.env.BENCH_OPEN_SECONDS ?? 8)
@@ -42,7 +36,6 @@ const LATE_SECONDS = Number(process.env.BENCH_LATE_SECONDS ?? 20)
 const OPEN_RATE = Number(process.env.BENCH_RATE ?? 100)
 const QUIET_SECONDS = Number(process.env.BENCH_QUIET_SECONDS ?? 8)
 const STREAMED = process.env.BENCH_STREAM === "1"
-const TOKEN = "bench-load-operator"
 const log = (line: string) => process.stderr.write(`[bench:load] ${line}\n`)
 const MB = 1024 * 1024
 
@@ -52,45 +45,6 @@ const children = new Children(log)
 children.stopOnSignals()
 const start = children.start.bind(children)
 const waitFor = children.waitFor.bind(children)
-
-// Router setup: two providers quoting the mock, a funded key
-
-const providers: ReadonlyArray<ProviderConfig> = ["bench-a", "bench-b"].map((providerId, i) => ({
-  providerId,
-  dialect: "openai",
-  offers: [{ modelClass: "chat-small", priceIn: 100_000 + i * 10_000, priceOut: 400_000 + i * 40_000 }],
-  ttftMs: 0,
-  tokensPerSecond: 1_000_000,
-  capacityRps: 1_000_000,
-  maxContext: 32_000
-}))
-
-/** Quotes with the offer's own prices (no random move): a signed x402 payment stays good all run. */
-const postQuotes = (router: string) =>
-  Promise.all(
-    providers.map(async (provider) => {
-      const offer = provider.offers[0]!
-      const nowSeconds = Math.floor(Date.now() / 1000)
-      const quote = await Effect.runPromise(
-        signQuote(
-          simulationAccount(provider.providerId),
-          unsignedQuote(provider, offer, {
-            quoteId: `q-${provider.providerId}-${nowSeconds}-${Math.random().toString(16).slice(2, 10)}`,
-            nowSeconds,
-            deltaIn: 0,
-            deltaOut: 0
-          })
-        )
-      )
-      await post(`${router}/provider/quotes`, quote)
-    })
-  )
-
-/** The embedded Postgres's port, from its lock file (line 4), as any operator would find it. */
-const embeddedDatabaseUrl = (dataDir: string) => {
-  const lines = readFileSync(join(dataDir, "postgres", "postmaster.pid"), "utf8").split("\n")
-  return `postgres://postgres:postgres@127.0.0.1:${lines[3]!.trim()}/router`
-}
 
 /**
  * The router's V8 heap in use, from its own `/metrics` (`nodejs_heap_size_used_bytes`; with `WORKERS`,
@@ -115,35 +69,6 @@ const heapUsed = async (router: string) => {
     await sleep(250)
   }
   return Number.isFinite(lowest) ? lowest : Number.NaN
-}
-
-const chatBody = (content: string, stream: boolean) =>
-  JSON.stringify({ model: "chat-small", messages: [{ role: "user", content }], max_tokens: 16, stream })
-
-/** `count` signed x402 payments for one body, made before the timed section (client work, not router). */
-const x402Payments = async (router: string, body: string, count: number) => {
-  const client = new x402Client()
-  const http = new x402HTTPClient(client)
-  const unpaid = await fetch(`${router}/v1/chat/completions`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body
-  })
-  await unpaid.text()
-  const required = http.getPaymentRequiredResponse((name) => unpaid.headers.get(name))
-  const network = required.accepts[0]!.network
-  const payers = demoWalletAccounts().map(
-    (account) =>
-      new x402HTTPClient(
-        new x402Client().register(network, new ExactEvmScheme(account)).setSpendControls(false)
-      )
-  )
-  const headers: Array<Record<string, string>> = []
-  for (let i = 0; i < count; i++) {
-    const payer = payers[i % payers.length]!
-    headers.push(payer.encodePaymentSignatureHeader(await payer.createPaymentPayload(required)))
-  }
-  return headers
 }
 
 // Held-open streams
@@ -232,44 +157,17 @@ const main = async () => {
     const portkey = `http://127.0.0.1:${portkeyPort}`
 
     // The router, as `npm start` runs it
-    const routerPort = await freePort()
-    const routerProcess = start(
-      "router",
-      routerArgs(),
-      {
-        PORT: String(routerPort),
-        HOST: "127.0.0.1",
-        DATA_DIR: join(dataDir, "router"),
-        SIMULATED_FLEET: "false",
-        OPERATOR_TOKEN: TOKEN,
-        DRAIN_TIMEOUT_SECONDS: "2"
-      },
-      join(dataDir, "router.log")
-    )
-    const router = `http://127.0.0.1:${routerPort}`
-    if (portkeyProcess) await waitFor("Portkey", async () => (await fetch(portkey)).ok, 60)
-    await waitFor("the router", async () => (await fetch(`${router}/ready`)).ok, 180)
-    log("router ready")
-
-    for (const provider of providers) {
-      await post(
-        `${router}/v1/admin/providers`,
-        {
-          provider_id: provider.providerId,
-          signer: simulationAccount(provider.providerId).address,
-          base_url: mock,
-          dialect: "openai"
-        },
-        { authorization: `Bearer ${TOKEN}` }
-      )
-    }
-    await postQuotes(router)
-    const refresher = setInterval(() => postQuotes(router).catch((e) => log(`quote refresh: ${e}`)), 5_000)
-    const { secret: creditKey } = await fundCreditKey(embeddedDatabaseUrl(join(dataDir, "router")), {
-      keyId: "key_bench_load",
-      wallet: "0x00000000000000000000000000000000000be4c4",
-      amount: 1_000_000_000_000_000
+    const started = await startRouter(children, {
+      dataDir: join(dataDir, "router"),
+      logFile: join(dataDir, "router.log"),
+      mock,
+      log,
+      beforeReady: async () => {
+        if (portkeyProcess) await waitFor("Portkey", async () => (await fetch(portkey)).ok, 60)
+      }
     })
+    const { router, creditKey } = started
+    const routerProcess = started.process
 
     // Non-streaming calls under load: the Portkey gateway (1.15) fails streamed replies on Node 22 (it
     // appends headers to fetch's immutable response headers), and a whole reply is what a load
@@ -446,7 +344,7 @@ const main = async () => {
     await sleep(LATE_SECONDS * 1000)
     const lateStreams = usage(routerProcess.pid!)
     const lateSeconds = Math.round((Date.now() - released) / 1000)
-    clearInterval(refresher)
+    started.stop()
 
     // Print
     const header = [
