@@ -1,6 +1,7 @@
 import type { Migrations } from "./migrations/Migrations.ts"
 import { marketData } from "./migrations/marketData.ts"
 import { paidPath } from "./migrations/paidPath.ts"
+import { perRequest } from "./migrations/perRequest.ts"
 import { programs } from "./migrations/programs.ts"
 import { reliability } from "./migrations/reliability.ts"
 
@@ -9,4 +10,10 @@ import { reliability } from "./migrations/reliability.ts"
  * `effect_sql_migrations`); a new schema change is a new entry, never an edit.
  */
 /** Every migration, by id (the migrator runs them in id order); each module holds one part of the schema. */
-export const migrations: Migrations = { ...paidPath, ...programs, ...marketData, ...reliability }
+export const migrations: Migrations = {
+  ...paidPath,
+  ...programs,
+  ...marketData,
+  ...reliability,
+  ...perRequest
+}
