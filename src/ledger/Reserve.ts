@@ -1,5 +1,5 @@
 import { Effect, Schema } from "effect"
-import type { SqlClient, SqlError } from "effect/sql"
+import type { SqlClient, SqlError, Statement } from "effect/sql"
 import { type Hex, hexToBigInt, toHex } from "viem"
 import { databaseUnavailable, isCheckViolation, pgFault } from "../db/SqlFaults.ts"
 import type { ServiceUnavailable } from "../domain/Errors.ts"
@@ -112,9 +112,9 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
    * the primary key and the whole statement fails: a replay never reserves anything.
    *
    * With the balance the chain reported, the payer's authorizations not yet settled plus this one
-   * must fit it (they have not moved any money yet): the statement first locks the payer's
-   * `x402_outstanding` row (migration 0034, kept by a trigger on `x402_authorizations`) and goes on
-   * only when the row's outstanding plus this value is within the balance. Under READ COMMITTED
+   * must fit it (they have not moved any money yet): the statement first adds this value to the payer's
+   * `x402_outstanding` row (migration 0034, kept by triggers on `x402_authorizations` for every later
+   * change) and goes on only when the row's outstanding plus this value is within the balance. Under READ COMMITTED
    * Postgres evaluates that condition on the row as it stands once locked, so a concurrent
    * reservation for the same payer waits for this one to commit and then sees its value (D327).
    */
@@ -123,14 +123,14 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
     const scheme = hold.scheme ?? "exact"
     const ceiling = scheme === "upto" ? record.authorized : null
     const balance = hold.balance?.toString() ?? null
-    // Without a balance to check there is nothing to guard: the payer's row is left to the trigger alone.
-    const guard =
-      balance === null
-        ? sql`SELECT ${payer}::text AS payer`
-        : sql`INSERT INTO x402_outstanding AS o (payer, outstanding)
-              SELECT ${payer}, 0 WHERE ${record.authorized} <= ${balance}::numeric
-              ON CONFLICT (payer) DO UPDATE SET outstanding = o.outstanding
-              WHERE o.outstanding + ${record.authorized} <= ${balance}::numeric
+    // The guard adds the value to the payer's row itself, one write (D442): the authorization it lets in is
+    // marked counted, so the insert trigger does not add it again. Without a balance there is nothing to check.
+    const fits = (total: Statement.Fragment) =>
+      balance === null ? sql`true` : sql`${total} <= ${balance}::numeric`
+    const guard = sql`INSERT INTO x402_outstanding AS o (payer, outstanding)
+              SELECT ${payer}, ${record.authorized} WHERE ${fits(sql`${record.authorized}`)}
+              ON CONFLICT (payer) DO UPDATE SET outstanding = o.outstanding + EXCLUDED.outstanding
+              WHERE ${fits(sql`o.outstanding + EXCLUDED.outstanding`)}
               RETURNING payer`
     const rows = yield* sql<{ reserved: number; lease_granted: boolean | null }>`
       WITH guard AS (${guard}), request AS (
@@ -143,10 +143,10 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
         RETURNING request_id
       ), hold AS (
         INSERT INTO x402_authorizations (payer, nonce, request_id, value, valid_after, valid_before,
-                                         signature, status, scheme, ceiling)
+                                         signature, status, scheme, ceiling, outstanding_counted)
         SELECT ${payer}, ${hold.nonce.toLowerCase()}, request_id, ${record.authorized},
                ${hold.validAfter.toString()}, ${hold.validBefore.toString()}, ${hold.signature}, 'reserved',
-               ${scheme}, ${ceiling}
+               ${scheme}, ${ceiling}, true
         FROM request
         RETURNING request_id
       ), entry AS (

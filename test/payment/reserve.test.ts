@@ -311,5 +311,82 @@ describe("an x402 payer's balance, committed once (D327)", () => {
         assert.deepStrictEqual(yield* committed, { outstanding: 5_000, sum: 5_000 })
       })
     )
+
+    it.effect(
+      "a reservation writes its payer's row once; a move that keeps the value committed writes nothing (D442, D443)",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          /**
+           * What `effect`, run in one transaction, wrote into the payer's table (row versions inserted or updated)
+           * and how often it ran the trigger's function. The backend's counts are read before and after in the
+           * transaction: they may still hold earlier ones.
+           */
+          const count = Effect.map(
+            sql<{ rows: number; calls: number }>`
+            SELECT (SELECT (n_tup_ins + n_tup_upd)::int FROM pg_stat_xact_user_tables
+                    WHERE relname = 'x402_outstanding') AS rows,
+                   coalesce((SELECT calls::int FROM pg_stat_xact_user_functions
+                             WHERE funcname = 'x402_outstanding_track'), 0) AS calls`,
+            (rows) => rows[0]!
+          )
+          const writes = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+            sql.withTransaction(
+              Effect.gen(function* () {
+                yield* sql`SET LOCAL track_functions = 'pl'`
+                const start = yield* count
+                yield* effect
+                const end = yield* count
+                return { rows: end.rows - start.rows, calls: end.calls - start.calls }
+              })
+            )
+          const before = yield* committed
+          // With a balance to check, and without one: either way one write.
+          for (const [requestId, balance] of [
+            ["req_w1", 1_000_000n],
+            ["req_w2", undefined]
+          ] as const) {
+            const wrote = yield* writes(
+              Ledger.use((ledger) =>
+                ledger.reserveX402(
+                  { ...record(requestId), payer, authorized: 1_000 },
+                  { ...hold(0n), balance }
+                )
+              )
+            )
+            assert.deepStrictEqual(wrote, { rows: 1, calls: 0 }, requestId)
+          }
+          assert.deepStrictEqual(yield* committed, {
+            outstanding: before.sum + 2_000,
+            sum: before.sum + 2_000
+          })
+          // Captured, then claimed for submission: still committed, nothing written.
+          const moved = yield* writes(
+            Effect.andThen(
+              sql`UPDATE x402_authorizations SET status = 'pending' WHERE request_id = 'req_w1'`,
+              sql`UPDATE x402_authorizations SET status = 'submitted' WHERE request_id = 'req_w1'`
+            )
+          )
+          assert.deepStrictEqual(moved, { rows: 0, calls: 0 })
+          // An authorization written by anyone but the reservation is counted by the trigger, once.
+          yield* sql`
+          INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class, provider_id,
+                                authorized, status)
+          VALUES ('req_w3', 'openai', 'x402', ${payer.toLowerCase()}, 'auto', 'chat-small', 'p1', 3000, 'reserved')`
+          const direct = yield* writes(sql`
+          INSERT INTO x402_authorizations (payer, nonce, request_id, value, valid_after, valid_before, status)
+          VALUES (${payer.toLowerCase()}, ${randomAuthorizationNonce()}, 'req_w3', 3000, 0, 9999999999, 'reserved')`)
+          assert.deepStrictEqual(direct, { rows: 1, calls: 1 })
+          assert.deepStrictEqual(yield* committed, {
+            outstanding: before.sum + 5_000,
+            sum: before.sum + 5_000
+          })
+          yield* sql`UPDATE x402_authorizations SET status = 'landed' WHERE request_id IN ('req_w1', 'req_w3')`
+          assert.deepStrictEqual(yield* committed, {
+            outstanding: before.sum + 1_000,
+            sum: before.sum + 1_000
+          })
+        })
+    )
   })
 })
