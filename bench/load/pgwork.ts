@@ -7,7 +7,7 @@
  * index entries). For the credit key, then x402, an open loop of `PGWORK_RATE` requests per second for
  * `PGWORK_SECONDS`; a phase ends once what the requests left to the background (the credit fold, receipt
  * signing, x402 settlement on Anvil) is done. Then an idle phase of the same length, no requests: what the
- * router's background costs without them. Prints per request: statements, rows per table, trigger
+ * router's background costs without them. Prints per request answered (2xx): statements, rows per table, trigger
  * calls, WAL records and bytes, and the Postgres CPU (/proc). `PGWORK_JSON=file` writes the figures too.
  * Asserts nothing.
  */
@@ -102,7 +102,8 @@ const phaseOf = (
   after: Snapshot,
   load: { requests: number; failures: number }
 ): Phase => {
-  const per = Math.max(1, load.requests)
+  // Per request answered: a refused one (no live quote on a stalled machine) wrote nothing.
+  const per = Math.max(1, load.requests - load.failures)
   const statements = query<Phase["statements"][number]>(
     url,
     `SELECT regexp_replace(left(query, 2000), '\\s+', ' ', 'g') AS query, toplevel, calls, rows,
@@ -161,7 +162,7 @@ const phaseOf = (
 const f = (x: number, digits = 2) => x.toFixed(digits)
 
 const print = (phase: Phase, idlePerSecond: Phase | undefined) => {
-  const per = Math.max(1, phase.requests)
+  const per = Math.max(1, phase.requests - phase.failures)
   const lines = [
     "",
     `== ${phase.name}: ${phase.requests} requests (${phase.failures} failed) over ${f(phase.seconds, 1)} s`,
