@@ -91,6 +91,8 @@ const TOKEN = "bench-load-operator"
 export const startRouter = async (
   children: Children,
   options: {
+    /** Node options before `npm start`'s own (a heap-snapshot signal, say). */
+    readonly nodeArgs?: ReadonlyArray<string>
     readonly dataDir: string
     readonly logFile: string
     readonly mock: string
@@ -101,7 +103,7 @@ export const startRouter = async (
   const routerPort = await freePort()
   const process_ = children.start(
     "router",
-    routerArgs(),
+    [...(options.nodeArgs ?? []), ...routerArgs()],
     {
       PORT: String(routerPort),
       HOST: "127.0.0.1",

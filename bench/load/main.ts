@@ -16,10 +16,12 @@
  * streams, default 5000), BENCH_LATE_SECONDS (how much longer than the "5 s after the streams" readings the
  * last RSS reading waits, default 20), BENCH_QUIET_SECONDS (how long after the "idle after warm-up" reading the
  * router is left quiet before the second idle reading, default 8), BENCH_TARGETS (comma list of direct,portkey,router; default all),
+ * BENCH_SNAPSHOTS=<dir> (the router writes a V8 heap snapshot there after 20 warm-up held streams and again with the
+ * held streams open, `held-0.heapsnapshot` and `held-N.heapsnapshot`, for `bench/heapDiff.ts`),
  * WORKERS (passed to the router unchanged), BENCH_STREAM=1 (the calls ask for SSE: what a streamed reply
  * costs; Portkey fails those, so with BENCH_TARGETS=direct,router). BENCH_ROUNDS=0 runs only the memory part.
  */
-import { chmodSync, mkdtempSync, rmSync } from "node:fs"
+import { chmodSync, mkdirSync, mkdtempSync, readdirSync, renameSync, rmSync, statSync } from "node:fs"
 import { Agent } from "node:http"
 import { availableParallelism, loadavg, tmpdir } from "node:os"
 import { join } from "node:path"
@@ -36,6 +38,7 @@ const LATE_SECONDS = Number(process.env.BENCH_LATE_SECONDS ?? 20)
 const OPEN_RATE = Number(process.env.BENCH_RATE ?? 100)
 const QUIET_SECONDS = Number(process.env.BENCH_QUIET_SECONDS ?? 8)
 const STREAMED = process.env.BENCH_STREAM === "1"
+const SNAPSHOTS = process.env.BENCH_SNAPSHOTS
 const log = (line: string) => process.stderr.write(`[bench:load] ${line}\n`)
 const MB = 1024 * 1024
 
@@ -52,6 +55,35 @@ const waitFor = children.waitFor.bind(children)
  * counts as little as a collection in that time lets it (one reading once showed a collection as
  * -430 KB per stream).
  */
+/**
+ * A V8 heap snapshot of the router (started with `--heapsnapshot-signal=SIGUSR2`, which collects first and
+ * writes into `--diagnostic-dir`), renamed `<name>.heapsnapshot` once written: the router's thread is busy
+ * writing it until it answers again and the file stops growing.
+ */
+const heapSnapshot = async (pid: number, router: string, dir: string, name: string) => {
+  const before = new Set(readdirSync(dir))
+  process.kill(pid, "SIGUSR2")
+  const deadline = Date.now() + 300_000
+  let last = -1
+  while (Date.now() < deadline) {
+    await sleep(1_000)
+    const file = readdirSync(dir).find((f) => f.endsWith(".heapsnapshot") && !before.has(f))
+    if (file === undefined) continue
+    const size = statSync(join(dir, file)).size
+    const answers = await fetch(`${router}/health`).then(
+      (r) => r.ok,
+      () => false
+    )
+    if (answers && size === last) {
+      renameSync(join(dir, file), join(dir, `${name}.heapsnapshot`))
+      log(`heap snapshot ${join(dir, `${name}.heapsnapshot`)} (${fmt(size / MB, 0)} MB)`)
+      return
+    }
+    last = size
+  }
+  throw new Error("the router wrote no heap snapshot in 5 minutes")
+}
+
 const heapUsed = async (router: string) => {
   const read = async () => {
     try {
@@ -157,7 +189,10 @@ const main = async () => {
     const portkey = `http://127.0.0.1:${portkeyPort}`
 
     // The router, as `npm start` runs it
+    if (SNAPSHOTS !== undefined) mkdirSync(SNAPSHOTS, { recursive: true })
     const started = await startRouter(children, {
+      nodeArgs:
+        SNAPSHOTS === undefined ? [] : ["--heapsnapshot-signal=SIGUSR2", `--diagnostic-dir=${SNAPSHOTS}`],
       dataDir: join(dataDir, "router"),
       logFile: join(dataDir, "router.log"),
       mock,
@@ -310,6 +345,14 @@ const main = async () => {
     // The router only: Portkey cannot stream on this Node (see above).
     for (const name of order.filter((n) => n === "router")) {
       const pid = pids[name]!
+      if (SNAPSHOTS !== undefined) {
+        // What a first held stream compiles or caches is not per stream: 20 held and let go first.
+        await holdStreams({ ...targets[name]!, body: holdBody }, 20, mock, async () => {
+          await sleep(500)
+        })
+        await sleep(3_000)
+        await heapSnapshot(pid, router, SNAPSHOTS, "held-0")
+      }
       const before = rssBytes(pid)
       const heapBefore = await heapUsed(router)
       let during = before
@@ -322,6 +365,7 @@ const main = async () => {
           await sleep(1_000)
           during = rssBytes(pid)
           heapDuring = await heapUsed(router)
+          if (SNAPSHOTS !== undefined) await heapSnapshot(pid, router, SNAPSHOTS, `held-${STREAMS}`)
         }
       )
       perStream[name] = {
