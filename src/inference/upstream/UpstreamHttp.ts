@@ -51,6 +51,24 @@ export interface UpstreamResponse {
 }
 
 /**
+ * Clears the first-byte timer at the body's first piece (or its close). Made here, not in `post`: a
+ * listener made there would keep `post`'s whole closure context, the request's JSON body (the prompt)
+ * among it, for as long as the reply streams (D461).
+ */
+const clearAtFirstByte = (body: Readable, late: ReturnType<typeof setTimeout>) => {
+  // The timer (whose callback is made in `post`) is let go once cleared, and so is the other listener.
+  let timer: ReturnType<typeof setTimeout> | undefined = late
+  const clear = () => {
+    if (timer !== undefined) clearTimeout(timer)
+    timer = undefined
+    body.off("readable", clear)
+    body.off("close", clear)
+  }
+  body.once("readable", clear)
+  body.once("close", clear)
+}
+
+/**
  * POSTs `body` (JSON text) and answers the response head. One timer bounds the head and then the
  * first body byte: past it the request is aborted (no head yet) or the body destroyed with
  * `timeoutError()`, which its reader sees as that error.
@@ -86,8 +104,7 @@ export const post = (
           const readable = data.body as unknown as Readable
           response = { status: data.statusCode, headers: data.headers, body: readable }
           // The first piece of the body (or its end) is in: the rest may take as long as it takes.
-          readable.once("readable", () => clearTimeout(late))
-          readable.once("close", () => clearTimeout(late))
+          clearAtFirstByte(readable, late)
           resume(Effect.succeed(response))
         },
         (error: unknown) => {
