@@ -1,4 +1,4 @@
-import { Effect, Stream } from "effect"
+import { Effect } from "effect"
 import { HttpServerResponse } from "effect/http"
 import type { Indexed, KeptReply, LiveStream, LiveStreams } from "../inference/LiveStreams.ts"
 import type { ServeEvent } from "../inference/Paid.ts"
@@ -154,19 +154,16 @@ export const respondLive = (live: LiveStreams["Service"], written: Writing, from
       // is one stream stage while it waits (D306).
       encoderOf(written)
       const opening = from === 0 ? written.opening : undefined
-      const body = live
-        .follow(stream, from, {
-          opening: opening === undefined ? [] : [opening],
-          // Every event is written (the keeper keeps them all); this reader sends those from `from` on.
-          map: (indexed) => {
-            const bytes = framesOf(written, stream.events, indexed)
-            return indexed.index >= from ? bytes : undefined
-          }
-        })
-        .pipe(
-          // Compacted between the response and its first read: nothing went out yet.
-          Stream.catchTag("Compacted", () => Stream.make(keptBody(stream.kept!, from)))
-        )
+      const body = live.follow(stream, from, {
+        opening: opening === undefined ? [] : [opening],
+        // Every event is written (the keeper keeps them all); this reader sends those from `from` on.
+        map: (indexed) => {
+          const bytes = framesOf(written, stream.events, indexed)
+          return indexed.index >= from ? bytes : undefined
+        },
+        // Compacted between the response and its first read: nothing went out yet (D462).
+        compacted: (kept) => [keptBody(kept, from)]
+      })
       return Effect.succeed(
         HttpServerResponse.stream(body, { contentType: SSE, headers: sseHeaders(reply.headers) })
       )

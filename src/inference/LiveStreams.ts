@@ -1,4 +1,5 @@
 import { createHash } from "node:crypto"
+import type { Array as Arr } from "effect"
 import {
   Cause,
   Channel,
@@ -8,10 +9,10 @@ import {
   Effect,
   Fiber,
   Layer,
-  Queue,
   Schedule,
   Scope,
-  Stream
+  Stream,
+  Tracer
 } from "effect"
 import { randomText } from "../domain/RandomText.ts"
 
@@ -56,13 +57,20 @@ export class Compacted extends Data.TaggedError("Compacted")<{}> {}
 export interface ReaderOptions<E, A> {
   readonly opening?: ReadonlyArray<A>
   readonly map: (indexed: Indexed<E>) => A | undefined
+  /**
+   * What the reader reads instead of failing with `Compacted` when it came after the stream's events
+   * were replaced by its kept reply: done in the same step, so a reply needs no stream stage of its
+   * own to catch it (D462).
+   */
+  readonly compacted?: (kept: KeptReply) => ReadonlyArray<A>
 }
 
 /**
- * A reader: a queue its stream's events are offered to, or a waiter that takes no event and is told the
- * end (`awaitEnd`: a whole reply waits for it without a queue, a stream or a fiber of its own, D471).
+ * A reader: a buffer its stream's events are handed to (`Buffered`), or a waiter that takes no event and
+ * is told the end (`awaitEnd`: a whole reply waits for it without a buffer, a stream or a fiber of its
+ * own, D471).
  */
-type Reader = Queue.Queue<unknown, Cause.Done | Compacted> | Waiter
+type Reader = Buffered | Waiter
 class Waiter {
   readonly end: () => void
   constructor(end: () => void) {
@@ -70,6 +78,61 @@ class Waiter {
   }
 }
 type ReaderMap<E> = (indexed: Indexed<E>) => unknown
+
+/**
+ * A streamed reader's items handed to it and not taken yet, and its pull waiting for more: its own,
+ * not a `Queue` (whose three `Set`s of takers, offers and awaiters a reader never uses, D463).
+ */
+interface Buffered {
+  pending: Array<unknown>
+  ended: boolean
+  failure: Compacted | undefined
+  wake: (() => void) | undefined
+}
+
+const offer = (reader: Buffered, item: unknown) => {
+  reader.pending.push(item)
+  reader.wake?.()
+}
+
+const endReader = (reader: Buffered) => {
+  reader.ended = true
+  reader.wake?.()
+}
+
+/**
+ * The reader's next items, all it has; once it has none and ended, `Cause.done`. A reader told of more
+ * while it waits yields first, as a queue's taker is resumed through the scheduler: it never runs inside
+ * the publishing fiber's step (the work's emit or its finish).
+ */
+const pullOf = (reader: Buffered) => {
+  const woken = Effect.andThen(
+    Effect.yieldNow,
+    Effect.suspend(() => pull)
+  )
+  const pull: Effect.Effect<Arr.NonEmptyReadonlyArray<unknown>, Compacted | Cause.Done> = Effect.suspend(
+    () => {
+      if (reader.pending.length > 0) {
+        const items = reader.pending as Arr.NonEmptyArray<unknown>
+        reader.pending = []
+        return Effect.succeed(items)
+      }
+      if (reader.failure !== undefined) return Effect.fail(reader.failure)
+      if (reader.ended) return Cause.done()
+      // One parameter: a register taking the abort signal would get an AbortController per wait.
+      return Effect.callback<Arr.NonEmptyReadonlyArray<unknown>, Compacted | Cause.Done>((resume) => {
+        reader.wake = () => {
+          reader.wake = undefined
+          resume(woken)
+        }
+        return Effect.sync(() => {
+          reader.wake = undefined
+        })
+      })
+    }
+  )
+  return pull
+}
 
 const takesNothing = () => undefined
 
@@ -98,6 +161,21 @@ const compact = <E>(stream: LiveStream<E>) => {
   stream.kept = keeper(stream.events)
   stream.events = []
 }
+
+/**
+ * Runs `self` in `services` (a layer's context, shared by every request) instead of the caller's
+ * context, keeping the caller's span as the parent of what it traces. For a piece of a request that
+ * outlives its step: a fiber forked in it, or a finalizer registered in it (`acquireRelease` keeps the
+ * context it ran in for its release), holds that context as long as it lives, and a request's context
+ * is flattened, once read enough, into a copy of the whole service map (D460).
+ */
+export const inServices =
+  (services: Context.Context<never>) =>
+  <A, E>(self: Effect.Effect<A, E>): Effect.Effect<A, E> =>
+    Effect.updateContext(self, (caller: Context.Context<never>) => {
+      const span = Context.getOrUndefined(caller, Tracer.ParentSpan)
+      return span === undefined ? services : Context.add(services, Tracer.ParentSpan, span)
+    })
 
 export const hashToken = (token: string) => createHash("sha256").update(token).digest("hex")
 
@@ -145,6 +223,9 @@ export class LiveStreams extends Context.Service<
     Effect.gen(function* () {
       const streams = new Map<string, LiveStream<unknown>>()
       const scope = yield* Effect.scope
+      // What a work runs with: the services the router was built with, shared by every work, not the
+      // context of the request that started it (D460).
+      const detached = inServices(yield* Effect.context<never>())
 
       const start = <E>(id: string, work: (emit: (event: E) => Effect.Effect<void>) => Effect.Effect<void>) =>
         Effect.gen(function* () {
@@ -169,7 +250,7 @@ export class LiveStreams extends Context.Service<
               if (stream.events.length < MAX_EVENTS) stream.events.push(event)
               for (const [reader, map] of stream.readers) {
                 const item = map(indexed)
-                if (item !== undefined && !(reader instanceof Waiter)) Queue.offerUnsafe(reader, item)
+                if (item !== undefined && !(reader instanceof Waiter)) offer(reader, item)
               }
             })
           stream.fiber = yield* work(emit).pipe(
@@ -179,7 +260,7 @@ export class LiveStreams extends Context.Service<
                 // A waiter is told after the compaction below: resumed, it answers with the kept body.
                 let waiters: Array<Waiter> | undefined
                 for (const reader of stream.readers.keys()) {
-                  if (!(reader instanceof Waiter)) Queue.endUnsafe(reader)
+                  if (!(reader instanceof Waiter)) endReader(reader)
                   else if (waiters === undefined) waiters = [reader]
                   else waiters.push(reader)
                 }
@@ -199,7 +280,10 @@ export class LiveStreams extends Context.Service<
             ),
             // Started at once and uninterruptible until `work` opens its own interruptible
             // region: a stop that arrives first must still let `work` settle what it holds.
-            Effect.forkIn(scope, { startImmediately: true, uninterruptible: true })
+            Effect.forkIn(scope, { startImmediately: true, uninterruptible: true }),
+            // Forked under the shared services (a fork takes the current context): the request's own
+            // would otherwise be held by the work for the life of the reply (D460).
+            detached
           )
           return { stream, token }
         })
@@ -210,45 +294,42 @@ export class LiveStreams extends Context.Service<
           if (stream.fiber !== undefined) yield* Fiber.interrupt(stream.fiber)
         })
 
-      // The reader's queue is registered, and its leaving added to the reader's scope, in one
-      // uninterruptible step; its pulls take from the queue. `Stream.callback` would run the registration
-      // in a fiber of its own, one per reply written (D473).
+      // The reader joins, and its leaving is added to the reader's scope, in one uninterruptible step;
+      // its pulls take what it was handed. `Stream.callback` would run the registration in a fiber of
+      // its own, one per reply written (D473), and give it a queue (D463).
       const follow = <E, A>(stream: LiveStream<E>, from: number, reader?: ReaderOptions<E, A>) =>
         Stream.fromChannel(
           Channel.fromTransform((_, readerScope) =>
-            Effect.flatMap(Queue.make<unknown, Cause.Done | Compacted>(), (queue) =>
-              Effect.as(
-                Effect.uninterruptible(
-                  Effect.andThen(
-                    Effect.sync(() => register(stream, from, reader, queue)),
-                    Scope.addFinalizer(readerScope, leave(stream, queue))
-                  )
-                ),
-                Queue.takeAll(queue)
-              )
+            Effect.uninterruptible(
+              Effect.suspend(() => {
+                const joined = join(stream, from, reader)
+                return Effect.as(Scope.addFinalizer(readerScope, leave(stream, joined)), pullOf(joined))
+              })
             )
           )
         )
 
-      const register = <E, A>(
-        stream: LiveStream<E>,
-        from: number,
-        reader: ReaderOptions<E, A> | undefined,
-        queue: Queue.Queue<unknown, Cause.Done | Compacted>
-      ) => {
+      /** What the reader reads so far is handed to it, and it is registered for the rest. */
+      const join = <E, A>(stream: LiveStream<E>, from: number, reader: ReaderOptions<E, A> | undefined) => {
+        const joined: Buffered = { pending: [], ended: false, failure: undefined, wake: undefined }
         // Checked in the same step that reads the events: nothing can compact in between.
         if (stream.kept !== undefined) {
-          Queue.failCauseUnsafe(queue, Cause.fail(new Compacted()))
-          return
+          if (reader?.compacted === undefined) joined.failure = new Compacted()
+          else {
+            joined.pending.push(...reader.compacted(stream.kept))
+            joined.ended = true
+          }
+          return joined
         }
         const map: ReaderMap<E> = reader?.map ?? asIndexed
-        for (const item of reader?.opening ?? []) Queue.offerUnsafe(queue, item)
+        if (reader?.opening !== undefined) joined.pending.push(...reader.opening)
         for (let i = Math.max(0, from); i < stream.events.length; i++) {
           const item = map({ index: i, event: stream.events[i]! })
-          if (item !== undefined) Queue.offerUnsafe(queue, item)
+          if (item !== undefined) joined.pending.push(item)
         }
-        if (stream.finishedAt !== undefined) Queue.endUnsafe(queue)
-        else stream.readers.set(queue, map)
+        if (stream.finishedAt !== undefined) joined.ended = true
+        else stream.readers.set(joined, map)
+        return joined
       }
 
       /** A reader leaves; the last one to leave mid-work stops it unless someone reconnects in time. */

@@ -4,6 +4,7 @@ import { Sessions } from "../payment/Sessions.ts"
 import { traced } from "../Telemetry.ts"
 import { makeAdmission } from "./Admission.ts"
 import { gateChat } from "./Gate.ts"
+import { inServices } from "./LiveStreams.ts"
 import type { Admitted, CompletionError, Launch, PaidRequestContext } from "./Paid.ts"
 import { Serve } from "./Serve.ts"
 import { estimatePromptTokens } from "./Tokens.ts"
@@ -41,6 +42,7 @@ export class Pipeline extends Context.Service<
       const sessions = yield* Sessions
       const serve = yield* Serve
       const admission = yield* makeAdmission
+      const detached = inServices(yield* Effect.context<never>())
 
       const admit = Effect.fnUntraced(function* (
         request: ChatCompletionRequest,
@@ -59,9 +61,13 @@ export class Pipeline extends Context.Service<
           session === undefined
             ? admission.fresh(request, context, promptEstimate)
             : admission.turn(request, context, session, promptEstimate)
+        // Reserved in the router's shared services, not the request's context: the releases it
+        // registers (the reservation's, the lease's, a task hold's) keep the context they were
+        // registered in until the reply ends (D460).
         const reservation = yield* serve.reserve(admitting).pipe(
           Scope.provide(scope),
-          Effect.onError((cause) => Scope.close(scope, Exit.failCause(cause)))
+          Effect.onError((cause) => Scope.close(scope, Exit.failCause(cause))),
+          detached
         )
         return yield* serve.launch(reservation, scope)
       }, traced("Completions.admit"))

@@ -182,6 +182,30 @@ describe("a streamed reply", () => {
         })
     )
 
+    // D462: a response made while the work ran, whose body is first read after the stream was
+    // compacted, reads the kept bytes (from its `from`), with no stream stage of its own catching it.
+    it.effect("a response first read after the stream was compacted sends the kept bytes", () =>
+      Effect.gen(function* () {
+        const { live, stream, send } = yield* scripted("req_replies_late_read")
+        const { encoder } = countingEncoder()
+        const reply: Reply = { stream, streaming: true, headers: {}, encoder, body: () => ({}) }
+        yield* send(text("a"))
+        yield* Effect.yieldNow
+        const written = writing(reply)
+        live.keep(stream, (events) => keptReply(written, events))
+        const fromStart = yield* respondLive(live, written, 0)
+        const fromSecond = yield* respondLive(live, written, 1)
+        yield* send(text("b"), end, undefined)
+        yield* Effect.yieldNow
+        const kept = stream.kept
+        assert.isDefined(kept, "the finished stream was not compacted")
+        assert.strictEqual(utf8(yield* bodyBytes(fromStart)), utf8(kept!.body))
+        const second = utf8(yield* bodyBytes(fromSecond))
+        assert.isTrue(second.startsWith('id: 1\ndata: {"encoder":1,"text":"b"}'), second)
+        assert.isTrue(utf8(kept!.body).endsWith(second))
+      })
+    )
+
     it.effect("whose keeper throws still finishes, keeps its events, and ends its readers", () =>
       Effect.gen(function* () {
         const { live, stream, send } = yield* scripted("req_replies_throws")
