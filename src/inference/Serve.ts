@@ -9,6 +9,7 @@ import type { RankedBid } from "../market/Auction.ts"
 import { Latency } from "../market/Latency.ts"
 import { Providers } from "../market/Providers.ts"
 import { capacityExhausted, type HeldLease, QuoteBook, type Slot } from "../market/QuoteBook.ts"
+import { acquireReleaseLean } from "../process/Resource.ts"
 import { traced } from "../Telemetry.ts"
 import { LiveStreams } from "./LiveStreams.ts"
 import { billableTokens, type Meter, meteredUsage, newMeter, recordContent } from "./Meter.ts"
@@ -370,7 +371,7 @@ export class Serve extends Context.Service<
         // A lease the reservation's statement took is held from here, in the same uninterruptible step
         // as the reservation and its release (which deletes the lease row with the capture).
         const reserve = <E>(admission: Effect.Effect<Launch, E, Scope.Scope>) =>
-          Effect.acquireRelease(
+          acquireReleaseLean(
             Effect.flatMap(admission, (launch) =>
               Effect.gen(function* () {
                 const holding: Holding = { scope: undefined, slot: undefined, reserved: launch.lease }

@@ -4,6 +4,7 @@ import { type Hex, recoverMessageAddress } from "viem"
 import { repeatInBackground } from "../Background.ts"
 import { Conflict, Forbidden, InvalidRequest, ServiceUnavailable, Unauthorized } from "../domain/Errors.ts"
 import { quoteSigningString, SignedQuote } from "../domain/Quote.ts"
+import { acquireReleaseLean } from "../process/Resource.ts"
 import { traced } from "../Telemetry.ts"
 import type { LiveQuote } from "./Auction.ts"
 import { ModelCatalog } from "./ModelCatalog.ts"
@@ -237,7 +238,7 @@ export class QuoteBook extends Context.Service<
           }
       }).pipe(Effect.withSpan("QuoteBook.sync"))
 
-      // The lease row and its release are one uninterruptible step (acquireRelease): a caller
+      // The lease row and its release are one uninterruptible step (acquireReleaseLean, D465): a caller
       // hanging up while the row is being written still leaves a registered release behind it.
       const holdSlot = (lease: LeaseRequest, take: Effect.Effect<boolean>) => {
         const key = slotKey(lease.providerId, lease.modelClass)
@@ -248,7 +249,7 @@ export class QuoteBook extends Context.Service<
             handedOff = true
           }
         }
-        return Effect.acquireRelease(
+        return acquireReleaseLean(
           Effect.tap(take, (granted) =>
             Effect.sync(() => {
               if (granted) inFlight.set(key, (inFlight.get(key) ?? 0) + 1)
