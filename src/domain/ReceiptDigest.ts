@@ -1,9 +1,10 @@
 /**
- * The EIP-712 digest of a receipt, computed directly with noble's keccak (the one viem uses). Kept
- * apart from `Receipt.ts` (which re-exports it) from the days a worker thread loaded it without viem
- * or effect (D391); receipts are now signed on the main thread (D433).
+ * The EIP-712 digest of a receipt, computed directly with the WebAssembly keccak of `Keccak.ts` (noble's,
+ * the one viem uses, until it is ready; D480). Kept apart from `Receipt.ts` (which re-exports it) from
+ * the days a worker thread loaded it without viem or effect (D391); receipts are now signed on the main
+ * thread (D433).
  */
-import { keccak_256 } from "@noble/hashes/sha3"
+import { keccak256Bytes } from "./Keccak.ts"
 
 /**
  * What the digest reads of a receipt: `Receipt.ts`'s `ReceiptBody`, field for field (this module cannot
@@ -63,7 +64,7 @@ export const receiptTypes = {
 } as const
 
 const utf8 = new TextEncoder()
-const keccak = (bytes: Uint8Array) => keccak_256(bytes)
+const keccak = keccak256Bytes
 const RECEIPT_TYPEHASH = keccak(
   utf8.encode(`Receipt(${receiptTypes.Receipt.map((f) => `${f.type} ${f.name}`).join(",")})`)
 )
@@ -82,10 +83,11 @@ const putString = (out: Uint8Array, word: number, text: string) =>
 
 /**
  * The hashes of the fields that repeat from receipt to receipt (provider, model class, cached price,
- * status, settlement): each keccak is pure JS. Bounded: past `REPEATED_LIMIT` distinct values the map
- * starts over. Not the refund reference or the session: their values (a transaction hash, a payer's
- * balance, a session id) belong to one receipt or a few, and kept here they would only push the
- * repeating ones out; only their empty value repeats, and it is `EMPTY_HASH`.
+ * status, settlement): a keccak is ~1 µs in WebAssembly, a map lookup less. Bounded: past
+ * `REPEATED_LIMIT` distinct values the map starts over. Not the refund reference or the session: their
+ * values (a transaction hash, a payer's balance, a session id) belong to one receipt or a few, and kept
+ * here they would only push the repeating ones out; only their empty value repeats, and it is
+ * `EMPTY_HASH`.
  */
 const repeatedHashes = new Map<string, Uint8Array>()
 const REPEATED_LIMIT = 512

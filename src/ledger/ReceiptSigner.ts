@@ -17,8 +17,9 @@ export const signReceipt = (chain: ChainShape, receipt: ReceiptBody): Effect.Eff
 /**
  * The router signer's signatures of `receipts`, in order: each receipt's EIP-712 digest
  * (`domain/ReceiptDigest.ts`) signed by `chain.signDigest` (libsecp256k1 in WebAssembly, RFC 6979,
- * low s: viem's `signTypedData` bytes). On the main thread (D433): about 0.35 ms a receipt, digest
- * included; the worker thread that signed them with noble (D390) cost more CPU in all and 20-28 MB
+ * low s: viem's `signTypedData` bytes). On the main thread (D433): about 0.17 ms a receipt, of which
+ * the digest (WebAssembly keccak, D480) is 11-15 µs (`npm run bench:receipt-digest`); the worker
+ * thread that signed them with noble (D390) cost more CPU in all and 20-28 MB
  * of RSS once signing was this cheap.
  */
 export const signReceipts = (
