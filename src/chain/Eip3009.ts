@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto"
 import type { Address, Hex, LocalAccount } from "viem"
 import { bytesToHex, domainSeparator, hashTypedData, isAddress, keccak256 } from "viem"
+import { keccak256Bytes } from "../domain/Keccak.ts"
 import { signedBy } from "./SignerKeys.ts"
 
 /** The token's EIP-712 domain, minus the chain id and verifying contract (USDC: "USD Coin", "2"). */
@@ -86,15 +87,16 @@ const UINT256_LIMIT = 2n ** 256n
 const BYTES32 = /^0x[0-9a-fA-F]{64}$/
 const word = (value: bigint) => value.toString(16).padStart(64, "0")
 const addressWord = (address: Address) => address.slice(2).toLowerCase().padStart(64, "0")
-/** Domain separators by token, chain, name and version (a router has one; bounded all the same). */
-const separators = new Map<string, Hex>()
+/** Domain separators (bytes) by token, chain, name and version (a router has one; bounded all the same). */
+const separators = new Map<string, Uint8Array>()
 
 /**
  * The EIP-712 digest of a TransferWithAuthorization: `hashTypedData`'s answer, written out for this one
  * type (the domain separator kept per token), since viem's generic encoder (type discovery, validation,
  * encoding by walking the types) cost more than the rest of the check but the curve arithmetic (issue 12,
- * D328). Inputs viem would refuse or read otherwise (an address failing its checksum, a uint out of range,
- * a nonce not 32 bytes) go to viem itself, so the answer, or the error, is always viem's.
+ * D328); its two keccaks are `Keccak.ts`'s WebAssembly one (D480). Inputs viem would refuse or read
+ * otherwise (an address failing its checksum, a uint out of range, a nonce not 32 bytes) go to viem
+ * itself, so the answer, or the error, is always viem's.
  */
 export const transferAuthorizationDigest = (from: Address, params: TransferAuthorizationParams): Hex => {
   const uints = [params.value, params.validAfter, params.validBefore]
@@ -112,19 +114,28 @@ export const transferAuthorizationDigest = (from: Address, params: TransferAutho
   const domainKey = `${params.token.toLowerCase()}|${params.chainId}|${params.domain.name}|${params.domain.version}`
   let separator = separators.get(domainKey)
   if (separator === undefined) {
-    separator = domainSeparator({
-      domain: {
-        name: params.domain.name,
-        version: params.domain.version,
-        chainId: params.chainId,
-        verifyingContract: params.token
-      }
-    })
+    separator = Buffer.from(
+      domainSeparator({
+        domain: {
+          name: params.domain.name,
+          version: params.domain.version,
+          chainId: params.chainId,
+          verifyingContract: params.token
+        }
+      }).slice(2),
+      "hex"
+    )
     if (separators.size >= 16) separators.clear()
     separators.set(domainKey, separator)
   }
-  const structHash = keccak256(
-    `${TRANSFER_TYPEHASH}${addressWord(from)}${addressWord(params.to)}${word(params.value)}${word(params.validAfter)}${word(params.validBefore)}${params.nonce.slice(2).toLowerCase()}`
+  const struct = Buffer.from(
+    `${TRANSFER_TYPEHASH.slice(2)}${addressWord(from)}${addressWord(params.to)}${word(params.value)}${word(params.validAfter)}${word(params.validBefore)}${params.nonce.slice(2)}`,
+    "hex"
   )
-  return keccak256(`0x1901${separator.slice(2)}${structHash.slice(2)}`)
+  const envelope = new Uint8Array(2 + 64)
+  envelope[0] = 0x19
+  envelope[1] = 0x01
+  envelope.set(separator, 2)
+  envelope.set(keccak256Bytes(struct), 34)
+  return `0x${Buffer.from(keccak256Bytes(envelope)).toString("hex")}`
 }

@@ -1,5 +1,5 @@
-import { keccak_256 } from "@noble/hashes/sha3"
 import { type Address, type Hex, isAddress, verifyHash } from "viem"
+import { keccak256Bytes } from "../domain/Keccak.ts"
 import { recoverPublicKeyBytes } from "./Secp256k1.ts"
 
 /**
@@ -14,6 +14,6 @@ export const signedBy = async (address: Address, hash: Hex, signature: Hex): Pro
   if (publicKey === undefined || !isAddress(address, { strict: false })) {
     return verifyHash({ address, hash, signature })
   }
-  const signer = Buffer.from(keccak_256(publicKey.subarray(1)).subarray(12)).toString("hex")
+  const signer = Buffer.from(keccak256Bytes(publicKey.subarray(1)).subarray(12)).toString("hex")
   return signer === address.slice(2).toLowerCase()
 }

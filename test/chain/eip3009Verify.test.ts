@@ -1,4 +1,5 @@
-import { assert, describe, it } from "@effect/vitest"
+import { assert, beforeAll, describe, it } from "@effect/vitest"
+import fc from "fast-check"
 import { type Address, getAddress, type Hex, hashTypedData } from "viem"
 import { privateKeyToAccount } from "viem/accounts"
 import {
@@ -9,6 +10,7 @@ import {
   transferWithAuthorizationTypes,
   verifyTransferAuthorization
 } from "../../src/chain/Eip3009.ts"
+import { keccakEngine, keccakReady } from "../../src/domain/Keccak.ts"
 
 const payer = privateKeyToAccount("0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d")
 const params = {
@@ -48,27 +50,60 @@ describe("verifyTransferAuthorization", () => {
   })
 })
 
+const viemDigest = (from: Address, p: TransferAuthorizationParams) =>
+  hashTypedData({
+    domain: {
+      name: p.domain.name,
+      version: p.domain.version,
+      chainId: p.chainId,
+      verifyingContract: p.token
+    },
+    types: transferWithAuthorizationTypes,
+    primaryType: "TransferWithAuthorization",
+    message: {
+      from,
+      to: p.to,
+      value: p.value,
+      validAfter: p.validAfter,
+      validBefore: p.validBefore,
+      nonce: p.nonce
+    }
+  })
+
+const bytesHex = (length: number) =>
+  fc
+    .uint8Array({ minLength: length, maxLength: length })
+    .map((b) => `0x${Buffer.from(b).toString("hex")}` as Hex)
+/** An address as a payer sends it: lower case or checksummed (others are viem's to refuse, below). */
+const arbitraryAddress = bytesHex(20).chain((a) => fc.constantFrom(a as Address, getAddress(a)))
+const uint256 = fc.bigInt({ min: 0n, max: 2n ** 256n - 1n })
+
 describe("transferAuthorizationDigest", () => {
-  it("is viem's hashTypedData of the authorization, or viem's own error, whatever the inputs", () => {
-    const viemDigest = (from: Address, p: TransferAuthorizationParams) =>
-      hashTypedData({
-        domain: {
-          name: p.domain.name,
-          version: p.domain.version,
-          chainId: p.chainId,
-          verifyingContract: p.token
-        },
-        types: transferWithAuthorizationTypes,
-        primaryType: "TransferWithAuthorization",
-        message: {
-          from,
-          to: p.to,
-          value: p.value,
-          validAfter: p.validAfter,
-          validBefore: p.validBefore,
-          nonce: p.nonce
+  beforeAll(() => keccakReady)
+
+  it("is viem's hashTypedData over arbitrary authorizations, hashed with the WebAssembly keccak", () => {
+    assert.strictEqual(keccakEngine(), "wasm")
+    fc.assert(
+      fc.property(
+        arbitraryAddress,
+        arbitraryAddress,
+        arbitraryAddress,
+        fc.integer({ min: 0, max: 2 ** 40 }),
+        fc.record({ name: fc.string({ maxLength: 30 }), version: fc.string({ maxLength: 5 }) }),
+        uint256,
+        uint256,
+        uint256,
+        bytesHex(32),
+        (from, to, token, chainId, domain, value, validAfter, validBefore, nonce) => {
+          const p = { token, chainId, domain, to, value, validAfter, validBefore, nonce }
+          assert.strictEqual(transferAuthorizationDigest(from, p), viemDigest(from, p))
         }
-      })
+      ),
+      { numRuns: 300 }
+    )
+  })
+
+  it("is viem's hashTypedData of the authorization, or viem's own error, whatever the inputs", () => {
     const outcome = (f: () => Hex) => {
       try {
         return f()
