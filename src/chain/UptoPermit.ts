@@ -83,7 +83,7 @@ export const signUptoPermit = (
  * `false`. Contract wallets (ERC-1271, ERC-6492) are not recognized here: simulate the settlement for those.
  */
 export const verifyUptoPermitSignature = (chainId: number, permit: UptoPermit): Effect.Effect<boolean> =>
-  // The same check as an `exact` authorization's (`signedBy`): a payer seen before skips the recovery.
+  // The same check as an `exact` authorization's (`signedBy`: a recovery in libsecp256k1, D431).
   Effect.tryPromise(() =>
     signedBy(permit.from, hashTypedData(uptoPermitTypedData(chainId, permit)), permit.signature)
   ).pipe(Effect.orElseSucceed(() => false))

@@ -1,5 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Cause, Deferred, Effect, Exit, Fiber } from "effect"
+import { vi } from "vitest"
 import { within } from "../../src/process/Within.ts"
 
 describe("within (a bound of one fiber and one timer)", () => {
@@ -31,6 +32,42 @@ describe("within (a bound of one fiber and one timer)", () => {
     Effect.gen(function* () {
       const exit = yield* Effect.uninterruptible(Effect.exit(within(Effect.never, 20)))
       assert.isTrue(Exit.isFailure(exit))
+    })
+  )
+
+  it.live("its timer is cleared on every exit: the work's end, its failure, the caller's interruption", () =>
+    Effect.gen(function* () {
+      // Only this bound's timers (an unusual length), whatever else arms timers meanwhile.
+      const BOUND = 987_654
+      const armed = new Set<unknown>()
+      const set = vi.spyOn(globalThis, "setTimeout")
+      const clear = vi.spyOn(globalThis, "clearTimeout")
+      try {
+        const live = () => {
+          set.mock.calls.forEach((call, i) => {
+            if (call[1] === BOUND) armed.add(set.mock.results[i]!.value)
+          })
+          for (const [handle] of clear.mock.calls) armed.delete(handle)
+          return armed.size
+        }
+        yield* within(Effect.sleep("2 millis"), BOUND)
+        assert.strictEqual(live(), 0, "ended in time")
+        yield* Effect.exit(within(Effect.fail("no"), BOUND))
+        assert.strictEqual(live(), 0, "failed in time")
+        const started = yield* Deferred.make<void>()
+        const caller = yield* Effect.forkChild(
+          within(Effect.andThen(Deferred.succeed(started, undefined), Effect.never), BOUND)
+        )
+        yield* Deferred.await(started)
+        // The work starts before the timer is armed (`startImmediately`): let the caller reach it.
+        yield* Effect.sleep("10 millis")
+        assert.strictEqual(live(), 1, "armed while the work runs")
+        yield* Fiber.interrupt(caller)
+        assert.strictEqual(live(), 0, "the caller interrupted")
+      } finally {
+        set.mockRestore()
+        clear.mockRestore()
+      }
     })
   )
 
