@@ -66,7 +66,17 @@ export const makeMiningPacer = (post: PostJson, pace: MiningPace = MINING_PACE) 
   let lookedAt = 0
 
   const look = async () => {
-    const [head] = await rpcBatch(post, [["eth_blockNumber", []]])
+    // The mode as the chain has it, not as this pacer last set it: a switch whose reply was lost (it took
+    // effect, the call failed) is seen at the next look, and a chain left mining a block a second while
+    // quiet still goes back to a block per transaction.
+    const [head, automine] = await rpcBatch(post, [
+      ["eth_blockNumber", []],
+      ["anvil_getAutomine", []]
+    ])
+    if (automine === interval) {
+      interval = automine !== true
+      quiet = 0
+    }
     const block = BigInt(head as string)
     const now = Date.now()
     const since = seen

@@ -309,7 +309,10 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
       /**
        * A transaction waits for every lower nonce of its sender: when one of those is unknown to the node
        * (its broadcast lost), this one can sit in the pool forever. Looking at the sender's open
-       * transactions below it offers those bytes again and fills the gap (docs/decisions.md D169).
+       * transactions below it, lowest first, offers those bytes again and fills the gap (docs/decisions.md
+       * D169). The look stops at the first one still pending (in the pool, or just offered again): the ones
+       * above it wait on it, and are looked at once it mines (D427). Looking at every lower one cost a look
+       * per pair with a settlement pass's confirms all waiting at once, about 120 chain reads a pass.
        */
       const fillGapBelow = (record: Recorded) =>
         Effect.gen(function* () {
@@ -318,7 +321,7 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
                 WHERE sender = ${record.sender} AND nonce < ${record.nonce} AND status IN ('signed', 'broadcast')
                 ORDER BY outgoing_transactions.nonce`
           )
-          for (const earlier of below) yield* resolve(earlier)
+          for (const earlier of below) if ((yield* resolve(earlier)).status === "pending") return
         })
 
       /**
@@ -371,9 +374,10 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
           if (final !== undefined) return final
           const deadline = (yield* Clock.currentTimeMillis) + Duration.toMillis(confirmTimeout)
           while (true) {
+            // The head before the look: a block mined during the look is then a new one to look again at.
+            const seen = Option.getOrUndefined(yield* Effect.option(head))
             const resolution = yield* resolve(record)
             if (resolution.status !== "pending") return resolution
-            const seen = Option.getOrUndefined(yield* Effect.option(head))
             yield* fillGapBelow(record)
             if ((yield* Clock.currentTimeMillis) >= deadline) {
               return yield* new ChainError({

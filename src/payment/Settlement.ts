@@ -8,6 +8,12 @@ import type { OutgoingTransfer } from "../ledger/Transfers.ts"
 import { Treasury } from "../ledger/Treasury.ts"
 
 const RECOVER_EVERY_MS = 30_000
+/**
+ * Passes of the background loop that may be in flight at once (D426): a pass waits for its transfers'
+ * block, so passes one after another drain at most a claim (16) per block; a new pass starts every 250 ms
+ * while fewer than this many are waiting.
+ */
+export const MAX_PASSES = 8
 
 /**
  * Submits captured x402 authorizations on chain, off every response's path: an `exact` one as the
@@ -163,10 +169,28 @@ export class Settlement extends Context.Service<
     Settlement,
     Effect.gen(function* () {
       const settlement = yield* Settlement.make
-      yield* repeatInBackground(settlement.runOnce, {
-        every: "250 millis",
-        failure: "settlement pass failed"
-      })
+      const scope = yield* Effect.scope
+      let running = 0
+      const pass = settlement.runOnce.pipe(
+        Effect.catchCause((cause) => Effect.logError("settlement pass failed", cause)),
+        Effect.ensuring(
+          Effect.sync(() => {
+            running--
+          })
+        )
+      )
+      // Every 250 ms a pass starts unless `MAX_PASSES` are still waiting for their blocks: the count and
+      // the fork in one uninterruptible step, so a pass counted is a pass that runs (and uncounts itself).
+      yield* repeatInBackground(
+        Effect.uninterruptible(
+          Effect.suspend(() => {
+            if (running >= MAX_PASSES) return Effect.void
+            running++
+            return Effect.asVoid(Effect.forkIn(pass, scope))
+          })
+        ),
+        { every: "250 millis", failure: "settlement pass failed" }
+      )
       return settlement
     })
   )

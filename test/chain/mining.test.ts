@@ -82,6 +82,33 @@ layer(ChainEmbedded, { excludeTestServices: true, timeout: "60 seconds" })(
           assert.isNotNull(mined)
         })
     )
+
+    it.effect(
+      "a switch the pacer did not see answered (its reply lost) is read from the chain: a quiet chain still goes back",
+      () =>
+        Effect.gen(function* () {
+          const chain = yield* Chain
+          const url = chain.rpcUrl
+          const pacer = makeMiningPacer(httpPost(url, QUICK_READ_TIMEOUT_MS), {
+            busyPerSecond: 3,
+            quietPerSecond: 1,
+            quietLooks: 2,
+            lookEveryMs: 1000
+          })
+          yield* pacer.look
+          assert.isFalse(pacer.intervalMining())
+          // The chain mines a block a second, but the pacer never got the answer to its switch.
+          yield* rpc(url, "evm_setIntervalMining", [1])
+          yield* pacer.look
+          assert.isTrue(pacer.intervalMining(), "read from the chain")
+          yield* Effect.sleep("1100 millis")
+          yield* pacer.look
+          yield* Effect.sleep("1100 millis")
+          yield* pacer.look
+          assert.isFalse(pacer.intervalMining())
+          assert.isTrue((yield* rpc(url, "anvil_getAutomine")) as boolean)
+        })
+    )
   }
 )
 

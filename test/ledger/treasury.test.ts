@@ -293,6 +293,34 @@ describe("Treasury: every transfer exactly once, on a real chain and database", 
     )
 
     it.effect(
+      "two lost broadcasts below a waited transfer: each filled in turn, every transfer once (D427)",
+      () =>
+        Effect.gen(function* () {
+          const [a, b, c] = [freshAddress(), freshAddress(), freshAddress()]
+          const before = yield* onChain(a)
+          const treasury = yield* Treasury.make({ confirmTimeout: "30 seconds" })
+          const top = yield* Effect.scoped(
+            Effect.gen(function* () {
+              const anvil = yield* holdBlocks
+              const lowest = yield* treasury.send(withdrawal(a, 11n))
+              const middle = yield* treasury.send(withdrawal(b, 22n))
+              const sent = yield* treasury.send(withdrawal(c, 33n))
+              for (const hash of [lowest, middle])
+                yield* Effect.promise(() => anvil.dropTransaction({ hash }))
+              return sent
+            })
+          )
+          // Blocks flow again: the highest waits on two gaps; the look fills the lowest, then the next.
+          assert.strictEqual((yield* treasury.confirm(top)).status, "success")
+          assert.strictEqual((yield* onChain(a)).balance, 11n)
+          assert.strictEqual((yield* onChain(b)).balance, 22n)
+          assert.strictEqual((yield* onChain(c)).balance, 33n)
+          assert.strictEqual((yield* onChain(a)).nonce, before.nonce + 3)
+          for (const to of [a, b, c]) assert.lengthOf(yield* transfersTo(to), 1)
+        })
+    )
+
+    it.effect(
       "the RPC loses a broadcast, loses a reply, then goes down and comes back: one transfer each",
       () =>
         Effect.gen(function* () {
