@@ -10,7 +10,7 @@ import { Treasury } from "../ledger/Treasury.ts"
 const RECOVER_EVERY_MS = 30_000
 /**
  * Passes of the background loop that may be in flight at once (D426): a pass waits for its transfers'
- * block, so passes one after another drain at most a claim (16) per block; a new pass starts every 250 ms
+ * block, so passes one after another drain at most a claim (`CLAIM_LIMIT`) per block; a new pass starts every 250 ms
  * while fewer than this many are waiting.
  */
 export const MAX_PASSES = 8

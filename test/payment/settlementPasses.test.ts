@@ -4,7 +4,7 @@ import { SqlClient } from "effect/sql"
 import { privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
 import { randomAuthorizationNonce, signTransferAuthorization } from "../../src/chain/Eip3009.ts"
-import { Authorizations } from "../../src/ledger/Authorizations.ts"
+import { Authorizations, CLAIM_LIMIT } from "../../src/ledger/Authorizations.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
 import { Treasury } from "../../src/ledger/Treasury.ts"
 import { MAX_PASSES, Settlement } from "../../src/payment/Settlement.ts"
@@ -27,7 +27,7 @@ const until = <A>(
     return assert.fail(`timed out waiting for ${what}`)
   })
 
-const N = 40
+const N = 2 * CLAIM_LIMIT + 8
 
 /** `N` signed authorizations of the demo wallets, captured and due for settlement. */
 const queue = Effect.gen(function* () {
@@ -102,7 +102,7 @@ describe("the settlement loop (D426)", () => {
                 )
               )
             )
-            // One pass claims at most 16; a loop that waited for each pass's block would stop at 16 here.
+            // One pass claims at most `CLAIM_LIMIT`; a loop that waited for each pass's block would stop there.
             yield* until(
               `all ${N} sent with no block mined`,
               Effect.map(count("sent"), (n) => (n === N ? n : undefined))
@@ -116,7 +116,7 @@ describe("the settlement loop (D426)", () => {
               Effect.map(count("landed"), (n) => (n === N ? n : undefined))
             )
           }).pipe(Effect.scoped)
-          assert.isAtLeast(MAX_PASSES, Math.ceil(N / 16))
+          assert.isAtLeast(MAX_PASSES, Math.ceil(N / CLAIM_LIMIT))
         })
     )
   })
