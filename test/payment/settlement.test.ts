@@ -4,12 +4,12 @@ import { SqlClient } from "effect/sql"
 import { TestClock } from "effect/testing"
 import { privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
-import { randomAuthorizationNonce, signTransferAuthorization } from "../../src/chain/Eip3009.ts"
 import { Authorizations } from "../../src/ledger/Authorizations.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
 import { Treasury } from "../../src/ledger/Treasury.ts"
 import { Settlement } from "../../src/payment/Settlement.ts"
 import { submit } from "../support/ChainSend.ts"
+import { signedTransfer } from "../support/Pay.ts"
 import { routerLayer } from "../support/Router.ts"
 
 describe("settlement", () => {
@@ -21,22 +21,7 @@ describe("settlement", () => {
           const chain = yield* Chain
           const sql = yield* SqlClient.SqlClient
           const account = privateKeyToAccount(chain.demoWallets[3]!.privateKey!)
-          const authorization = {
-            from: account.address,
-            to: chain.treasury,
-            value: 20_000n,
-            validAfter: 0n,
-            validBefore: BigInt(Math.floor(Date.now() / 1000) + 3600),
-            nonce: randomAuthorizationNonce()
-          }
-          const signature = yield* Effect.promise(() =>
-            signTransferAuthorization(account, {
-              token: chain.token,
-              chainId: chain.chainId,
-              domain: chain.tokenDomain,
-              ...authorization
-            })
-          )
+          const { authorization, signature } = yield* signedTransfer(account, 20_000n)
           // The first attempt's transfer landed, but the wait for its receipt failed: the row went back
           // to `pending` without a hash. A second submission would fail at gas estimation.
           const hash = yield* submit(chain, { ...authorization, signature })

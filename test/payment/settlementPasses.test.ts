@@ -3,12 +3,12 @@ import { Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
-import { randomAuthorizationNonce, signTransferAuthorization } from "../../src/chain/Eip3009.ts"
 import { Authorizations, CLAIM_LIMIT } from "../../src/ledger/Authorizations.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
 import { Treasury } from "../../src/ledger/Treasury.ts"
 import { MAX_PASSES, Settlement } from "../../src/payment/Settlement.ts"
 import { TestDatabase } from "../support/Database.ts"
+import { signedTransfer } from "../support/Pay.ts"
 
 /** Real time: the loop's 250 ms and the treasury's polls are the clock's. */
 const sleep = (ms: number) => Effect.promise(() => new Promise((resolve) => setTimeout(resolve, ms)))
@@ -35,22 +35,7 @@ const queue = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
   for (let i = 0; i < N; i++) {
     const account = privateKeyToAccount(chain.demoWallets[i % 4]!.privateKey!)
-    const authorization = {
-      from: account.address,
-      to: chain.treasury,
-      value: 1_000n,
-      validAfter: 0n,
-      validBefore: BigInt(Math.floor(Date.now() / 1000) + 3600),
-      nonce: randomAuthorizationNonce()
-    }
-    const signature = yield* Effect.promise(() =>
-      signTransferAuthorization(account, {
-        token: chain.token,
-        chainId: chain.chainId,
-        domain: chain.tokenDomain,
-        ...authorization
-      })
-    )
+    const { authorization, signature } = yield* signedTransfer(account, 1_000n)
     const payer = account.address.toLowerCase()
     const id = `req_passes_${i}`
     yield* sql`INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,

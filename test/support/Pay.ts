@@ -203,3 +203,26 @@ export const readSse = (response: Response, stopAfter = Number.POSITIVE_INFINITY
   })
 
 export const routerBase = RouterUrl
+
+/** A transfer authorization from `account` to the treasury, valid for an hour, signed as a payer would. */
+export const signedTransfer = (account: PrivateKeyAccount, value: bigint) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    const authorization = {
+      from: account.address,
+      to: chain.treasury,
+      value,
+      validAfter: 0n,
+      validBefore: BigInt(Math.floor(Date.now() / 1000) + 3600),
+      nonce: randomAuthorizationNonce()
+    }
+    const signature = yield* Effect.promise(() =>
+      signTransferAuthorization(account, {
+        token: chain.token,
+        chainId: chain.chainId,
+        domain: chain.tokenDomain,
+        ...authorization
+      })
+    )
+    return { authorization, signature }
+  })
