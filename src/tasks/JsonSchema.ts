@@ -84,7 +84,9 @@ const equal = (a: unknown, b: unknown): boolean => {
   if (Array.isArray(a) && Array.isArray(b)) return a.length === b.length && a.every((x, i) => equal(x, b[i]))
   if (isObject(a) && isObject(b)) {
     const keys = Object.keys(a)
-    return keys.length === Object.keys(b).length && keys.every((k) => k in b && equal(a[k], b[k]))
+    return (
+      keys.length === Object.keys(b).length && keys.every((k) => Object.hasOwn(b, k) && equal(a[k], b[k]))
+    )
   }
   return false
 }
@@ -131,10 +133,10 @@ export const violations = (schema: unknown, value: unknown, at = "$"): ReadonlyA
     const properties = isObject(schema.properties) ? schema.properties : {}
     if (Array.isArray(schema.required)) {
       for (const name of schema.required as ReadonlyArray<string>)
-        if (!(name in value)) problems.push(`${at}: missing "${name}"`)
+        if (!Object.hasOwn(value, name)) problems.push(`${at}: missing "${name}"`)
     }
     for (const [key, item] of Object.entries(value)) {
-      if (key in properties) problems.push(...violations(properties[key], item, `${at}.${key}`))
+      if (Object.hasOwn(properties, key)) problems.push(...violations(properties[key], item, `${at}.${key}`))
       else if (schema.additionalProperties === false) problems.push(`${at}: "${key}" is not allowed`)
     }
   }

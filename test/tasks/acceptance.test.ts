@@ -47,6 +47,19 @@ describe("acceptance grading (pure)", () => {
       })
     ))
 
+  it("keys named like Object.prototype's members are plain keys (CI found valueOf)", () => {
+    const value = [{ valueOf: false, toString: "x", constructor: 1 }]
+    assert.deepStrictEqual(violations(schemaOf(value), value), [])
+    assert.deepStrictEqual(violations({ type: "object", required: ["toString"] }, {}), [
+      '$: missing "toString"'
+    ])
+    assert.deepStrictEqual(violations({ const: { a: 1 } }, { valueOf: 1 }), ["$: must equal the constant"])
+    assert.deepStrictEqual(
+      violations({ type: "object", additionalProperties: false }, { hasOwnProperty: 1 }),
+      ['$: "hasOwnProperty" is not allowed']
+    )
+  })
+
   it("a value of another JSON type never satisfies a typed schema", () =>
     fc.assert(
       fc.property(json, json, (a, b) => {
