@@ -17,7 +17,9 @@
  * last RSS reading waits, default 20), BENCH_QUIET_SECONDS (how long after the "idle after warm-up" reading the
  * router is left quiet before the second idle reading, default 8), BENCH_TARGETS (comma list of direct,portkey,router; default all),
  * BENCH_SNAPSHOTS=<dir> (the router writes a V8 heap snapshot there after 20 warm-up held streams and again with the
- * held streams open, `held-0.heapsnapshot` and `held-N.heapsnapshot`, for `bench/heapDiff.ts`),
+ * held streams open, `held-0.heapsnapshot` and `held-N.heapsnapshot`, and once more after the late RSS reading,
+ * `after-N.heapsnapshot`, for `bench/heapDiff.ts`),
+ * BENCH_ROUTER_NODE_ARGS (space-separated Node options for the router, as `--cpu-prof --cpu-prof-dir=<dir>`),
  * WORKERS (passed to the router unchanged), BENCH_STREAM=1 (the calls ask for SSE: what a streamed reply
  * costs; Portkey fails those, so with BENCH_TARGETS=direct,router). BENCH_ROUNDS=0 runs only the memory part.
  */
@@ -26,6 +28,7 @@ import { Agent } from "node:http"
 import { availableParallelism, loadavg, tmpdir } from "node:os"
 import { join } from "node:path"
 import { Children, freePort, post, sleep } from "../support/Children.ts"
+import { runMain } from "../support/RunMain.ts"
 import { closedLoop, type LoadResult, openLoop, send, type Target } from "./Load.ts"
 import { rssBytes, usage } from "./Proc.ts"
 import { chatBody, startRouter, x402Payments } from "./Setup.ts"
@@ -191,8 +194,12 @@ const main = async () => {
     // The router, as `npm start` runs it
     if (SNAPSHOTS !== undefined) mkdirSync(SNAPSHOTS, { recursive: true })
     const started = await startRouter(children, {
-      nodeArgs:
-        SNAPSHOTS === undefined ? [] : ["--heapsnapshot-signal=SIGUSR2", `--diagnostic-dir=${SNAPSHOTS}`],
+      nodeArgs: [
+        ...(SNAPSHOTS === undefined
+          ? []
+          : ["--heapsnapshot-signal=SIGUSR2", `--diagnostic-dir=${SNAPSHOTS}`]),
+        ...(process.env.BENCH_ROUTER_NODE_ARGS ?? "").split(" ").filter((arg) => arg !== "")
+      ],
       dataDir: join(dataDir, "router"),
       logFile: join(dataDir, "router.log"),
       mock,
@@ -388,6 +395,8 @@ const main = async () => {
     await sleep(LATE_SECONDS * 1000)
     const lateStreams = usage(routerProcess.pid!)
     const lateSeconds = Math.round((Date.now() - released) / 1000)
+    // What the finished streams still keep (their replay), against `held-0`: read after the late RSS reading.
+    if (SNAPSHOTS !== undefined) await heapSnapshot(routerProcess.pid!, router, SNAPSHOTS, `after-${STREAMS}`)
     started.stop()
 
     // Print
@@ -498,10 +507,4 @@ const main = async () => {
   }
 }
 
-main().then(
-  () => process.exit(0),
-  (error) => {
-    process.stderr.write(`${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`)
-    process.exit(1)
-  }
-)
+runMain(main)

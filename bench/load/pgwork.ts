@@ -18,6 +18,7 @@ import { join } from "node:path"
 import { Effect } from "effect"
 import { startEmbeddedPostgres } from "../../src/devnet/EmbeddedPostgres.ts"
 import { Children, freePort, sleep } from "../support/Children.ts"
+import { runMain } from "../support/RunMain.ts"
 import { closedLoop, type LoadResult, openLoop, type Target } from "./Load.ts"
 import { postgresCpuByRole, usage } from "./Proc.ts"
 import { chatBody, postQuotes, startRouter, x402Payments } from "./Setup.ts"
@@ -47,7 +48,7 @@ interface Snapshot {
   readonly cpuByRole: Record<string, number>
   readonly at: number
   readonly tables: ReadonlyArray<{ table: string; ins: number; upd: number; hot: number; del: number }>
-  readonly functions: ReadonlyArray<{ fn: string; calls: number }>
+  readonly functions: ReadonlyArray<{ fn: string; calls: number; ms: number; self_ms: number }>
 }
 
 const snapshot = (url: string, routerPid: number): Snapshot => {
@@ -64,7 +65,10 @@ const snapshot = (url: string, routerPid: number): Snapshot => {
       `SELECT relname AS table, n_tup_ins AS ins, n_tup_upd AS upd, n_tup_hot_upd AS hot, n_tup_del AS del
        FROM pg_stat_user_tables`
     ),
-    functions: query(url, "SELECT funcname AS fn, calls FROM pg_stat_user_functions")
+    functions: query(
+      url,
+      "SELECT funcname AS fn, calls, total_time AS ms, self_time AS self_ms FROM pg_stat_user_functions"
+    )
   }
 }
 
@@ -90,7 +94,8 @@ interface Phase {
     plan_ms: number
   }>
   readonly tables: ReadonlyArray<{ table: string; ins: number; upd: number; hot: number; del: number }>
-  readonly triggers: ReadonlyArray<{ fn: string; calls: number }>
+  /** Calls, and milliseconds in the function with what it calls (`ms`) and in its own code (`self_ms`). */
+  readonly triggers: ReadonlyArray<{ fn: string; calls: number; ms: number; self_ms: number }>
   readonly wal: ReadonlyArray<{ record: string; count: number; bytes: number; fpi_bytes: number }>
 }
 
@@ -107,8 +112,8 @@ const phaseOf = (
   const statements = query<Phase["statements"][number]>(
     url,
     `SELECT regexp_replace(left(query, 2000), '\\s+', ' ', 'g') AS query, toplevel, calls, rows,
-            wal_bytes::bigint AS wal_bytes, round(total_exec_time::numeric, 1) AS ms, plans,
-            round(total_plan_time::numeric, 1) AS plan_ms
+            wal_bytes::bigint AS wal_bytes, round(total_exec_time::numeric, 3) AS ms, plans,
+            round(total_plan_time::numeric, 3) AS plan_ms
      FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
        AND query NOT LIKE '%pg_stat_%' AND query NOT LIKE '%pg_current_wal_lsn%' AND query NOT LIKE '%pg_get_wal%'
      ORDER BY calls DESC`
@@ -131,7 +136,15 @@ const phaseOf = (
     })
     .filter((t) => t.ins + t.upd + t.del > 0)
   const triggers = after.functions
-    .map((f) => ({ fn: f.fn, calls: f.calls - (before.functions.find((x) => x.fn === f.fn)?.calls ?? 0) }))
+    .map((f) => {
+      const b = before.functions.find((x) => x.fn === f.fn)
+      return {
+        fn: f.fn,
+        calls: f.calls - (b?.calls ?? 0),
+        ms: f.ms - (b?.ms ?? 0),
+        self_ms: f.self_ms - (b?.self_ms ?? 0)
+      }
+    })
     .filter((f) => f.calls > 0)
   const walBytes = wal.reduce((a, r) => a + Number(r.bytes), 0)
   const fpiBytes = wal.reduce((a, r) => a + Number(r.fpi_bytes), 0)
@@ -180,19 +193,21 @@ const print = (phase: Phase, idlePerSecond: Phase | undefined) => {
       (t) =>
         `  ${t.table.padEnd(24)} ${f(t.ins / per)} / ${f(t.upd / per)} (${f(t.hot / per)}) / ${f(t.del / per)}`
     ),
-    "function and trigger calls per request:",
-    ...phase.triggers.map((t) => `  ${t.fn.padEnd(32)} ${f(t.calls / per)}`),
+    "function and trigger calls per request (calls, ms in it and what it calls, ms in its own code):",
+    ...phase.triggers.map(
+      (t) => `  ${t.fn.padEnd(32)} ${f(t.calls / per)}  ${f(t.ms / per, 3)}  ${f(t.self_ms / per, 3)}`
+    ),
     "WAL records per request (kind: count, bytes):",
     ...phase.wal
       .filter((r) => r.count / per >= 0.05)
       .map((r) => `  ${r.record.padEnd(32)} ${f(r.count / per)}  ${f(Number(r.bytes) / per, 0)} B`),
     `planning: ${f(phase.statements.reduce((a, s) => a + s.plans, 0) / per)} plans, ${f(phase.statements.reduce((a, s) => a + Number(s.plan_ms), 0) / per, 3)} ms per request; execution ${f(phase.statements.filter((s) => s.toplevel).reduce((a, s) => a + Number(s.ms), 0) / per, 3)} ms per request (wall, lock waits included)`,
-    "statements (calls/req, rows/call, WAL B/req, exec ms/req, plans/call; * nested):",
+    "statements (calls/req, rows/call, WAL B/req, exec ms/req, plans/call, plan ms/req; * nested):",
     ...phase.statements
       .filter((s) => s.calls / per >= 0.02)
       .map(
         (s) =>
-          `  ${f(s.calls / per).padStart(6)} ${f(s.rows / Math.max(1, s.calls), 1).padStart(6)} ${f(Number(s.wal_bytes) / per, 0).padStart(6)} ${f(s.ms / per, 3).padStart(7)} ${f(s.plans / Math.max(1, s.calls), 2).padStart(5)} ${s.toplevel ? " " : "*"} ${s.query.slice(0, 150)}`
+          `  ${f(s.calls / per).padStart(6)} ${f(s.rows / Math.max(1, s.calls), 1).padStart(6)} ${f(Number(s.wal_bytes) / per, 0).padStart(6)} ${f(s.ms / per, 3).padStart(7)} ${f(s.plans / Math.max(1, s.calls), 2).padStart(5)} ${f(Number(s.plan_ms) / per, 3).padStart(6)} ${s.toplevel ? " " : "*"} ${s.query.slice(0, 150)}`
       )
   ]
   process.stdout.write(`${lines.join("\n")}\n`)
@@ -302,10 +317,4 @@ const main = async () => {
   }
 }
 
-main().then(
-  () => process.exit(0),
-  (error) => {
-    process.stderr.write(`${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`)
-    process.exit(1)
-  }
-)
+runMain(main)

@@ -34,6 +34,7 @@ import { isRunning } from "../../src/process/ChildProcess.ts"
 import { tree } from "../load/Proc.ts"
 import { Children, freePort, post, routerArgs, sleep } from "../support/Children.ts"
 import { type FundedKey, insertCreditKey } from "../support/CreditKeys.ts"
+import { runMain } from "../support/RunMain.ts"
 import { audit, balances, type Drained, drained, isSettled, type OpenWork, openWork } from "./Audit.ts"
 import { type Infra, startInfra } from "./Infra.ts"
 import { deposit, type Outcome, planRequest, type SignedAuthorization, send, x402Payers } from "./Traffic.ts"
@@ -532,10 +533,4 @@ const printTable = (r: {
   process.stdout.write(lines.join("\n"))
 }
 
-main().then(
-  (code) => process.exit(code),
-  (error) => {
-    process.stderr.write(`${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`)
-    process.exit(2)
-  }
-)
+runMain(main, 2)

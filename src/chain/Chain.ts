@@ -279,9 +279,11 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
       }))
   }
   const outgoing = makeOutgoing(
-    publicClient,
+    connection.backgroundRpc,
     connection.chainId,
-    [router.account, payer.account].filter((account, i, all) => all.indexOf(account) === i)
+    deployment.treasuryKey === undefined
+      ? [deployment.routerKey]
+      : [deployment.routerKey, deployment.treasuryKey]
   )
 
   const anchoredRoot = Effect.fn("Chain.anchoredRoot")(function* (epochId: bigint) {

@@ -44,7 +44,7 @@ export const fromViemError =
         cause
       })
     }
-    const revertText = revertReasonFromDetails(error)
+    const revertText = revertReason(error.details ?? "")
     if (revertText !== undefined) {
       return new ChainError({ reason: "Reverted", message: `${operation} reverted: ${revertText}`, cause })
     }
@@ -61,10 +61,13 @@ const summarize = (error: BaseError): Error => {
   return summary
 }
 
-// Gas estimation on a raw transaction reports reverts as RPC errors whose details read
-// "execution reverted: <reason>"; only the reason is kept.
-const revertReasonFromDetails = (error: BaseError): string | undefined => {
-  const match = /execution reverted(?::\s*([^\n]*))?/i.exec(error.details ?? "")
+/**
+ * The revert reason in a node's error message: what follows "execution reverted:" (to the line's end),
+ * "execution reverted" when the node gives none, undefined when the message is no revert. Gas estimation
+ * and calls report reverts as RPC errors reading "execution reverted: <reason>"; only the reason is kept.
+ */
+export const revertReason = (message: string): string | undefined => {
+  const match = /execution reverted(?::\s*([^\n]*))?/i.exec(message)
   if (match === null) return undefined
   return match[1]?.trim() || "execution reverted"
 }

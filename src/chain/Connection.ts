@@ -18,7 +18,8 @@ import {
 } from "viem"
 import { testUsdcAbi } from "./artifacts.ts"
 import { ChainError, fromViemError } from "./ChainError.ts"
-import { httpPost, makeQuickReads, type QuickReads } from "./QuickReads.ts"
+import { httpPost, type JsonRpcBatch, makeJsonRpcBatch } from "./JsonRpc.ts"
+import { makeQuickReads, type QuickReads } from "./QuickReads.ts"
 
 /**
  * How the router reaches a chain: the viem clients (quick reads bounded, background calls retried), a
@@ -76,6 +77,11 @@ export interface Connection {
   readonly quickClient: PublicClient<HttpTransport, ViemChain>
   /** The paid path's contract reads, batched per event-loop turn (`QUICK_READ_TIMEOUT_MS`, no retry). */
   readonly quickReads: QuickReads
+  /**
+   * The settlement's transactions (`Outgoing.ts`): light JSON-RPC batched per event-loop turn, each
+   * request bounded and retried as `BACKGROUND_RPC` (D485), on connections of their own.
+   */
+  readonly backgroundRpc: JsonRpcBatch
 }
 
 export const connect = (rpcUrl: string, chainId: number, pollingInterval: number): Connection => {
@@ -95,7 +101,10 @@ export const connect = (rpcUrl: string, chainId: number, pollingInterval: number
     transport: http(rpcUrl, { timeout: QUICK_READ_TIMEOUT_MS, retryCount: 0 })
   })
   const quickReads = makeQuickReads(httpPost(rpcUrl, QUICK_READ_TIMEOUT_MS))
-  return { rpcUrl, chainId, viemChain, publicClient, quickClient, quickReads }
+  const backgroundRpc = makeJsonRpcBatch(httpPost(rpcUrl, BACKGROUND_RPC.timeout), {
+    retries: BACKGROUND_RPC.retryCount
+  })
+  return { rpcUrl, chainId, viemChain, publicClient, quickClient, quickReads, backgroundRpc }
 }
 
 export const makeSender = Effect.fnUntraced(function* (connection: Connection, account: LocalAccount) {
@@ -164,6 +173,8 @@ export interface Deployment {
   readonly routerKey: Redacted.Redacted<Hex>
   /** Absent when no treasury key is configured: then the router signer sends refunds and payouts. */
   readonly treasurySender: Sender | undefined
+  /** The treasury sender's private key (absent with it), for signing its transactions in WebAssembly. */
+  readonly treasuryKey: Redacted.Redacted<Hex> | undefined
   readonly treasury: Address
   readonly token: Address
   readonly anchor: Address

@@ -126,6 +126,7 @@ export const embedded = Effect.fnUntraced(function* (
     router,
     routerKey: Redacted.make(privateKeyOf(routerAccount)),
     treasurySender,
+    treasuryKey: Redacted.make(privateKeyOf(treasuryAccount())),
     treasury: treasurySender.address,
     token,
     anchor,
@@ -154,9 +155,6 @@ export const privateKeyFrom = (name: string, key: Redacted.Redacted<string>) => 
     : Effect.fail(new ChainError({ reason: "Config", message: `${name} is not a 32-byte hex private key` }))
 }
 
-export const accountFromKey = (name: string, key: Redacted.Redacted<string>) =>
-  Effect.map(privateKeyFrom(name, key), (hex) => privateKeyToAccount(Redacted.value(hex)))
-
 /** RPC_URL set: the configured chain, token and anchor; the router key signs and pays gas. */
 export const external = Effect.fnUntraced(function* (rpcUrl: string) {
   const config = yield* Config.all({
@@ -177,10 +175,12 @@ export const external = Effect.fnUntraced(function* (rpcUrl: string) {
   }
   const routerKey = yield* privateKeyFrom("ROUTER_PRIVATE_KEY", config.routerKey)
   const router = yield* makeSender(connection, privateKeyToAccount(Redacted.value(routerKey)))
-  const treasuryKey = Option.getOrUndefined(config.treasuryKey)
+  const configuredTreasuryKey = Option.getOrUndefined(config.treasuryKey)
   let treasurySender: Sender | undefined
-  if (treasuryKey !== undefined) {
-    const account = yield* accountFromKey("TREASURY_PRIVATE_KEY", treasuryKey)
+  let treasuryKey: Redacted.Redacted<Hex> | undefined
+  if (configuredTreasuryKey !== undefined) {
+    treasuryKey = yield* privateKeyFrom("TREASURY_PRIVATE_KEY", configuredTreasuryKey)
+    const account = privateKeyToAccount(Redacted.value(treasuryKey))
     if (account.address !== config.treasury) {
       return yield* new ChainError({
         reason: "Config",
@@ -209,6 +209,7 @@ export const external = Effect.fnUntraced(function* (rpcUrl: string) {
     router,
     routerKey,
     treasurySender,
+    treasuryKey,
     treasury: config.treasury,
     token: config.token,
     anchor: config.anchor,

@@ -1,20 +1,9 @@
-import { Clock, Effect } from "effect"
-import {
-  type Address,
-  BaseError,
-  type Hash,
-  type Hex,
-  type HttpTransport,
-  isAddressEqual,
-  keccak256,
-  type LocalAccount,
-  NonceTooLowError,
-  type PublicClient,
-  TransactionNotFoundError,
-  TransactionReceiptNotFoundError,
-  type Chain as ViemChain
-} from "viem"
-import { ChainError, fromViemError } from "./ChainError.ts"
+import { Clock, Deferred, Effect, Redacted } from "effect"
+import type { Address, Hash, Hex } from "viem"
+import { privateKeyToAddress } from "viem/accounts"
+import { ChainError, revertReason } from "./ChainError.ts"
+import type { JsonRpcBatch, RpcFailure } from "./JsonRpc.ts"
+import { signEip1559 } from "./TransactionSigning.ts"
 
 /** A contract call one of the router's accounts makes: who signs it, which contract, what calldata. */
 export interface OutgoingCall {
@@ -90,153 +79,251 @@ interface FeeEstimate {
 }
 
 /** A node's refusal that says the fees were too low: the cached estimate is no longer to be trusted. */
-const isUnderpricedError = (error: unknown) =>
-  error instanceof BaseError &&
-  /underpriced|fee too low|max fee per gas less than|fee cap less than|feecap/i.test(
-    `${error.shortMessage} ${error.details ?? ""}`
-  )
+const UNDERPRICED = /underpriced|fee too low|max fee per gas less than|fee cap less than|feecap/i
+/** The node has these very bytes already (pooled or imported): as good as taken. */
+const KNOWN = /already known|already imported|known transaction|already exists/i
+/** The sender's nonce is used on chain (by this transaction, mined, or another one). */
+const NONCE_USED = /nonce too low|nonce has already been used/i
+const QUANTITY = /^0x[0-9a-fA-F]{1,64}$/
 
-const isKnownError = (error: unknown) =>
-  error instanceof BaseError &&
-  /already known|already imported|known transaction|already exists/i.test(
-    `${error.shortMessage} ${error.details ?? ""}`
-  )
+/**
+ * A failed call as the chain's error: a revert (estimating a call that would revert) is `Reverted` with
+ * the reason the node gives after "execution reverted:", as viem's errors were read (`ChainError.ts`);
+ * anything else `Rpc`. The node's own message (never the URL: `JsonRpc.ts`) says what went wrong.
+ */
+const chainError = (operation: string) => (failure: RpcFailure) => {
+  if (failure._tag === "Answered") {
+    const reason = revertReason(failure.message)
+    if (reason !== undefined || failure.code === 3) {
+      return new ChainError({
+        reason: "Reverted",
+        message: `${operation} reverted: ${reason ?? "execution reverted"}`
+      })
+    }
+  }
+  return new ChainError({ reason: "Rpc", message: `${operation} failed: ${failure.message}` })
+}
 
-const isNonceUsedError = (error: unknown) =>
-  error instanceof BaseError &&
-  (error.walk((e) => e instanceof NonceTooLowError) !== null ||
-    /nonce too low|nonce has already been used/i.test(`${error.shortMessage} ${error.details ?? ""}`))
+const unreadable = (operation: string) =>
+  new ChainError({ reason: "Rpc", message: `${operation} failed: the node's answer is not what was asked` })
 
-const isNotFound = (error: unknown) =>
-  error instanceof BaseError &&
-  error.walk((e) => e instanceof TransactionNotFoundError || e instanceof TransactionReceiptNotFoundError) !==
-    null
+const quantityOf = (operation: string) => (result: unknown) =>
+  typeof result === "string" && QUANTITY.test(result)
+    ? Effect.succeed(BigInt(result))
+    : Effect.fail(unreadable(operation))
 
+/** viem's `estimateFeesPerGas` base-fee multiplier (1.2), in its integer arithmetic. */
+const baseFeeCeiling = (baseFee: bigint) => (baseFee * 12n) / 10n
+
+/**
+ * The router's transactions over light, batched JSON-RPC (`JsonRpc.ts`, D485): the calls a settlement
+ * pass makes in one turn (its plans, its broadcasts, its confirmations' looks) share one HTTP request.
+ * Signing is local, in WebAssembly (`TransactionSigning.ts`, D486), with `keys` (the router's accounts;
+ * read out of their `Redacted` once, here, and never logged). `rpc` bounds and retries each call
+ * (`Connection.ts` `BACKGROUND_RPC`); a broadcast is sent once, as viem sent it: the treasury offers
+ * recorded bytes again itself.
+ */
 export const makeOutgoing = (
-  client: PublicClient<HttpTransport, ViemChain>,
+  rpc: JsonRpcBatch,
   chainId: number,
-  accounts: ReadonlyArray<LocalAccount>,
+  keys: ReadonlyArray<Redacted.Redacted<Hex>>,
   options: OutgoingOptions = {}
 ): OutgoingTransactions => {
-  const accountOf = (address: Address) => accounts.find((account) => isAddressEqual(account.address, address))
+  const keyOf = new Map(
+    keys.map((key) => {
+      const hex = Redacted.value(key)
+      return [privateKeyToAddress(hex).toLowerCase(), Buffer.from(hex.slice(2), "hex")] as const
+    })
+  )
   const feeTtlMs = options.feeTtlMs ?? FEE_ESTIMATE_TTL_MS
 
-  // The chain's last fee estimate and when it was asked for (Clock time); undefined: ask the node.
-  let cachedFees: { readonly at: number; readonly fees: FeeEstimate } | undefined
-  const freshFees = Effect.tryPromise({
-    try: () => client.estimateFeesPerGas({ type: "eip1559" }),
-    catch: fromViemError("Outgoing.plan")
+  // viem's eip1559 estimate: the latest block's base fee × 1.2 plus the node's suggested tip (or, from a
+  // node without `eth_maxPriorityFeePerGas`, its gas price less the base fee). Block and tip in one batch.
+  const freshFees = Effect.gen(function* () {
+    const operation = "Outgoing.plan"
+    const [baseFee, tip] = yield* Effect.all(
+      [
+        rpc.callWith("eth_getBlockByNumber", ["latest", false], {
+          result: (block) => {
+            const baseFee = (block as { baseFeePerGas?: unknown } | null)?.baseFeePerGas
+            return typeof baseFee === "string" && QUANTITY.test(baseFee)
+              ? Effect.succeed(BigInt(baseFee))
+              : Effect.fail(
+                  new ChainError({
+                    reason: "Rpc",
+                    message: `${operation} failed: the chain's blocks have no base fee (no EIP-1559)`
+                  })
+                )
+          },
+          failure: chainError(operation)
+        }),
+        rpc.call("eth_maxPriorityFeePerGas", []).pipe(Effect.flatMap(quantityOf(operation)), Effect.option)
+      ],
+      { concurrency: 2 }
+    )
+    const maxPriorityFeePerGas =
+      tip._tag === "Some"
+        ? tip.value
+        : yield* rpc
+            .callWith("eth_gasPrice", [], { result: quantityOf(operation), failure: chainError(operation) })
+            .pipe(Effect.map((gasPrice) => (gasPrice > baseFee ? gasPrice - baseFee : 0n)))
+    return { maxFeePerGas: baseFeeCeiling(baseFee) + maxPriorityFeePerGas, maxPriorityFeePerGas }
   })
+
+  // The chain's last fee estimate and when it was asked for (Clock time); undefined: ask the node. Plans
+  // that find it stale while an ask is under way wait for that ask (a settlement pass plans together).
+  let cachedFees: { readonly at: number; readonly fees: FeeEstimate } | undefined
+  let asking: Deferred.Deferred<FeeEstimate, ChainError> | undefined
   const feeEstimate = Effect.gen(function* () {
     const asked = yield* Clock.currentTimeMillis
     const cached = cachedFees
     if (cached !== undefined && asked - cached.at < feeTtlMs && asked >= cached.at) return cached.fees
-    const fees = yield* freshFees
-    cachedFees = { at: asked, fees }
-    return fees
+    // The ask is made, shared and started in one uninterruptible step, and runs to its end whatever
+    // happens to the asker (bounded by the transport's timeout and retries): the plans waiting on it get
+    // its answer even if the asker is interrupted, and `asking` never names an ask that will not end.
+    // Only the waits can be interrupted.
+    return yield* Effect.uninterruptibleMask((restore) => {
+      if (asking !== undefined) return restore(Deferred.await(asking))
+      const answer = Deferred.makeUnsafe<FeeEstimate, ChainError>()
+      asking = answer
+      return Deferred.into(
+        freshFees.pipe(
+          Effect.tap((fees) =>
+            Effect.sync(() => {
+              cachedFees = { at: asked, fees }
+            })
+          ),
+          Effect.ensuring(
+            Effect.sync(() => {
+              if (asking === answer) asking = undefined
+            })
+          )
+        ),
+        answer
+      ).pipe(Effect.andThen(restore(Deferred.await(answer))))
+    })
   })
 
   const plan = (call: OutgoingCall) =>
-    Effect.gen(function* () {
-      const [gas, fees] = yield* Effect.all(
+    Effect.map(
+      Effect.all(
         [
-          Effect.tryPromise({
-            try: () => client.estimateGas({ account: call.from, to: call.to, data: call.data }),
-            catch: fromViemError("Outgoing.plan")
+          rpc.callWith("eth_estimateGas", [{ from: call.from, to: call.to, data: call.data }], {
+            result: quantityOf("Outgoing.plan"),
+            failure: chainError("Outgoing.plan")
           }),
           feeEstimate
         ],
         { concurrency: 2 }
-      )
-      return {
+      ),
+      ([gas, fees]): GasPlan => ({
         gas: (gas * GAS_MARGIN_PERCENT) / 100n,
         // A ceiling, not a price: the base fee actually paid is the block's. Twice the estimate rides out
         // several full blocks of base-fee growth before a signed transaction could get stuck (D169).
         maxFeePerGas: fees.maxFeePerGas * 2n,
         maxPriorityFeePerGas: fees.maxPriorityFeePerGas
-      } satisfies GasPlan
-    })
-
-  const sign = (call: OutgoingCall, gasPlan: GasPlan, nonce: number) =>
-    Effect.gen(function* () {
-      const account = accountOf(call.from)
-      if (account?.signTransaction === undefined) {
-        return yield* new ChainError({ reason: "Config", message: `no signing key for ${call.from}` })
-      }
-      const signTransaction = account.signTransaction
-      const raw = yield* Effect.tryPromise({
-        try: () =>
-          signTransaction({
-            type: "eip1559",
-            chainId,
-            to: call.to,
-            data: call.data,
-            value: 0n,
-            nonce,
-            gas: gasPlan.gas,
-            maxFeePerGas: gasPlan.maxFeePerGas,
-            maxPriorityFeePerGas: gasPlan.maxPriorityFeePerGas
-          }),
-        catch: fromViemError("Outgoing.sign")
-      })
-      return { raw, hash: keccak256(raw) } satisfies SignedTransaction
-    })
-
-  const broadcast = (raw: Hex) =>
-    Effect.tryPromise({
-      try: () => client.sendRawTransaction({ serializedTransaction: raw }),
-      catch: (error) => error
-    }).pipe(
-      Effect.as<BroadcastResult>("accepted"),
-      Effect.catch((error) => {
-        if (isKnownError(error)) return Effect.succeed<BroadcastResult>("accepted")
-        if (isNonceUsedError(error)) return Effect.succeed<BroadcastResult>("nonceUsed")
-        // Refused for its fees: the recorded bytes stay as they are (rebroadcast, never replaced), but the
-        // next plan asks the node for a fresh estimate.
-        if (isUnderpricedError(error)) cachedFees = undefined
-        return Effect.fail(fromViemError("Outgoing.broadcast")(error))
       })
     )
 
+  const sign = (call: OutgoingCall, gasPlan: GasPlan, nonce: number) =>
+    Effect.suspend(() => {
+      const key = keyOf.get(call.from.toLowerCase())
+      if (key === undefined) {
+        return Effect.fail(new ChainError({ reason: "Config", message: `no signing key for ${call.from}` }))
+      }
+      return Effect.try({
+        try: (): SignedTransaction =>
+          signEip1559(
+            {
+              chainId,
+              nonce,
+              to: call.to,
+              data: call.data,
+              gas: gasPlan.gas,
+              maxFeePerGas: gasPlan.maxFeePerGas,
+              maxPriorityFeePerGas: gasPlan.maxPriorityFeePerGas
+            },
+            key
+          ),
+        catch: () => new ChainError({ reason: "Invalid", message: "Outgoing.sign: unsignable transaction" })
+      })
+    })
+
+  const broadcast = (raw: Hex) =>
+    rpc
+      .callWith(
+        "eth_sendRawTransaction",
+        [raw],
+        {
+          result: () => Effect.succeed<BroadcastResult>("accepted"),
+          failure: (failure) => failure
+        },
+        { retry: false }
+      )
+      .pipe(
+        Effect.catch((failure) => {
+          if (failure._tag === "Answered") {
+            if (KNOWN.test(failure.message)) return Effect.succeed<BroadcastResult>("accepted")
+            if (NONCE_USED.test(failure.message)) return Effect.succeed<BroadcastResult>("nonceUsed")
+            // Refused for its fees: the recorded bytes stay as they are (rebroadcast, never replaced), but
+            // the next plan asks the node for a fresh estimate.
+            if (UNDERPRICED.test(failure.message)) cachedFees = undefined
+          }
+          return Effect.fail(chainError("Outgoing.broadcast")(failure))
+        })
+      )
+
+  /**
+   * The receipt's outcome, or undefined while the node has none. Only a JSON `null` says "none": an
+   * answer without a result is unreadable, never "not found" (the treasury would void the record).
+   */
+  const receipt = (hash: Hash) =>
+    rpc.callWith("eth_getTransactionReceipt", [hash], {
+      result: (found) => {
+        if (found === null) return Effect.succeed(undefined)
+        if (typeof found !== "object") return Effect.fail(unreadable("Outgoing.state"))
+        const { status, blockNumber } = found as { status?: unknown; blockNumber?: unknown }
+        if (blockNumber === null) return Effect.succeed(undefined)
+        return typeof blockNumber === "string" &&
+          QUANTITY.test(blockNumber) &&
+          typeof status === "string" &&
+          QUANTITY.test(status)
+          ? Effect.succeed({
+              status: BigInt(status) === 1n ? ("success" as const) : ("reverted" as const),
+              blockNumber: BigInt(blockNumber)
+            })
+          : Effect.fail(unreadable("Outgoing.state"))
+      },
+      failure: chainError("Outgoing.state")
+    })
+
   const state = (hash: Hash) =>
     Effect.gen(function* () {
-      const receipt = yield* Effect.tryPromise({
-        try: () => client.getTransactionReceipt({ hash }),
-        catch: (error) => error
-      }).pipe(
-        Effect.map((r) => ({ status: r.status, blockNumber: r.blockNumber })),
-        Effect.catch((error) =>
-          isNotFound(error) ? Effect.succeed(undefined) : Effect.fail(fromViemError("Outgoing.state")(error))
-        )
-      )
-      if (receipt !== undefined) return { _tag: "Mined", ...receipt } satisfies TransactionState
-      const pooled = yield* Effect.tryPromise({
-        try: () => client.getTransaction({ hash }),
-        catch: (error) => error
-      }).pipe(
-        Effect.as(true),
-        Effect.catch((error) =>
-          isNotFound(error) ? Effect.succeed(false) : Effect.fail(fromViemError("Outgoing.state")(error))
-        )
-      )
+      const mined = yield* receipt(hash)
+      if (mined !== undefined) return { _tag: "Mined", ...mined } satisfies TransactionState
+      const pooled = yield* rpc.callWith("eth_getTransactionByHash", [hash], {
+        // `null`: not pooled; an object: pooled; anything else (no result at all) is no answer.
+        result: (found) =>
+          found === null
+            ? Effect.succeed(false)
+            : typeof found === "object"
+              ? Effect.succeed(true)
+              : Effect.fail(unreadable("Outgoing.state")),
+        failure: chainError("Outgoing.state")
+      })
       // Mined between the two reads: the receipt is there now.
       if (pooled) {
-        const late = yield* Effect.tryPromise({
-          try: () => client.getTransactionReceipt({ hash }),
-          catch: (error) => error
-        }).pipe(Effect.option)
-        if (late._tag === "Some") {
-          return { _tag: "Mined", status: late.value.status, blockNumber: late.value.blockNumber } as const
-        }
+        const late = yield* Effect.option(receipt(hash))
+        if (late._tag === "Some" && late.value !== undefined) return { _tag: "Mined", ...late.value } as const
         return { _tag: "Pending" } as const
       }
       return { _tag: "Unknown" } as const
     })
 
   const minedNonce = (address: Address) =>
-    Effect.tryPromise({
-      try: () => client.getTransactionCount({ address, blockTag: "latest" }),
-      catch: fromViemError("Outgoing.minedNonce")
+    rpc.callWith("eth_getTransactionCount", [address, "latest"], {
+      result: (count) => Effect.map(quantityOf("Outgoing.minedNonce")(count), Number),
+      failure: chainError("Outgoing.minedNonce")
     })
 
   return { plan, sign, broadcast, state, minedNonce }

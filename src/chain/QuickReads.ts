@@ -1,8 +1,9 @@
-import * as http from "node:http"
-import * as https from "node:https"
 import { Effect } from "effect"
 import { type Address, type Hex, toFunctionSelector } from "viem"
-import { ChainError } from "./ChainError.ts"
+import { ChainError, revertReason } from "./ChainError.ts"
+import { makeJsonRpcBatch, type PostJson, type RpcFailure } from "./JsonRpc.ts"
+
+export { httpPost, type PostJson } from "./JsonRpc.ts"
 
 /**
  * The paid path's chain reads (x402 verification: a payer's token balance, an EIP-3009 nonce's state,
@@ -64,140 +65,27 @@ export const readCalldata = {
     `${NONCE_BITMAP}${addressWord(owner)}${uintWord(wordPos)}`
 } as const
 
-interface Pending {
-  readonly operation: string
-  readonly to: Address
-  readonly data: Hex
-  readonly resume: (answer: Effect.Effect<Hex, ChainError>) => void
-}
-
-interface RpcAnswer {
-  readonly id?: unknown
-  readonly result?: unknown
-  readonly error?: { readonly code?: unknown; readonly message?: unknown }
-}
-
 const rpcError = (operation: string, message: string) =>
   new ChainError({ reason: "Rpc", message: `${operation} failed: ${message}` })
 
-/** A node's error for one call: a revert is the contract's answer, anything else the node's. */
-const answerError = (operation: string, error: NonNullable<RpcAnswer["error"]>) => {
-  const message = typeof error.message === "string" ? error.message.slice(0, 200) : "error"
-  return error.code === 3 || /execution reverted/i.test(message)
-    ? new ChainError({ reason: "Reverted", message: `${operation} reverted: ${message}` })
-    : rpcError(operation, message)
-}
-
-/** One HTTP POST of a JSON body: the status and the body of the answer. */
-export type PostJson = (body: string) => Promise<{ readonly status: number; readonly body: string }>
-
-/**
- * POSTs over Node's own HTTP client with kept-alive connections (a few): cheaper per request than the
- * global `fetch` (WHATWG streams, a Response and its body reader), which the profile showed.
- */
-export const httpPost = (rpcUrl: string, timeoutMs: number): PostJson => {
-  const url = new URL(rpcUrl)
-  const client = url.protocol === "https:" ? https : http
-  const agent = new client.Agent({ keepAlive: true, maxSockets: 8 })
-  return (body) =>
-    new Promise((resolve, reject) => {
-      const request = client.request(
-        url,
-        {
-          method: "POST",
-          agent,
-          headers: { "content-type": "application/json", "content-length": Buffer.byteLength(body) }
-        },
-        (response) => {
-          const chunks: Array<Buffer> = []
-          response.on("data", (chunk: Buffer) => chunks.push(chunk))
-          response.on("end", () => {
-            clearTimeout(timer)
-            resolve({ status: response.statusCode ?? 0, body: Buffer.concat(chunks).toString("utf8") })
-          })
-          response.on("error", fail)
-        }
-      )
-      const fail = (error: Error) => {
-        clearTimeout(timer)
-        reject(error)
-      }
-      const timer = setTimeout(() => {
-        const timedOut = new Error("the node did not answer in time")
-        timedOut.name = "TimeoutError"
-        request.destroy(timedOut)
-      }, timeoutMs)
-      request.on("error", fail)
-      request.end(body)
-    })
+/** Why a read failed: a revert is the contract's answer, anything else the node's (or its absence). */
+const readError = (operation: string, failure: RpcFailure) => {
+  if (failure._tag === "Unanswered") {
+    return failure.timedOut
+      ? new ChainError({ reason: "Timeout", message: `${operation}: the node did not answer in time` })
+      : rpcError(operation, failure.message)
+  }
+  return failure.code === 3 || revertReason(failure.message) !== undefined
+    ? new ChainError({ reason: "Reverted", message: `${operation} reverted: ${failure.message}` })
+    : rpcError(operation, failure.message)
 }
 
 /**
- * Reads through `post` (the RPC endpoint), batched per event-loop turn; `post` bounds each request's time.
+ * Reads through `post` (the RPC endpoint), batched per event-loop turn (`JsonRpc.ts`, sent once, no
+ * retry); `post` bounds each request's time.
  */
 export const makeQuickReads = (post: PostJson): QuickReads => {
-  let queued: Array<Pending> = []
-
-  const send = async (batch: ReadonlyArray<Pending>) => {
-    const body = JSON.stringify(
-      batch.map((read, id) => ({
-        jsonrpc: "2.0",
-        id,
-        method: "eth_call",
-        params: [{ to: read.to, data: read.data }, "latest"]
-      }))
-    )
-    let answers: unknown
-    try {
-      const response = await post(body)
-      answers = response.status === 200 ? JSON.parse(response.body) : `HTTP ${response.status}`
-    } catch (error) {
-      const timedOut = error instanceof Error && error.name === "TimeoutError"
-      for (const read of batch) {
-        read.resume(
-          Effect.fail(
-            timedOut
-              ? new ChainError({
-                  reason: "Timeout",
-                  message: `${read.operation}: the node did not answer in time`
-                })
-              : rpcError(read.operation, "the node could not be reached or answered no JSON")
-          )
-        )
-      }
-      return
-    }
-    const byId = new Map<number, RpcAnswer>()
-    if (Array.isArray(answers)) {
-      for (const answer of answers as ReadonlyArray<RpcAnswer>) {
-        if (typeof answer?.id === "number") byId.set(answer.id, answer)
-      }
-    }
-    const outcome = (read: Pending, answer: RpcAnswer | undefined): Effect.Effect<Hex, ChainError> => {
-      if (answer === undefined) {
-        return Effect.fail(
-          rpcError(read.operation, typeof answers === "string" ? answers : "no answer in the batch")
-        )
-      }
-      if (answer.error !== undefined && answer.error !== null) {
-        return Effect.fail(answerError(read.operation, answer.error))
-      }
-      return typeof answer.result === "string" && WORD.test(answer.result)
-        ? Effect.succeed(answer.result as Hex)
-        : Effect.fail(rpcError(read.operation, "the call returned no 32-byte word (no contract?)"))
-    }
-    batch.forEach((read, id) => {
-      read.resume(outcome(read, byId.get(id)))
-    })
-  }
-
-  const flush = () => {
-    const all = queued
-    queued = []
-    for (let start = 0; start < all.length; start += QUICK_BATCH_LIMIT) {
-      void send(all.slice(start, start + QUICK_BATCH_LIMIT))
-    }
-  }
+  const rpc = makeJsonRpcBatch(post, { limit: QUICK_BATCH_LIMIT, retries: 0 })
 
   const word = (operation: string, to: Address, calldata: () => Hex) =>
     Effect.suspend(() => {
@@ -211,9 +99,12 @@ export const makeQuickReads = (post: PostJson): QuickReads => {
             : new ChainError({ reason: "Invalid", message: `${operation}: unencodable arguments` })
         )
       }
-      return Effect.callback<Hex, ChainError>((resume) => {
-        queued.push({ operation, to, data, resume })
-        if (queued.length === 1) setImmediate(flush)
+      return rpc.callWith("eth_call", [{ to, data }, "latest"], {
+        result: (result) =>
+          typeof result === "string" && WORD.test(result)
+            ? Effect.succeed(result as Hex)
+            : Effect.fail(rpcError(operation, "the call returned no 32-byte word (no contract?)")),
+        failure: (failure) => readError(operation, failure)
       })
     })
 
@@ -221,9 +112,6 @@ export const makeQuickReads = (post: PostJson): QuickReads => {
     uint: (operation, to, calldata) => Effect.map(word(operation, to, calldata), (result) => BigInt(result)),
     bool: (operation, to, calldata) =>
       Effect.map(word(operation, to, calldata), (result) => BigInt(result) !== 0n),
-    // The turn's scheduled flush still runs, and finds nothing (or what was asked for since) to send.
-    send: () => {
-      if (queued.length > 0) flush()
-    }
+    send: rpc.send
   }
 }

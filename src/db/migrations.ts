@@ -1,6 +1,7 @@
 import type { Migrations } from "./migrations/Migrations.ts"
 import { marketData } from "./migrations/marketData.ts"
 import { paidPath } from "./migrations/paidPath.ts"
+import { payoutScan } from "./migrations/payoutScan.ts"
 import { perRequest } from "./migrations/perRequest.ts"
 import { programs } from "./migrations/programs.ts"
 import { reliability } from "./migrations/reliability.ts"
@@ -15,5 +16,6 @@ export const migrations: Migrations = {
   ...programs,
   ...marketData,
   ...reliability,
-  ...perRequest
+  ...perRequest,
+  ...payoutScan
 }

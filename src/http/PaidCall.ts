@@ -116,6 +116,15 @@ export class PaidCalls extends Context.Service<
           return written === undefined ? Effect.succeed(undefined) : respondLive(live, written, from)
         })
       const replies = new WeakMap<LiveStream<ServeEvent>, Writing>()
+      /**
+       * What the stream keeps when it finishes, made here, not in the request's step: a closure made
+       * there would keep that step's context (the call's credentials among it) for the reply's life (D502).
+       */
+      const keeperOf =
+        (stream: LiveStream<ServeEvent>, written: Writing) => (events: ReadonlyArray<ServeEvent>) => {
+          replies.delete(stream)
+          return keptReply(written, events)
+        }
 
       type ServeOptions<P> = {
         readonly path: string
@@ -142,10 +151,7 @@ export class PaidCalls extends Context.Service<
           )
           const written = writing(options.reply({ admitted, agent: context.agent, payload: options.payload }))
           replies.set(admitted.stream, written)
-          live.keep(admitted.stream, (events) => {
-            replies.delete(admitted.stream)
-            return keptReply(written, events)
-          })
+          live.keep(admitted.stream, keeperOf(admitted.stream, written))
           return yield* respondLive(live, written, 0)
         })
 

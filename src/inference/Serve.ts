@@ -154,9 +154,14 @@ const checkpointer =
 
 /**
  * One provider's attempt, holding one capacity slot of its quote for the call and its settlement (the
- * previous attempt's slot, if any, is let go first).
+ * previous attempt's slot, if any, is let go first). The slot is taken in a step of its own, which then
+ * answers the call: while the reply streams, the fiber keeps no generator of that step (D501). A frame
+ * keeps the effect it runs: each is a `suspend` here, so no frame keeps the steps that already ran.
  */
 const attempt = (deps: Deps) => (input: Serving, meter: Meter, holding: Holding, bid: RankedBid) =>
+  Effect.suspend(() => Effect.flatten(attemptCall(deps, input, meter, holding, bid)))
+
+const attemptCall = (deps: Deps, input: Serving, meter: Meter, holding: Holding, bid: RankedBid) =>
   Effect.gen(function* () {
     const { book, providers, latency, upstream } = deps
     const provider = providers.get(bid.provider_id)
@@ -185,8 +190,8 @@ const attempt = (deps: Deps) => (input: Serving, meter: Meter, holding: Holding,
     meter.heldSources = undefined
     const sentAt = yield* Clock.currentTimeMillis
     // Each event is handled as it is read, in this fiber (no stream stages held while the reply is open).
-    yield* upstream
-      .run(
+    const call = Effect.suspend(() =>
+      upstream.run(
         { baseUrl: provider.base_url, dialect: provider.dialect },
         input.request,
         bid.model_class,
@@ -221,15 +226,15 @@ const attempt = (deps: Deps) => (input: Serving, meter: Meter, holding: Holding,
             yield* input.emit({ _tag: "Delta", event })
           })
       )
-      .pipe(
-        Effect.mapError(
-          (e) =>
-            new UpstreamFailed({
-              code: `upstream_${e.reason}`,
-              message: `the provider failed: ${e.message}`
-            })
-        )
-      )
+    )
+    return Effect.mapError(
+      call,
+      (e) =>
+        new UpstreamFailed({
+          code: `upstream_${e.reason}`,
+          message: `the provider failed: ${e.message}`
+        })
+    )
   })
 
 /**

@@ -1,6 +1,7 @@
 import { Context, Effect, Layer, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import type { Hex } from "viem"
+import { ReceiptBody } from "../domain/Receipt.ts"
 
 /**
  * Authorizations one settlement pass claims (D426): with a pass started every 250 ms, the queue is taken
@@ -27,6 +28,23 @@ export const ClaimedAuthorization = Schema.Struct({
 export type ClaimedAuthorization = typeof ClaimedAuthorization.Type
 const decodeClaimed = Schema.decodeUnknownEffect(Schema.Array(ClaimedAuthorization))
 
+/** A claimed authorization and the hash of the transfer that settles it. */
+export interface Landing {
+  readonly row: ClaimedAuthorization
+  readonly hash: Hex
+}
+
+/** What `recordLanded` recorded: the request ids landed now, and the receipts that now say so. */
+export interface Landed {
+  readonly requestIds: ReadonlyArray<string>
+  readonly receipts: ReadonlyArray<ReceiptBody>
+}
+
+const LandedRows = Schema.Array(
+  Schema.Struct({ request_id: Schema.String, receipt: Schema.NullOr(ReceiptBody) })
+)
+const decodeLanded = Schema.decodeUnknownEffect(LandedRows)
+
 /** Retry backoff for a failed submission: 2 s, 4 s, ... capped at 60 s. */
 const backoffSeconds = (attempts: number) => Math.min(60, 2 ** Math.min(6, attempts))
 
@@ -45,10 +63,14 @@ export class Authorizations extends Context.Service<
     readonly releaseClaimsOf: (instanceIds: ReadonlyArray<string>) => Effect.Effect<number>
     /** Claims up to `CLAIM_LIMIT` due authorizations for submission. */
     readonly claimDue: Effect.Effect<ReadonlyArray<ClaimedAuthorization>>
-    /** Records the hash of a broadcast transfer before it is awaited. */
-    readonly recordBroadcast: (row: ClaimedAuthorization, hash: Hex) => Effect.Effect<void>
-    /** Records the landing once (only the claim that still holds the row); false when it was not ours. */
-    readonly recordLanded: (row: ClaimedAuthorization, hash: Hex) => Effect.Effect<boolean>
+    /** Records the hashes of broadcast transfers before they are awaited: one statement. */
+    readonly recordBroadcast: (sent: ReadonlyArray<Landing>) => Effect.Effect<void>
+    /**
+     * Records landings once each (only while the claim still holds the row), with their receipts' settlement
+     * facts: one statement (D492). Returns the landings recorded now (none of a claim that no longer held
+     * its row) and their receipts, stored final and left for the receipt signer.
+     */
+    readonly recordLanded: (landings: ReadonlyArray<Landing>) => Effect.Effect<Landed>
     /** Back to `pending` with a backoff, or `failed` when expired (the session it funded dies). */
     readonly recordFailed: (
       row: ClaimedAuthorization,
@@ -74,44 +96,104 @@ export class Authorizations extends Context.Service<
                   attempts, scheme, ceiling::text
       `.pipe(Effect.flatMap(decodeClaimed), Effect.orDie)
 
-      const recordBroadcast = (row: ClaimedAuthorization, hash: Hex) =>
-        sql`UPDATE x402_authorizations SET tx_hash = ${hash} WHERE payer = ${row.payer} AND nonce = ${row.nonce}`.pipe(
-          Effect.asVoid,
-          Effect.orDie
-        )
+      const recordBroadcast = (sent: ReadonlyArray<Landing>) =>
+        sent.length === 0
+          ? Effect.void
+          : sql`
+              UPDATE x402_authorizations a SET tx_hash = v.hash
+              FROM jsonb_to_recordset(${JSON.stringify(sent.map(({ row, hash }) => ({ payer: row.payer, nonce: row.nonce, hash })))}::jsonb)
+                AS v(payer text, nonce text, hash text)
+              WHERE a.payer = v.payer AND a.nonce = v.nonce
+            `.pipe(Effect.asVoid, Effect.orDie)
 
       /**
-       * The landing in one statement (D333): the authorization (only while this claim holds it, `submitted`),
-       * its ledger row, and the deposit it funds when it funds one (credited exactly once, never without
-       * its transfer: the deposit's CTEs run only when the landing's update matched). Data-modifying CTEs
-       * run exactly once and commit or fail together; it was a transaction of three statements.
+       * Every landing of a settlement pass in one statement of data-modifying CTEs (D333, D492): each
+       * authorization goes `submitted` → `landed` (only while this claim holds it; the `x402_outstanding`
+       * trigger runs for each row), then, only for the rows that update matched, the deposits they fund are
+       * credited with their balances, their ledger rows written (one insert: every `settled` row before any
+       * `deposit_credited` one, the order readers expect; the order of separate CTEs' writes is not defined),
+       * and their receipts rewritten with the settlement facts, unsigned, for the signer to sign (a reader or
+       * the sweep signs one left unsigned). The payers' outstanding rows are locked first in payer order, and
+       * the balances are credited in wallet order: two passes (or instances) landing several payers never
+       * take two of their rows in opposite orders. The receipts' `receipts_points` trigger would lock points
+       * rows in whatever order the join rewrites the receipts, so before the rewrite the statement locks the
+       * receipts (request order), then their wallets' points rows (wallet order), then their providers'
+       * points shards (`(provider, shard)` order, the trigger's `hashtext(request_id) & 7`): the order a
+       * capture takes them in (ledger/SettleBatch.ts: a receipt row, its wallet, then its shards), so a
+       * landing and a capture, or two landings, never wait on each other in a cycle (D513). Data-modifying CTEs run exactly once and commit or fail
+       * together: a deposit is credited exactly once and never without its transfer.
        */
-      const recordLanded = (row: ClaimedAuthorization, hash: Hex) =>
-        sql<{ landed: number }>`
-          WITH landed AS (
-            UPDATE x402_authorizations SET status = 'landed', tx_hash = ${hash}, signature = NULL, updated_at = now()
-            WHERE payer = ${row.payer} AND nonce = ${row.nonce} AND status = 'submitted'
-            RETURNING nonce
+      const recordLanded = (landings: ReadonlyArray<Landing>) => {
+        if (landings.length === 0) return Effect.succeed<Landed>({ requestIds: [], receipts: [] })
+        const rows = landings.map(({ row, hash }) => ({ payer: row.payer, nonce: row.nonce, hash }))
+        return sql`
+          WITH v AS (
+            SELECT * FROM jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) AS v(payer text, nonce text, hash text)
+          ), outstanding_locked AS (
+            SELECT count(*) FROM (
+              SELECT 1 FROM x402_outstanding WHERE payer IN (SELECT payer FROM v) ORDER BY payer FOR UPDATE
+            ) l
+          ), landed AS (
+            UPDATE x402_authorizations a
+            SET status = 'landed', tx_hash = v.hash, signature = NULL, updated_at = now()
+            FROM v
+            WHERE a.payer = v.payer AND a.nonce = v.nonce AND a.status = 'submitted'
+              AND (SELECT * FROM outstanding_locked) >= 0
+            RETURNING a.request_id, a.value, v.hash
+          ), receipts_locked AS (
+            SELECT r.request_id, lower(r.body->>'wallet') AS wallet, r.body->>'provider_id' AS provider_id
+            FROM receipts r WHERE r.request_id IN (SELECT request_id FROM landed)
+            ORDER BY r.request_id FOR UPDATE
+          ), wallets_locked AS (
+            SELECT count(*) FROM (
+              SELECT 1 FROM points_wallets WHERE wallet IN (SELECT wallet FROM receipts_locked)
+              ORDER BY wallet FOR UPDATE
+            ) l
+          ), providers_locked AS (
+            SELECT count(*) FROM (
+              SELECT 1 FROM points_providers
+              WHERE (provider_id, shard) IN (SELECT provider_id, hashtext(request_id) & 7 FROM receipts_locked)
+                AND (SELECT * FROM wallets_locked) >= 0
+              ORDER BY provider_id, shard FOR UPDATE
+            ) l
           ), credited AS (
-            UPDATE deposits SET status = 'credited', credited_at = now()
-            WHERE request_id = ${row.request_id} AND status = 'pending' AND EXISTS (SELECT 1 FROM landed)
-            RETURNING deposit_id, wallet, amount
+            UPDATE deposits d SET status = 'credited', credited_at = now()
+            FROM landed l
+            WHERE d.request_id = l.request_id AND d.status = 'pending'
+            RETURNING d.request_id, d.wallet, d.amount, l.hash
           ), balance AS (
-            INSERT INTO wallet_balances (wallet, available) SELECT wallet, amount FROM credited
+            INSERT INTO wallet_balances (wallet, available)
+            SELECT wallet, sum(amount) FROM credited GROUP BY wallet ORDER BY wallet
             ON CONFLICT (wallet) DO UPDATE
             SET available = wallet_balances.available + EXCLUDED.available, updated_at = now()
           ), entries AS (
-            -- One insert, the settlement's row first: the order of separate CTEs' writes is not defined.
             INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
-            SELECT ${row.request_id}, 'treasury', 'settled', ${row.value}, ${hash} FROM landed
+            SELECT request_id, 'treasury', 'settled', value, hash FROM landed
             UNION ALL
-            SELECT ${row.request_id}, wallet, 'deposit_credited', amount, ${hash} FROM credited
+            SELECT request_id, wallet, 'deposit_credited', amount, hash FROM credited
+          ), finalized AS (
+            UPDATE receipts r
+            SET body = r.body || jsonb_build_object('payment_ref', l.hash, 'settlement', 'landed'),
+                signature = NULL, final = false, updated_at = now()
+            FROM landed l
+            WHERE r.request_id = l.request_id AND (SELECT * FROM providers_locked) >= 0
+            RETURNING r.request_id, r.body
           )
-          SELECT count(*)::int AS landed FROM landed
+          SELECT l.request_id, f.body AS receipt FROM landed l LEFT JOIN finalized f ON f.request_id = l.request_id
         `.pipe(
-          Effect.map(([counted]) => (counted?.landed ?? 0) > 0),
+          // Rows are locked in a fixed order, but an epoch's close locks its receipts in its own: a deadlock
+          // aborts this statement whole, so it runs again.
+          Effect.retry({ while: (error) => error.reason._tag === "DeadlockError", times: 3 }),
+          Effect.flatMap(decodeLanded),
+          Effect.map(
+            (landed): Landed => ({
+              requestIds: landed.map((row) => row.request_id),
+              receipts: landed.flatMap((row) => (row.receipt === null ? [] : [row.receipt]))
+            })
+          ),
           Effect.orDie
         )
+      }
 
       // One transaction: once the authorization reads `failed`, the session it funded is already dead
       // (no reader sees a failed funding beside a session still taking turns).

@@ -32,6 +32,11 @@ export interface CaptureRecord {
   readonly lease?: string | undefined
 }
 
+/** What the settling statement stores besides the record: the receipt's signature when it is final as stored. */
+interface Signed {
+  readonly signature: string | null
+}
+
 const X402Source: PaymentSource = { _tag: "X402" }
 
 /** Whether settling a request paid this way may queue a credit capture for the fold (D315). */
@@ -50,8 +55,9 @@ type Together = Partial<Pick<Settlement, "credit_queued" | "authorization_status
  * statement: atomic, every write gated on the claim of the request. A request paid by a funded key or an
  * `exact` authorization is settled with the others of its wallet ready in the same turn, one statement for
  * all (`SettleBatch.ts`, D370); the other ways of paying have a statement of their own. Either answers
- * whether this call claimed the request. The receipt is signed after the statement, off the reply's path
- * (`ReceiptStore.enqueue`; the spec lets a receipt finalize shortly after the response).
+ * whether this call claimed the request. A receipt final as settled (a balance's or a budget's charge, a
+ * release) is signed before the statement and stored signed, one write of its row (D495); one still
+ * waiting for a transfer is stored unsigned and signed when its settlement lands.
  */
 export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient, receipts: ReceiptStore) {
   const batch = yield* makeSettleBatch(sql)
@@ -72,7 +78,7 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
    * economics are inserted, and the payment's own writes (`effects`) run.
    */
   const settleStatement = (
-    record: CaptureRecord,
+    record: CaptureRecord & Signed,
     status: "captured" | "released",
     entries: ReadonlyArray<Entry>,
     effects: ReadonlyArray<Effect_>
@@ -81,13 +87,15 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
     const rows = entries.filter((e) => e.amount > 0)
     const ctes = [
       sql`claimed AS (
-        UPDATE requests SET charged = ${receipt.charged}, status = ${status}, finished_at = now()
+        UPDATE requests SET charged = ${receipt.charged}, status = ${status}, epoch_id = ${receipt.epoch_id},
+                            finished_at = now()
         WHERE request_id = ${receipt.request_id} AND status = 'reserved'
         RETURNING request_id, key_id, payer, authorized
       )`,
       sql`receipt AS (
-        INSERT INTO receipts (request_id, epoch_id, body)
-        SELECT request_id, ${receipt.epoch_id}, ${JSON.stringify(receipt)}::jsonb FROM claimed
+        INSERT INTO receipts (request_id, epoch_id, body, signature, final)
+        SELECT request_id, ${receipt.epoch_id}, ${JSON.stringify(receipt)}::jsonb, ${record.signature},
+               ${record.signature !== null} FROM claimed
       )`,
       sql`economics AS (
         INSERT INTO economics (request_id, body) SELECT request_id, ${JSON.stringify(economics)}::jsonb FROM claimed
@@ -115,7 +123,7 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
 
   /** The settlement as one row of its wallet's batch of this turn (`SettleBatch.ts`). */
   const settleTogether = (
-    { receipt, economics, lease }: CaptureRecord,
+    { receipt, economics, lease, signature }: CaptureRecord & Signed,
     status: "captured" | "released",
     entries: ReadonlyArray<Entry>,
     together: Together
@@ -126,6 +134,7 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
       charged: receipt.charged,
       epoch_id: receipt.epoch_id,
       receipt,
+      signature,
       economics,
       entries: entries.filter((e) => e.amount > 0),
       lease: lease ?? null,
@@ -134,18 +143,27 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
       refund: together.refund ?? 0
     })
 
-  /** Settles in the batch with `together`, else in a statement of its own. */
-  const settle = (
+  /**
+   * Settles in the batch with `together`, else in a statement of its own. A receipt `final` as settled is
+   * signed first and stored signed (D495); one that could not be signed is stored unsigned and queued.
+   */
+  const settle = Effect.fnUntraced(function* (
     record: CaptureRecord,
     status: "captured" | "released",
     entries: ReadonlyArray<Entry>,
     effects: ReadonlyArray<Effect_>,
-    together: Together | undefined
-  ) =>
-    (together === undefined
-      ? settleStatement(record, status, entries, effects)
-      : settleTogether(record, status, entries, together)
+    together: Together | undefined,
+    final: boolean
+  ) {
+    const signed = { ...record, signature: final ? yield* receipts.signFinal(record.receipt) : null }
+    const claimed = yield* (
+      together === undefined
+        ? settleStatement(signed, status, entries, effects)
+        : settleTogether(signed, status, entries, together)
     ).pipe(Effect.orDie)
+    if (claimed && final && signed.signature === null) yield* receipts.enqueue(record.receipt)
+    return claimed
+  })
 
   const claimedOnly = sql`EXISTS (SELECT 1 FROM claimed)`
 
@@ -254,10 +272,15 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
         entries.push({ account: receipt.wallet, kind: "refund_due", amount: refund })
         together = { authorization_status: "pending", refund }
     }
-    const claimed = yield* settle({ receipt, economics, lease }, "captured", entries, effects, together)
-    // A charge settled on a balance or a budget is final now: its receipt is signed shortly after.
-    if (claimed && settledOnCapture(source, receipt)) yield* receipts.enqueue(receipt)
-    return claimed
+    // A charge settled on a balance or a budget is final now; one paid by a transfer waits for it.
+    return yield* settle(
+      { receipt, economics, lease },
+      "captured",
+      entries,
+      effects,
+      together,
+      settledOnCapture(source, receipt)
+    )
   })
 
   const release = Effect.fnUntraced(function* ({
@@ -311,9 +334,8 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
         ])
         entries.push({ account: receipt.wallet, kind: "session_released", amount: receipt.authorized })
     }
-    const claimed = yield* settle({ receipt, economics, lease }, "released", entries, effects, together)
-    if (claimed) yield* receipts.enqueue(receipt)
-    return claimed
+    // A release is final.
+    return yield* settle({ receipt, economics, lease }, "released", entries, effects, together, true)
   })
 
   return { capture, release }

@@ -102,6 +102,11 @@ export class Ledger extends Context.Service<
     readonly foldCredit: Effect.Effect<number>
     /** Records what a request still `reserved` has delivered so far (`Metered.ts`): one statement. */
     readonly recordMeter: (requestId: string, record: MeterRecord) => Effect.Effect<void, SqlError.SqlError>
+    /**
+     * Queues receipts already stored with their final settlement facts, unsigned, for the background
+     * signer (one statement signs every receipt queued in a pass; `recordLanded` stores them, D492).
+     */
+    readonly signLater: (receipts: ReadonlyArray<ReceiptBody>) => Effect.Effect<void>
     /** Signs and stores the receipt as final with the given settlement facts. */
     readonly finalizeReceipt: (
       requestId: string,
@@ -200,6 +205,7 @@ export class Ledger extends Context.Service<
         release,
         foldCredit: fold.foldNow,
         ...makeMeterStore(sql),
+        signLater: (bodies) => Effect.forEach(bodies, receipts.enqueue, { discard: true }),
         finalizeReceipt: receipts.finalize,
         receipt: receipts.read,
         economics: receipts.economics,

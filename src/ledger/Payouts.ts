@@ -193,6 +193,12 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
       for (const payout of open) if (yield* attempt(resumeOne(payout), payout.provider_id)) paid++
 
       // One payout in flight per provider, so a transfer found in the logs can only be that payout's.
+      // It reads the unpaid shares of ended epochs and nothing else (D509–D511): a request's `epoch_id` is
+      // its receipt's, written by the statement that inserts that receipt, and `requests_share_unpaid
+      // (epoch_id, provider_id)` holds the unpaid shares, so `epoch_id < epoch` starts at the ended epochs and
+      // never reads the current epoch's (nor every past receipt, as `receipts.epoch_id` did). The ids come as
+      // an array (InitPlan): whatever the statistics say of `epoch_id < epoch` (they count paid history too),
+      // the planner then expects a few rows and reaches each through its key, never a scan of the history.
       const accrued = yield* sql`
         SELECT q.provider_id, p.signer, sum(l.amount)::text AS total,
                array_agg(q.request_id ORDER BY q.request_id) AS request_ids
@@ -204,7 +210,11 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
         LEFT JOIN sessions s ON q.payment_kind = 'session' AND s.session_id = q.session_id
         LEFT JOIN x402_authorizations f ON s.funding_kind = 'x402' AND f.request_id = s.funding_request_id
         WHERE q.status = 'captured' AND q.payout_id IS NULL AND q.dialect <> 'deposit'
-          AND r.epoch_id < ${epoch}
+          AND q.epoch_id < ${epoch}
+          AND q.request_id = ANY(ARRAY(
+            SELECT u.request_id FROM requests u
+            WHERE u.status = 'captured' AND u.payout_id IS NULL AND u.dialect <> 'deposit' AND u.epoch_id < ${epoch}
+          ))
           AND (
             (q.payment_kind = 'x402' AND a.status = 'landed')
             OR q.payment_kind = 'credit'

@@ -1,4 +1,4 @@
-import { Effect, Schema } from "effect"
+import { Effect, Exit, Schema } from "effect"
 import type { SqlClient } from "effect/sql"
 import { repeatInBackground } from "../Background.ts"
 import type { ChainShape } from "../chain/Chain.ts"
@@ -24,9 +24,12 @@ const finalAsStored = (receipt: ReceiptBody) =>
  * Where receipts are signed and kept: the router signer's EIP-712 signature, the stored body with its
  * economics, and the re-signing of a receipt once its settlement facts are final.
  *
- * A settled request's receipt is signed off the reply's path (spec 2.3: the receipt linked from the
- * reply can finalize shortly after the response): `enqueue` queues it, and a background pass every 20 ms
- * signs what is queued (`signReceipts`) and stores the signatures in one statement.
+ * A receipt final as it is settled (drawn from a balance or a budget, or released) is signed before it is
+ * stored (`signFinal`), so its row is written once, signed (D495): a signature stored by a later update
+ * was a second, non-HOT write of the row, a statement and a commit of its own, and an entry in the
+ * sweep's index. One that could not be signed then is stored unsigned and queued (`enqueue`): a
+ * background pass every 20 ms signs what is queued (`signReceipts`) and stores the signatures in one
+ * statement (spec 2.3: the receipt linked from the reply can finalize shortly after the response).
  * Signatures are deterministic (RFC 6979), so whoever signs a receipt first (the pass, a reader that
  * finds it unsigned, the sweep of an instance that stopped before signing) stores the same bytes.
  */
@@ -80,6 +83,25 @@ export const makeReceiptStore = Effect.fnUntraced(function* (sql: SqlClient.SqlC
   // What is queued at shutdown is signed before the database goes (else the sweep of a later run does).
   yield* Effect.addFinalizer(() => Effect.ignore(signQueued))
 
+  /**
+   * The router signer's signature of a receipt about to be stored final, or null when it could not be
+   * made (the receipt is then stored unsigned and queued). Never fails: signing never costs a settlement.
+   */
+  const signFinal = (receipt: ReceiptBody): Effect.Effect<string | null> =>
+    Effect.exit(Effect.suspend(() => sign(receipt))).pipe(
+      Effect.flatMap((exit) =>
+        Exit.isSuccess(exit)
+          ? Effect.succeed(exit.value)
+          : Effect.as(
+              Effect.logWarning("signing a receipt before it is stored failed; it is signed after", {
+                request_id: receipt.request_id,
+                cause: String(exit.cause)
+              }),
+              null
+            )
+      )
+    )
+
   /** Queues a stored receipt for signing (settled: drawn from a balance or budget, or released). */
   const enqueue = (receipt: ReceiptBody) =>
     Effect.sync(() => {
@@ -130,6 +152,7 @@ export const makeReceiptStore = Effect.fnUntraced(function* (sql: SqlClient.SqlC
 
   return {
     enqueue,
+    signFinal,
     read: readReceipt,
     finalize: finalizeReceipt,
     economics

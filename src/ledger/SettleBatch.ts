@@ -20,6 +20,8 @@ export interface Settlement {
   readonly charged: number
   readonly epoch_id: number
   readonly receipt: ReceiptBody
+  /** The receipt's signature when it is final as stored (D495): the row is written once, signed. */
+  readonly signature: string | null
   readonly economics: EconomicsRecord
   /** Positive amounts only. */
   readonly entries: ReadonlyArray<Entry>
@@ -68,18 +70,19 @@ export const makeSettleBatch = Effect.fnUntraced(function* (sql: SqlClient.SqlCl
     sql<{ request_id: string }>`
       WITH settling AS (
         SELECT * FROM jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) AS s(
-          request_id text, status text, charged bigint, epoch_id bigint, receipt jsonb, economics jsonb,
-          entries jsonb, lease text, credit_queued boolean, authorization_status text, refund bigint
+          request_id text, status text, charged bigint, epoch_id bigint, receipt jsonb, signature text,
+          economics jsonb, entries jsonb, lease text, credit_queued boolean, authorization_status text,
+          refund bigint
         )
       ), claimed AS (
-        UPDATE requests r SET charged = s.charged, status = s.status, finished_at = now()
+        UPDATE requests r SET charged = s.charged, status = s.status, epoch_id = s.epoch_id, finished_at = now()
         FROM settling s
         WHERE r.request_id = s.request_id AND r.status = 'reserved'
-        RETURNING r.request_id, r.key_id, r.payer, r.authorized, s.charged, s.epoch_id, s.receipt, s.economics,
-                  s.entries, s.credit_queued, s.authorization_status, s.refund
+        RETURNING r.request_id, r.key_id, r.payer, r.authorized, s.charged, s.epoch_id, s.receipt, s.signature,
+                  s.economics, s.entries, s.credit_queued, s.authorization_status, s.refund
       ), receipt AS (
-        INSERT INTO receipts (request_id, epoch_id, body)
-        SELECT request_id, epoch_id, receipt FROM claimed
+        INSERT INTO receipts (request_id, epoch_id, body, signature, final)
+        SELECT request_id, epoch_id, receipt, signature, signature IS NOT NULL FROM claimed
         ORDER BY receipt->>'provider_id', hashtext(request_id) & 7
       ), economics AS (
         INSERT INTO economics (request_id, body)

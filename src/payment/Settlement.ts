@@ -1,11 +1,11 @@
-import { Clock, Context, Effect, Layer, Semaphore } from "effect"
+import { Clock, Context, Effect, Layer, Result, Semaphore } from "effect"
 import { getAddress, type Hex } from "viem"
 import { repeatInBackground } from "../Background.ts"
 import { Chain, type ChainError } from "../chain/Chain.ts"
-import { Authorizations, type ClaimedAuthorization } from "../ledger/Authorizations.ts"
+import { Authorizations, type ClaimedAuthorization, type Landing } from "../ledger/Authorizations.ts"
 import { Ledger, permit2NonceOf } from "../ledger/Ledger.ts"
 import type { OutgoingTransfer } from "../ledger/Transfers.ts"
-import { Treasury } from "../ledger/Treasury.ts"
+import { type Confirmed, Treasury } from "../ledger/Treasury.ts"
 
 const RECOVER_EVERY_MS = 30_000
 /**
@@ -15,13 +15,12 @@ const RECOVER_EVERY_MS = 30_000
  */
 export const MAX_PASSES = 4
 /**
- * Sends, and landings recorded, at once across every pass (D426): what one pass did alone. Overlapping
- * passes overlap their waits for blocks, not their chain and database work: 8 passes sending 4 each kept
- * the embedded chain busy with 32 gas estimates at once and piled landings onto the payer's outstanding
- * row, and the paid path's chain reads and x402 reservations queued behind them (x402 p50 at 100/s 17 →
- * 330–490 ms in bench:load).
+ * Unsigned rows' failures and doubtful rows' chain reads at once in a pass (rare paths: each is handled
+ * alone). The pass's sends and landings are one batch each (D493); the treasury bounds its own gas
+ * estimates and broadcasts across passes (`CHAIN_CALLS_AT_ONCE`), and one pass records its landings at a
+ * time (D426: overlapping passes overlap their waits for blocks, not their chain and database work).
  */
-export const SENDS_AT_ONCE = 4
+const DOUBTS_AT_ONCE = 4
 
 /**
  * Submits captured x402 authorizations on chain, off every response's path: an `exact` one as the
@@ -43,14 +42,19 @@ export class Settlement extends Context.Service<
     const ledger = yield* Ledger
     const treasury = yield* Treasury
     const authorizations = yield* Authorizations
-    const sending = yield* Semaphore.make(SENDS_AT_ONCE)
-    const landing = yield* Semaphore.make(SENDS_AT_ONCE)
+    const landing = yield* Semaphore.make(1)
 
-    const landed = (row: ClaimedAuthorization, hash: Hex) =>
-      Effect.gen(function* () {
-        if (yield* authorizations.recordLanded(row, hash))
-          yield* ledger.finalizeReceipt(row.request_id, { payment_ref: hash, settlement: "landed" })
-      }).pipe(landing.withPermit)
+    /**
+     * Records landings in one statement, with their receipts' settlement facts, and queues those receipts
+     * for the signer (D492).
+     */
+    const land = (landings: ReadonlyArray<Landing>) =>
+      landings.length === 0
+        ? Effect.void
+        : Effect.gen(function* () {
+            const landed = yield* authorizations.recordLanded(landings)
+            yield* ledger.signLater(landed.receipts)
+          }).pipe(landing.withPermit)
 
     const failed = (row: ClaimedAuthorization, reason: string) =>
       Effect.gen(function* () {
@@ -109,47 +113,58 @@ export class Settlement extends Context.Service<
           }
 
     // Nothing recorded for this authorization (a refused estimate), or a wait that failed: the token says
-    // whether it is used. Used with no transaction of ours means someone else submitted it.
+    // whether it is used. Used with no transaction of ours means someone else submitted it. Returns the
+    // hash to record its landing with; none: nothing landed (a failure is recorded, or a transaction of
+    // ours is still open, which the next pass confirms).
     const unresolved = (row: ClaimedAuthorization, e: ChainError) =>
       Effect.gen(function* () {
         const ours = yield* treasury.recorded(transferOf(row, (row.signature ?? "0x") as Hex))
         const used = yield* alreadyUsed(row).pipe(Effect.orElseSucceed(() => false))
-        if (used) return yield* landed(row, (ours ?? row.tx_hash ?? "unknown") as Hex)
-        // A transaction of ours still open is not a failure: the next pass confirms it.
-        return yield* failed(row, `${e.reason}: ${e.message}`)
-      })
-
-    /** Sends the row's transfer (or adopts the one recorded for it) and records its hash; none: handled. */
-    const submitOne = (row: ClaimedAuthorization) =>
-      Effect.gen(function* () {
-        if (row.signature === null) {
-          yield* failed(row, "no signature on record")
+        if (used) return (ours ?? row.tx_hash ?? "unknown") as Hex
+        if (ours !== undefined) {
+          // A live transaction of ours (signed, broadcast, or mined while the token's answer was lost) can
+          // still move the money: the row is never failed for it, even past validBefore (D515). It goes back
+          // to the queue with its backoff; the next pass's send adopts the same transaction and confirms it.
+          yield* authorizations.recordFailed(
+            row,
+            `transfer ${ours} still open: ${e.reason}: ${e.message}`,
+            false
+          )
+          yield* Effect.logWarning("settlement left to the next pass: our transfer is still open", {
+            request_id: row.request_id,
+            tx_hash: ours,
+            reason: e.reason
+          })
           return undefined
         }
-        const hash = yield* treasury.send(transferOf(row, row.signature as Hex))
-        if (row.tx_hash !== hash) yield* authorizations.recordBroadcast(row, hash)
-        return hash
-      }).pipe(
-        sending.withPermit,
-        Effect.catchTag("ChainError", (e) => Effect.as(unresolved(row, e), undefined)),
-        Effect.withSpan("Settlement.submit", { attributes: { request_id: row.request_id } })
-      )
+        yield* failed(row, `${e.reason}: ${e.message}`)
+        return undefined
+      })
 
-    const confirmOne = (row: ClaimedAuthorization, hash: Hex) =>
+    /** How a sent row's transfer ended: the hash its landing is recorded with, or none. */
+    const settledBy = (row: ClaimedAuthorization, hash: Hex, confirmed: Confirmed) =>
       Effect.gen(function* () {
-        const outcome = yield* treasury.confirm(hash)
-        if (outcome.status === "success") return yield* landed(row, hash)
+        if (Result.isFailure(confirmed)) return yield* unresolved(row, confirmed.failure)
+        if (confirmed.success.status === "success") return hash
         // Moved nothing; the token says whether another submission (not ours) used the authorization.
-        if (yield* alreadyUsed(row)) return yield* landed(row, (row.tx_hash ?? hash) as Hex)
-        return yield* failed(row, `transfer ${outcome.status}`)
-      }).pipe(
-        Effect.catchTag("ChainError", (e) => unresolved(row, e)),
-        Effect.withSpan("Settlement.confirm", { attributes: { request_id: row.request_id } })
-      )
+        if (yield* alreadyUsed(row)) return (row.tx_hash ?? hash) as Hex
+        yield* failed(row, `transfer ${confirmed.success.status}`)
+        return undefined
+      }).pipe(Effect.catchTag("ChainError", (e) => unresolved(row, e)))
+
+    const landingsOf = (pairs: ReadonlyArray<readonly [ClaimedAuthorization, Hex | undefined]>) =>
+      pairs.flatMap(([row, hash]): Array<Landing> => (hash === undefined ? [] : [{ row, hash }]))
 
     // A claim is stale after 3 minutes (`Authorizations.recover`): looking every 30 s, not on every
     // 250 ms pass, spares the database four statements a second that almost always change nothing.
     let recoveredAt = Number.NEGATIVE_INFINITY
+    /**
+     * One pass (D493): its claimed rows are sent together (`Treasury.sendMany`: one record transaction, the
+     * sender's row locked once), their hashes recorded in one statement, then all confirmed together (one
+     * look per block for the pass) and their landings recorded in one statement. Every claimed row is sent
+     * before any is waited for (D451): the transfers of one pass go to the chain together (one block where
+     * blocks are timed) and their waits overlap. A row whose send or wait fails is handled alone, as before.
+     */
     const runOnce = Effect.gen(function* () {
       const nowMs = yield* Clock.currentTimeMillis
       if (nowMs - recoveredAt >= RECOVER_EVERY_MS) {
@@ -157,18 +172,56 @@ export class Settlement extends Context.Service<
         yield* authorizations.recover
       }
       const rows = yield* authorizations.claimDue
-      // Every claimed row is sent before any is waited for (D451): the transfers of one pass go to the
-      // chain together (one block where blocks are timed) and their waits overlap. Waiting for each
-      // row's block before sending the next four held a pass for a block per four rows.
-      const sent = yield* Effect.forEach(rows, submitOne, { concurrency: SENDS_AT_ONCE })
-      yield* Effect.forEach(
-        rows,
-        (row, i) => {
-          const hash = sent[i]
-          return hash === undefined ? Effect.void : confirmOne(row, hash)
-        },
-        { concurrency: "unbounded", discard: true }
+      if (rows.length === 0) return 0
+      const unsigned = rows.filter((row) => row.signature === null)
+      yield* Effect.forEach(unsigned, (row) => failed(row, "no signature on record"), {
+        concurrency: DOUBTS_AT_ONCE,
+        discard: true
+      })
+      const signed = rows.filter((row) => row.signature !== null)
+      const sends = yield* treasury.sendMany(signed.map((row) => transferOf(row, row.signature as Hex)))
+      const sent: Array<Landing> = []
+      const refused: Array<readonly [ClaimedAuthorization, ChainError]> = []
+      for (const [i, row] of signed.entries()) {
+        const result = sends[i]!
+        if (Result.isSuccess(result)) sent.push({ row, hash: result.success })
+        else refused.push([row, result.failure])
+      }
+      yield* authorizations.recordBroadcast(sent.filter(({ row, hash }) => row.tx_hash !== hash))
+      const doubts = yield* Effect.forEach(
+        refused,
+        ([row, e]) => Effect.map(unresolved(row, e), (hash) => [row, hash] as const),
+        { concurrency: DOUBTS_AT_ONCE }
       )
+      yield* land(landingsOf(doubts))
+      // Each look's finished transfers land together as soon as that look is written (D516): one transfer
+      // still pending (its fees refused, a gap below it) holds back no other's landing.
+      const settleAll = (finished: ReadonlyArray<readonly [Landing, Confirmed]>) =>
+        Effect.forEach(
+          finished,
+          ([{ row, hash }, confirmed]) =>
+            Effect.map(settledBy(row, hash, confirmed), (landed) => [row, landed] as const),
+          { concurrency: DOUBTS_AT_ONCE }
+        ).pipe(Effect.flatMap((settled) => land(landingsOf(settled))))
+      const handed = new Set<string>()
+      const confirmed = yield* treasury.confirmMany(
+        sent.map(({ hash }) => hash),
+        (finished) => {
+          const hashes = new Map(finished.map(([hash, outcome]) => [hash.toLowerCase(), outcome] as const))
+          const now = sent.filter(
+            ({ hash }) => hashes.has(hash.toLowerCase()) && !handed.has(hash.toLowerCase())
+          )
+          for (const { hash } of now) handed.add(hash.toLowerCase())
+          return settleAll(now.map((landing) => [landing, hashes.get(landing.hash.toLowerCase())!] as const))
+        }
+      )
+      // Whatever the treasury did not hand over (none, as it keeps its word) lands from its answer.
+      yield* settleAll(
+        sent.flatMap((landing, i) =>
+          handed.has(landing.hash.toLowerCase()) ? [] : [[landing, confirmed[i]!] as const]
+        )
+      )
+      yield* Effect.annotateCurrentSpan({ claimed: rows.length, sent: sent.length })
       return rows.length
     }).pipe(Effect.withSpan("Settlement.runOnce"))
 

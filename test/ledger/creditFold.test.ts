@@ -7,7 +7,7 @@ import type { ReceiptBody } from "../../src/domain/Receipt.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
 import { Wallets } from "../../src/ledger/Wallets.ts"
 import { tracingWith } from "../../src/Telemetry.ts"
-import { TestDatabase } from "../support/Database.ts"
+import { lockWaited, TestDatabase } from "../support/Database.ts"
 import { fundedKey, keyRows, keyState } from "../support/Keys.ts"
 import { holdFolds, seededEconomics } from "./support.ts"
 
@@ -295,12 +295,7 @@ describe("folding credit captures into the key's and the owner's rows", () => {
             yield* Deferred.await(balanceHeld)
             const close = yield* Effect.forkScoped(Effect.exit(ledger.closeSession("s_locked", false, 1)))
             // The close is done, or waits on a row lock (a close that took the key's row would wait here).
-            yield* sql<{ n: number }>`
-              SELECT count(*)::int AS n FROM pg_stat_activity
-              WHERE datname = current_database() AND wait_event_type = 'Lock'`.pipe(
-              Effect.repeat({ until: (rows) => rows[0]!.n > 0 || close.pollUnsafe() !== undefined }),
-              Effect.orDie
-            )
+            yield* lockWaited(() => close.pollUnsafe() !== undefined)
             yield* Deferred.succeed(takeKey, undefined)
             const closed = yield* Fiber.join(close)
             const written = yield* Fiber.await(writer)

@@ -8,6 +8,7 @@ import { feeSplit } from "../../src/domain/Billing.ts"
 import type { ReceiptBody } from "../../src/domain/Receipt.ts"
 import { Epochs, epochOf, PayoutConfig } from "../../src/ledger/Epochs.ts"
 import { Ledger, type PaymentSource } from "../../src/ledger/Ledger.ts"
+import { makeProviderPayouts } from "../../src/ledger/Payouts.ts"
 import { type Discrepancy, Reconciliation } from "../../src/ledger/Reconciliation.ts"
 import type { OutgoingTransfer } from "../../src/ledger/Transfers.ts"
 import { Treasury } from "../../src/ledger/Treasury.ts"
@@ -527,6 +528,77 @@ describe("provider payouts at epoch close: the floor, and crashes that never pay
         const payout = yield* assertPaidOnce("prov-session", signer, 2n * share)
         assert.isTrue((yield* linkedTo([opening, turn])).every((r) => r.payout_id === payout.payout_id))
       })
+    )
+  })
+})
+
+// ---- which epochs a pass pays: the ended ones, never the current one (D509–D511) ----
+
+/** Epochs long enough that the current one does not end while the test runs. */
+const LONG_EPOCH_SECONDS = 10_000_000
+
+describe("a payouts pass pays the unpaid shares of ended epochs and none of the current epoch", () => {
+  layer(
+    Layer.mergeAll(Ledger.layer, Treasury.layer).pipe(
+      Layer.provideMerge(Layer.mergeAll(TestDatabase, Chain.layer)),
+      Layer.provideMerge(RouterConfig.layerTest({ epochSeconds: LONG_EPOCH_SECONDS }))
+    ),
+    { excludeTestServices: true, timeout: 120_000 }
+  )((it) => {
+    it.effect(
+      "every capture path records its receipt's epoch on the request; the last ended epoch is paid whole, the current not at all",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const payouts = yield* makeProviderPayouts({ payoutFloor: FLOOR })
+          yield* fundTreasury(1_000_000n)
+          const current = epochOf(Date.now(), LONG_EPOCH_SECONDS)
+          const ended = current - 1
+          const signer = yield* registerProvider("prov-bound")
+          const idle = yield* registerProvider("prov-current")
+
+          // The last ended epoch, one share by each way of settling: a key (batched statement), a landed
+          // `exact` authorization (batched) and a session turn (a statement of its own).
+          const credit = yield* seedRequest("prov-bound", ended, "credit")
+          const x402 = yield* seedRequest("prov-bound", ended, "landed")
+          const opening = yield* seedRequest("prov-bound", ended, "pending")
+          yield* sql`
+            INSERT INTO sessions (session_id, token_hash, payer, funding_kind, funding_request_id, budget, spent,
+                                  provider_id, model_class, price_in, price_out, expires_at, status)
+            VALUES ('ses_bound', 'h', 'payer', 'x402', ${opening}, 100000, ${CHARGE}, 'prov-bound', 'chat-medium',
+                    800000, 3200000, now() + interval '1 hour', 'open')`
+          const turn = yield* seedRequest("prov-bound", ended, { turnOf: "ses_bound" })
+          yield* landed(opening)
+          const paidShares = [credit, x402, opening, turn]
+          // The current epoch: each provider's shares here reach the floor, and none may be paid.
+          const unpaid = [
+            ...(yield* Effect.forEach([0, 1, 2], () => seedRequest("prov-bound", current, "credit"))),
+            ...(yield* Effect.forEach([0, 1, 2], () => seedRequest("prov-current", current, "landed")))
+          ]
+          assert.isAtLeast(Number(3n * SHARE), FLOOR)
+
+          const epochs = yield* sql<{ request_id: string; request: number | null; receipt: number }>`
+            SELECT q.request_id, q.epoch_id::int AS request, r.epoch_id::int AS receipt
+            FROM requests q JOIN receipts r USING (request_id)
+            WHERE q.request_id IN ${sql.in([...paidShares, ...unpaid])} ORDER BY q.request_id`
+          assert.strictEqual(epochs.length, paidShares.length + unpaid.length)
+          for (const row of epochs) assert.strictEqual(row.request, row.receipt, `${row.request_id}'s epoch`)
+
+          assert.strictEqual(yield* payouts.settle, 1)
+          const payout = yield* assertPaidOnce("prov-bound", signer, 4n * SHARE)
+          const links = yield* linkedTo([...paidShares, ...unpaid])
+          assert.deepStrictEqual(
+            links.filter((r) => r.payout_id !== null).map((r) => r.request_id),
+            [...paidShares].sort()
+          )
+          assert.isTrue(links.every((r) => r.payout_id === null || r.payout_id === payout.payout_id))
+          assert.strictEqual(yield* (yield* Chain).balanceOf(idle), 0n)
+          assert.deepStrictEqual(yield* payoutsOf("prov-current"), [])
+
+          // Again: nothing more to pay until the current epoch ends.
+          assert.strictEqual(yield* payouts.settle, 0)
+          assert.isTrue((yield* linkedTo(unpaid)).every((r) => r.payout_id === null))
+        })
     )
   })
 })

@@ -8,6 +8,7 @@ import { Chain } from "../../src/chain/Chain.ts"
 import { databaseFromUrl } from "../../src/db/Database.ts"
 import { Treasury } from "../../src/ledger/Treasury.ts"
 import { tracingWith } from "../../src/Telemetry.ts"
+import { countedChain } from "../support/CountingRpc.ts"
 import { freshDatabaseUrl } from "../support/Database.ts"
 import { fundTreasury } from "./support.ts"
 
@@ -49,7 +50,9 @@ describe("one outgoing transfer's cost (issue 12, sends)", () => {
       () =>
         Effect.gen(function* () {
           yield* fundTreasury(1_000_000n)
-          const treasury = yield* Treasury.make()
+          // Every JSON-RPC call the treasury's sends make, read from the requests they POST.
+          const counted = countedChain(yield* Chain)
+          const treasury = yield* Treasury.make().pipe(Effect.provideService(Chain, counted.chain))
           // The first send writes the sender's row and asks the node for its count.
           const first = yield* treasury.send({
             _tag: "Withdrawal",
@@ -59,19 +62,14 @@ describe("one outgoing transfer's cost (issue 12, sends)", () => {
           })
           yield* treasury.confirm(first as Hash)
           exporter.reset()
-          // Every JSON-RPC call the treasury's client makes from here on, read from the bodies it POSTs.
-          const realFetch = globalThis.fetch
-          const methods: Array<string> = []
-          globalThis.fetch = (input, init) => {
-            if (typeof init?.body === "string") {
-              const body = JSON.parse(init.body) as { method: string } | Array<{ method: string }>
-              for (const call of Array.isArray(body) ? body : [body]) methods.push(call.method)
-            }
-            return realFetch(input, init)
-          }
-          const hash = yield* treasury
-            .send({ _tag: "Withdrawal", withdrawalId: "cost_1", to: freshAddress(), amount: 2n })
-            .pipe(Effect.ensuring(Effect.sync(() => (globalThis.fetch = realFetch))))
+          counted.requests.length = 0
+          const hash = yield* treasury.send({
+            _tag: "Withdrawal",
+            withdrawalId: "cost_1",
+            to: freshAddress(),
+            amount: 2n
+          })
+          const methods = counted.methods()
           // The gas estimate and the broadcast: no ask for the nonce (D331); the fee estimate is asked at
           // most once per 1.5 s (D330, counted exactly in test/chain/outgoingFees.test.ts), so it may show here.
           const fees = new Set(["eth_getBlockByNumber", "eth_maxPriorityFeePerGas"])

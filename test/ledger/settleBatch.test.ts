@@ -3,9 +3,9 @@ import { assert, describe, layer } from "@effect/vitest"
 import { InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
 import { Cause, Context, Deferred, Effect, Exit, Fiber, Layer, Scope } from "effect"
 import { SqlClient } from "effect/sql"
-import { Chain } from "../../src/chain/Chain.ts"
+import { Chain, ChainError } from "../../src/chain/Chain.ts"
 import { feeSplit } from "../../src/domain/Billing.ts"
-import type { ReceiptBody } from "../../src/domain/Receipt.ts"
+import { type ReceiptBody, receiptTypedData } from "../../src/domain/Receipt.ts"
 import { type CaptureRecord, Ledger } from "../../src/ledger/Ledger.ts"
 import { tracingWith } from "../../src/Telemetry.ts"
 import { TestDatabase } from "../support/Database.ts"
@@ -100,7 +100,8 @@ const reserve = (
         ttft_ms: 10,
         status: charged === 0 ? "released" : "ok",
         settlement: charged === 0 ? "none" : paid === "credit" ? "landed" : "pending",
-        epoch_id: 1,
+        // Each settlement's own epoch: the request must take its own row's (D509).
+        epoch_id: epochFor(charged),
         session_id: null,
         quotes_competing: 1,
         created_at: Date.now()
@@ -115,6 +116,9 @@ const reserve = (
     return { requestId, paid, lease, settle } satisfies Reserved
   }).pipe(Effect.orDie)
 
+/** The epoch of a settlement at `charged`: distinct per charge, so a batch's rows each carry their own. */
+const epochFor = (charged: number) => 1_000 + charged
+
 /** Captures at `charged` (released whole at 0). */
 const settle = (request: Reserved, charged: number) =>
   Effect.gen(function* () {
@@ -126,8 +130,8 @@ const settle = (request: Reserved, charged: number) =>
 const written = (requestId: string) =>
   Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
-    const [request] = yield* sql<{ status: string; charged: string | null }>`
-      SELECT status, charged::text FROM requests WHERE request_id = ${requestId}`
+    const [request] = yield* sql<{ status: string; charged: string | null; epoch: number | null }>`
+      SELECT q.status, q.charged::text, q.epoch_id::int AS epoch FROM requests q WHERE q.request_id = ${requestId}`
     const entries = yield* sql<{ account: string; kind: string; amount: string }>`
       SELECT account, kind, amount::text FROM ledger_entries WHERE request_id = ${requestId} ORDER BY kind, account`
     const counts = yield* sql<{ receipts: number; economics: number; leases: number }>`
@@ -141,15 +145,37 @@ const written = (requestId: string) =>
     const refund = yield* sql<{
       amount: string
     }>`SELECT amount::text FROM refunds WHERE request_id = ${requestId}`
+    const receipt = yield* storedReceipt(requestId)
     return {
       status: request!.status,
       charged: request!.charged === null ? null : Number(request!.charged),
+      epoch: request!.epoch,
       entries: entries.map((e) => `${e.kind} ${e.account} ${e.amount}`),
       ...counts[0]!,
       queued: queued.map((q) => Number(q.charged)),
       authorization: authorization.map((a) => `${a.status}${a.signed ? " signed" : ""}`),
-      refunds: refund.map((r) => Number(r.amount))
+      refunds: refund.map((r) => Number(r.amount)),
+      receipt
     }
+  }).pipe(Effect.orDie)
+
+/**
+ * How the receipt was stored: "signed once" (by the router signer over the stored body, final, and inserted so
+ * by the settling statement itself: the row's version is the one that statement wrote with the economics, D495),
+ * "signed by an update", or "unsigned".
+ */
+const storedReceipt = (requestId: string) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const chain = yield* Chain
+    const [row] = yield* sql<{ body: ReceiptBody; signature: string | null; final: boolean; once: boolean }>`
+      SELECT r.body, r.signature, r.final, r.xmin = e.xmin AS once
+      FROM receipts r JOIN economics e USING (request_id) WHERE r.request_id = ${requestId}`
+    if (row === undefined) return "missing"
+    if (row.signature === null) return row.final ? "unsigned, final" : "unsigned"
+    const expected = yield* chain.signTypedData(receiptTypedData(row.body, chain.chainId))
+    if (row.signature !== expected || !row.final) return "signed wrong"
+    return row.once ? "signed once" : "signed by an update"
   }).pipe(Effect.orDie)
 
 /** What settling `request` at `charged` must write, by the rules of `Capture.ts`. */
@@ -177,13 +203,17 @@ const expected = (request: Reserved, wallet: string, providerId: string, charged
   return {
     status: captured ? "captured" : "released",
     charged,
+    // The receipt's epoch, which the payouts pass reads on the request (D509).
+    epoch: epochFor(charged),
     entries: entries.sort(),
     receipts: 1,
     economics: 1,
     leases: 0,
     queued: request.paid === "credit" ? [charged] : [],
     authorization: request.paid === "credit" ? [] : [captured ? "pending signed" : "released"],
-    refunds: request.paid === "x402" && captured ? [AUTHORIZED - charged] : []
+    refunds: request.paid === "x402" && captured ? [AUTHORIZED - charged] : [],
+    // Final as settled (a key's charge, a release): stored signed; an x402 capture waits for its transfer.
+    receipt: request.paid === "x402" && captured ? "unsigned" : "signed once"
   }
 }
 
@@ -408,4 +438,67 @@ describe("settlements ready in the same turn are written in one statement", () =
       })
     )
   })
+})
+
+/**
+ * The router signer, refusing while `signing.fails` the first signature of each digest (the one asked for
+ * before the receipt is stored); a later one (the pass's) is made.
+ */
+const signing = { fails: false }
+const refused = new Set<string>()
+const RefusingChain = Layer.effect(
+  Chain,
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    return Chain.of({
+      ...chain,
+      signDigest: (digest) =>
+        signing.fails && !refused.has(digest)
+          ? Effect.andThen(
+              Effect.sync(() => refused.add(digest)),
+              Effect.fail(new ChainError({ reason: "Rpc", message: "signing refused by the test" }))
+            )
+          : chain.signDigest(digest)
+    })
+  })
+).pipe(Layer.provide(Chain.layer))
+
+describe("a receipt that cannot be signed as it is settled", () => {
+  const Refusing = Layer.mergeAll(TestDatabase, RefusingChain)
+  layer(Ledger.layer.pipe(Layer.provideMerge(Refusing)), { excludeTestServices: true, timeout: 60_000 })(
+    (it) => {
+      it.effect("is stored unsigned, the settlement unharmed, and signed shortly after by the pass", () =>
+        Effect.gen(function* () {
+          yield* holdFolds
+          const key = yield* fundedKey({ budget: 10_000_000, balance: 10_000_000 })
+          const [captured, released] = yield* Effect.forEach(["credit", "x402"] as const, (p) =>
+            reserve(key, p)
+          )
+          signing.fails = true
+          assert.isTrue(yield* settle(captured!, CHARGED))
+          assert.isTrue(yield* settle(released!, 0))
+          signing.fails = false
+          for (const request of [captured!, released!]) {
+            const rows = yield* written(request.requestId)
+            assert.deepStrictEqual(
+              { ...rows, entries: [...rows.entries].sort(), receipt: "any" },
+              {
+                ...expected(request, key.wallet, providerOf(request), request === captured ? CHARGED : 0),
+                receipt: "any"
+              }
+            )
+          }
+          // Queued for the background pass (every 20 ms), which signs and stores them.
+          for (const request of [captured!, released!]) {
+            let stored = yield* storedReceipt(request.requestId)
+            for (let i = 0; i < 250 && stored !== "signed by an update"; i++) {
+              yield* Effect.sleep("20 millis")
+              stored = yield* storedReceipt(request.requestId)
+            }
+            assert.strictEqual(stored, "signed by an update")
+          }
+        })
+      )
+    }
+  )
 })

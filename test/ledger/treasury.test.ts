@@ -1,6 +1,6 @@
 import { createServer, type Server } from "node:http"
 import { assert, describe, layer } from "@effect/vitest"
-import { ConfigProvider, Context, Deferred, Effect, Fiber, Layer, Scope } from "effect"
+import { ConfigProvider, Context, Deferred, Effect, Fiber, Layer, Result, Scope } from "effect"
 import { SqlClient } from "effect/sql"
 import {
   type Address,
@@ -9,6 +9,7 @@ import {
   encodeFunctionData,
   type Hash,
   http,
+  parseTransaction,
   toHex
 } from "viem"
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
@@ -155,12 +156,49 @@ const transfersTo = (to: Address) =>
     return yield* chain.readTransferLogs({ fromBlock: 0n, toBlock: yield* chain.blockNumber(), to })
   }).pipe(Effect.orDie)
 
+/** Two treasuries on one database, the second with its own database pool and its own chain client. */
+const twoInstances = Effect.gen(function* () {
+  const embedded = yield* Chain
+  const url = yield* DatabaseUrl
+  const otherChain = yield* externalChain(embedded, embedded.rpcUrl)
+  const otherSql = yield* Layer.build(databaseFromUrl(url)).pipe(
+    Effect.map((c) => Context.get(c, SqlClient.SqlClient))
+  )
+  const a = yield* Treasury.make()
+  const b = yield* Treasury.make().pipe(
+    Effect.provideService(Chain, otherChain),
+    Effect.provideService(SqlClient.SqlClient, otherSql)
+  )
+  return { a, b }
+})
+
+/** Recipient `i` got `first + i`, in exactly one transfer. */
+const paidOnce = (recipients: ReadonlyArray<Address>, first: bigint) =>
+  Effect.forEach(recipients, (to, i) =>
+    Effect.gen(function* () {
+      assert.strictEqual((yield* onChain(to)).balance, first + BigInt(i))
+      assert.lengthOf(yield* transfersTo(to), 1)
+    })
+  )
+
 /** A Treasury over a chain with some outgoing operations replaced (the database is the real one). */
 const treasuryWith = (patch: (chain: ChainShape) => Partial<ChainShape["outgoing"]>) =>
   Effect.gen(function* () {
     const chain = yield* Chain
     const patched: ChainShape = { ...chain, outgoing: { ...chain.outgoing, ...patch(chain) } }
     return yield* Treasury.make({ confirmTimeout: "5 seconds" }).pipe(Effect.provideService(Chain, patched))
+  })
+
+/** A first instance records `transfer` and dies before its broadcast: a `signed` record nobody offered. */
+const recordedByTheDead = (transfer: OutgoingTransfer) =>
+  Effect.gen(function* () {
+    const reached = yield* Deferred.make<void>()
+    const dying = yield* treasuryWith(() => ({
+      broadcast: () => Effect.andThen(Deferred.succeed(reached, undefined), Effect.never)
+    }))
+    const fiber = yield* Effect.forkChild(dying.sendMany([transfer]))
+    yield* Deferred.await(reached)
+    yield* Fiber.interrupt(fiber)
   })
 
 describe("Treasury: every transfer exactly once, on a real chain and database", () => {
@@ -396,10 +434,7 @@ describe("Treasury: every transfer exactly once, on a real chain and database", 
           for (const hash of hashes) assert.strictEqual((yield* second.confirm(hash)).status, "success")
           // Callers resuming their claims get the same transactions.
           assert.deepStrictEqual(yield* Effect.forEach(transfers, second.send), hashes)
-          for (const [i, to] of recipients.entries()) {
-            assert.strictEqual((yield* onChain(to)).balance, 1_000n + BigInt(i))
-            assert.lengthOf(yield* transfersTo(to), 1)
-          }
+          yield* paidOnce(recipients, 1_000n)
           assert.strictEqual((yield* onChain(recipients[0]!)).nonce, before.nonce + 3)
         })
     )
@@ -529,18 +564,7 @@ describe("Treasury: every transfer exactly once, on a real chain and database", 
       "two router instances on one database send at once: one nonce sequence, one transfer per purpose",
       () =>
         Effect.gen(function* () {
-          const embedded = yield* Chain
-          const url = yield* DatabaseUrl
-          // The second instance: its own database pool and its own chain client.
-          const otherChain = yield* externalChain(embedded, embedded.rpcUrl)
-          const otherSql = yield* Layer.build(databaseFromUrl(url)).pipe(
-            Effect.map((c) => Context.get(c, SqlClient.SqlClient))
-          )
-          const a = yield* Treasury.make()
-          const b = yield* Treasury.make().pipe(
-            Effect.provideService(Chain, otherChain),
-            Effect.provideService(SqlClient.SqlClient, otherSql)
-          )
+          const { a, b } = yield* twoInstances
           const recipients = Array.from({ length: 12 }, freshAddress)
           const transfers = recipients.map((to, i) => withdrawal(to, 10_000n + BigInt(i), `wd_pair_${i}`))
           const before = yield* onChain(recipients[0]!)
@@ -552,10 +576,7 @@ describe("Treasury: every transfer exactly once, on a real chain and database", 
           )
           assert.deepStrictEqual(sent.slice(0, 12), sent.slice(12))
           yield* Effect.forEach(sent.slice(0, 12), (hash) => a.confirm(hash), { concurrency: 4 })
-          for (const [i, to] of recipients.entries()) {
-            assert.strictEqual((yield* onChain(to)).balance, 10_000n + BigInt(i))
-            assert.lengthOf(yield* transfersTo(to), 1)
-          }
+          yield* paidOnce(recipients, 10_000n)
           assert.strictEqual((yield* onChain(recipients[0]!)).nonce, before.nonce + 12)
           const rows = yield* records("withdrawal:wd_pair_")
           assert.lengthOf(rows, 12)
@@ -563,6 +584,302 @@ describe("Treasury: every transfer exactly once, on a real chain and database", 
             rows.map((r) => Number(r.nonce)),
             Array.from({ length: 12 }, (_, i) => before.nonce + i)
           )
+        })
+    )
+  })
+})
+
+/** The hash of each transfer a batch sent; fails the test on a transfer it refused. */
+const hashesOf = (sent: ReadonlyArray<Result.Result<Hash, ChainError>>) =>
+  sent.map((result, i) => {
+    if (Result.isFailure(result)) return assert.fail(`transfer ${i} refused: ${result.failure.message}`)
+    return result.success
+  })
+
+/**
+ * How many database transactions recorded these transfers: a record's `created_at` is its transaction's start
+ * (`now()`), which later updates leave alone (they do move `xmin`).
+ */
+const writersOf = (purposePrefix: string) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const [row] = yield* sql<{ n: number }>`
+      SELECT count(DISTINCT created_at)::int AS n FROM outgoing_transactions WHERE purpose LIKE ${`${purposePrefix}%`}`
+    return row!.n
+  }).pipe(Effect.orDie)
+
+describe("Treasury.sendMany and confirmMany: a batch of transfers, each exactly once (D490, D491)", () => {
+  layer(Layer.merge(Database, EmbeddedChain), { excludeTestServices: true, timeout: 120_000 })((it) => {
+    it.effect(
+      "a batch is recorded whole in one transaction, with consecutive nonces, before its first broadcast",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          yield* fundTreasury(50_000_000n)
+          const recipients = Array.from({ length: 8 }, freshAddress)
+          const transfers = recipients.map((to, i) => withdrawal(to, 100n + BigInt(i), `wd_batch_${i}`))
+          const before = yield* onChain(recipients[0]!)
+          // What the database holds when the first broadcast starts.
+          let recordedAtFirstBroadcast: number | undefined
+          const treasury = yield* treasuryWith((chain) => ({
+            broadcast: (raw) =>
+              Effect.gen(function* () {
+                if (recordedAtFirstBroadcast === undefined) {
+                  const [row] = yield* sql<{ n: number }>`
+                    SELECT count(*)::int AS n FROM outgoing_transactions WHERE purpose LIKE 'withdrawal:wd_batch_%'`.pipe(
+                    Effect.orDie
+                  )
+                  recordedAtFirstBroadcast = row!.n
+                }
+                return yield* chain.outgoing.broadcast(raw)
+              })
+          }))
+          const hashes = hashesOf(yield* treasury.sendMany(transfers))
+          assert.strictEqual(recordedAtFirstBroadcast, 8)
+          const rows = yield* records("withdrawal:wd_batch_")
+          assert.deepStrictEqual(
+            rows.map((r) => [r.purpose, Number(r.nonce), r.tx_hash]),
+            transfers.map((t, i) => [`withdrawal:${t.withdrawalId}`, before.nonce + i, hashes[i]])
+          )
+          assert.strictEqual(yield* writersOf("withdrawal:wd_batch_"), 1)
+          const outcomes = yield* treasury.confirmMany(hashes)
+          assert.deepStrictEqual(
+            outcomes.map((o) => Result.isSuccess(o) && o.success.status),
+            hashes.map(() => "success" as const)
+          )
+          yield* paidOnce(recipients, 100n)
+          assert.strictEqual((yield* onChain(recipients[0]!)).nonce, before.nonce + 8)
+          // Sent again whole: every purpose adopted, nothing signed.
+          assert.deepStrictEqual(hashesOf(yield* treasury.sendMany(transfers)), hashes)
+          assert.lengthOf(yield* records("withdrawal:wd_batch_"), 8)
+        })
+    )
+
+    it.effect(
+      "a purpose recorded by an instance that died before broadcasting is adopted and rebroadcast, never signed again",
+      () =>
+        Effect.gen(function* () {
+          yield* fundTreasury(1_000_000n)
+          const [early, a, b] = [freshAddress(), freshAddress(), freshAddress()]
+          const before = yield* onChain(early)
+          const orphan = withdrawal(early, 31n, "wd_orphan")
+          // The first instance records the transfer and dies before its broadcast.
+          yield* recordedByTheDead(orphan)
+          const [recorded] = yield* records("withdrawal:wd_orphan")
+          assert.strictEqual(recorded!.status, "signed")
+
+          // The next instance sends a batch holding that purpose: adopted (its recorded bytes offered), the
+          // others signed after it.
+          const treasury = yield* Treasury.make({ confirmTimeout: "20 seconds" })
+          const batch = [withdrawal(a, 32n, "wd_orphan_a"), orphan, withdrawal(b, 33n, "wd_orphan_b")]
+          const hashes = hashesOf(yield* treasury.sendMany(batch))
+          assert.strictEqual(hashes[1], recorded!.tx_hash)
+          const rows = yield* records("withdrawal:wd_orphan")
+          assert.deepStrictEqual(
+            rows.map((r) => [r.purpose, Number(r.nonce)]),
+            [
+              ["withdrawal:wd_orphan", before.nonce],
+              ["withdrawal:wd_orphan_a", before.nonce + 1],
+              ["withdrawal:wd_orphan_b", before.nonce + 2]
+            ]
+          )
+          for (const outcome of yield* treasury.confirmMany(hashes))
+            assert.isTrue(Result.isSuccess(outcome) && outcome.success.status === "success")
+          assert.deepStrictEqual(yield* onChain(early), { balance: 31n, nonce: before.nonce + 3 })
+          for (const to of [early, a, b]) assert.lengthOf(yield* transfersTo(to), 1)
+        })
+    )
+
+    it.effect("a transfer whose estimate reverts fails alone: the others are recorded and land", () =>
+      Effect.gen(function* () {
+        const chain = yield* Chain
+        yield* fundTreasury(1_000_000n)
+        const [a, b, c] = [freshAddress(), freshAddress(), freshAddress()]
+        const before = yield* onChain(a)
+        const treasury = yield* Treasury.make()
+        // More than the treasury holds: the token's transfer reverts at estimation.
+        const tooMuch = (yield* chain.balanceOf(chain.treasury).pipe(Effect.orDie)) + 1n
+        const sent = yield* treasury.sendMany([
+          withdrawal(a, 41n, "wd_revert_a"),
+          withdrawal(b, tooMuch, "wd_revert_b"),
+          withdrawal(c, 43n, "wd_revert_c")
+        ])
+        assert.isTrue(Result.isFailure(sent[1]!))
+        if (Result.isFailure(sent[1]!)) assert.strictEqual(sent[1].failure.reason, "Reverted")
+        const hashes = hashesOf([sent[0]!, sent[2]!])
+        const rows = yield* records("withdrawal:wd_revert_")
+        assert.deepStrictEqual(
+          rows.map((r) => [r.purpose, Number(r.nonce)]),
+          [
+            ["withdrawal:wd_revert_a", before.nonce],
+            ["withdrawal:wd_revert_c", before.nonce + 1]
+          ]
+        )
+        for (const outcome of yield* treasury.confirmMany(hashes))
+          assert.isTrue(Result.isSuccess(outcome) && outcome.success.status === "success")
+        assert.strictEqual((yield* onChain(a)).balance, 41n)
+        assert.strictEqual((yield* onChain(b)).balance, 0n)
+        assert.strictEqual((yield* onChain(c)).balance, 43n)
+      })
+    )
+
+    it.effect(
+      "a nonce taken outside is found at broadcast: that purpose alone is signed again, the batch lands once (D331)",
+      () =>
+        Effect.gen(function* () {
+          const chain = yield* Chain
+          yield* fundTreasury(1_000_000n)
+          const treasury = yield* Treasury.make({ confirmTimeout: "20 seconds" })
+          // One send makes the kept nonce trusted: the batch below asks the node nothing.
+          const warm = yield* treasury.send(withdrawal(freshAddress(), 1n))
+          assert.strictEqual((yield* treasury.confirm(warm)).status, "success")
+          const taken = (yield* onChain(freshAddress())).nonce
+          const operator = createWalletClient({
+            account: privateKeyToAccount(devKey(1)),
+            chain: chain.publicClient.chain,
+            transport: http(chain.rpcUrl)
+          })
+          const foreign = yield* Effect.promise(() =>
+            operator.sendTransaction({
+              to: chain.token,
+              data: encodeFunctionData({
+                abi: testUsdcAbi,
+                functionName: "transfer",
+                args: [freshAddress(), 1n]
+              }),
+              nonce: taken
+            })
+          )
+          yield* Effect.promise(() => chain.publicClient.waitForTransactionReceipt({ hash: foreign }))
+          const recipients = [freshAddress(), freshAddress(), freshAddress()]
+          const batch = recipients.map((to, i) => withdrawal(to, 51n + BigInt(i), `wd_taken_${i}`))
+          const hashes = hashesOf(yield* treasury.sendMany(batch))
+          for (const outcome of yield* treasury.confirmMany(hashes))
+            assert.isTrue(Result.isSuccess(outcome) && outcome.success.status === "success")
+          const rows = yield* records("withdrawal:wd_taken_")
+          assert.deepStrictEqual(
+            rows.map((r) => [r.purpose, r.status, Number(r.nonce)]),
+            [
+              ["withdrawal:wd_taken_0", "void", taken],
+              ["withdrawal:wd_taken_1", "mined", taken + 1],
+              ["withdrawal:wd_taken_2", "mined", taken + 2],
+              ["withdrawal:wd_taken_0", "mined", taken + 3]
+            ]
+          )
+          yield* paidOnce(recipients, 51n)
+        })
+    )
+
+    it.effect(
+      "confirmMany fills the gaps below its batch, lost transfers not in it included, each looked at once a look (D169, D427)",
+      () =>
+        Effect.gen(function* () {
+          yield* fundTreasury(1_000_000n)
+          const recipients = Array.from({ length: 5 }, freshAddress)
+          const before = yield* onChain(recipients[0]!)
+          const treasury = yield* Treasury.make({ confirmTimeout: "30 seconds" })
+          const batch = yield* Effect.scoped(
+            Effect.gen(function* () {
+              const anvil = yield* holdBlocks
+              // Two transfers sent on their own, then a batch of three; the pool loses both singles and the
+              // batch's lowest, so the batch waits on gaps only a look below it can fill.
+              const lowest = yield* treasury.send(withdrawal(recipients[0]!, 61n))
+              const next = yield* treasury.send(withdrawal(recipients[1]!, 62n))
+              const sent = hashesOf(
+                yield* treasury.sendMany(recipients.slice(2).map((to, i) => withdrawal(to, 63n + BigInt(i))))
+              )
+              for (const hash of [lowest, next, sent[0]!])
+                yield* Effect.promise(() => anvil.dropTransaction({ hash }))
+              return sent
+            })
+          )
+          const outcomes = yield* treasury.confirmMany(batch)
+          for (const outcome of outcomes)
+            assert.isTrue(
+              Result.isSuccess(outcome) && outcome.success.status === "success",
+              Result.isFailure(outcome) ? outcome.failure.message : ""
+            )
+          yield* paidOnce(recipients, 61n)
+          assert.strictEqual((yield* onChain(recipients[0]!)).nonce, before.nonce + 5)
+        })
+    )
+
+    it.effect(
+      "two instances send the same batch at once: one record per purpose, one nonce sequence, one transfer each",
+      () =>
+        Effect.gen(function* () {
+          yield* fundTreasury(1_000_000n)
+          const { a, b } = yield* twoInstances
+          const recipients = Array.from({ length: 12 }, freshAddress)
+          const transfers = recipients.map((to, i) => withdrawal(to, 20_000n + BigInt(i), `wd_both_${i}`))
+          const before = yield* onChain(recipients[0]!)
+          // Halves and the whole, from both instances at once: every purpose meets a rival for its lock.
+          const [whole, first, second] = yield* Effect.all(
+            [a.sendMany(transfers), b.sendMany(transfers.slice(0, 6)), b.sendMany(transfers.slice(6))],
+            { concurrency: "unbounded" }
+          )
+          const hashes = hashesOf(whole!)
+          assert.deepStrictEqual([...hashesOf(first!), ...hashesOf(second!)], hashes)
+          for (const outcome of yield* b.confirmMany(hashes))
+            assert.isTrue(Result.isSuccess(outcome) && outcome.success.status === "success")
+          yield* paidOnce(recipients, 20_000n)
+          const rows = yield* records("withdrawal:wd_both_")
+          assert.lengthOf(rows, 12)
+          assert.deepStrictEqual(
+            rows.map((r) => Number(r.nonce)),
+            Array.from({ length: 12 }, (_, i) => before.nonce + i)
+          )
+          assert.strictEqual((yield* onChain(recipients[0]!)).nonce, before.nonce + 12)
+        })
+    )
+  })
+})
+
+describe("Treasury.sendMany broadcasts each sender's transfers one at a time, in nonce order (D517)", () => {
+  layer(Layer.merge(Database, EmbeddedChain), { excludeTestServices: true, timeout: 120_000 })((it) => {
+    it.effect(
+      "an adopted record below the new ones goes first, and no broadcast starts before the one below it is answered",
+      () =>
+        Effect.gen(function* () {
+          yield* fundTreasury(1_000_000n)
+          const recipients = Array.from({ length: 6 }, freshAddress)
+          const before = yield* onChain(recipients[0]!)
+          const orphan = withdrawal(recipients[0]!, 71n, "wd_order_orphan")
+          // A first instance records one transfer and dies before its broadcast: the lowest nonce, adopted below.
+          yield* recordedByTheDead(orphan)
+          // Each broadcast's nonce as it starts, and how many were in flight then; every answer a little late.
+          const started: Array<number> = []
+          let inFlight = 0
+          let most = 0
+          const treasury = yield* treasuryWith((chain) => ({
+            broadcast: (raw) =>
+              Effect.gen(function* () {
+                started.push(parseTransaction(raw).nonce!)
+                most = Math.max(most, ++inFlight)
+                yield* Effect.sleep("20 millis")
+                return yield* chain.outgoing.broadcast(raw)
+              }).pipe(
+                Effect.ensuring(
+                  Effect.sync(() => {
+                    inFlight--
+                  })
+                )
+              )
+          }))
+          // The new transfers first in the batch, the adopted one last.
+          const batch = [
+            ...recipients.slice(1).map((to, i) => withdrawal(to, 72n + BigInt(i), `wd_order_${i}`)),
+            orphan
+          ]
+          const hashes = hashesOf(yield* treasury.sendMany(batch))
+          assert.deepStrictEqual(
+            started,
+            Array.from({ length: 6 }, (_, i) => before.nonce + i)
+          )
+          assert.strictEqual(most, 1)
+          for (const outcome of yield* treasury.confirmMany(hashes))
+            assert.isTrue(Result.isSuccess(outcome) && outcome.success.status === "success")
+          assert.strictEqual((yield* onChain(recipients[0]!)).nonce, before.nonce + 6)
         })
     )
   })

@@ -1,9 +1,9 @@
 import { assert, describe, it, layer } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Result } from "effect"
 import { SqlClient } from "effect/sql"
 import { TestClock } from "effect/testing"
 import { privateKeyToAccount } from "viem/accounts"
-import { Chain } from "../../src/chain/Chain.ts"
+import { Chain, ChainError } from "../../src/chain/Chain.ts"
 import { Authorizations } from "../../src/ledger/Authorizations.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
 import { Treasury } from "../../src/ledger/Treasury.ts"
@@ -45,23 +45,25 @@ describe("settlement", () => {
           // A late second landing (a claim that no longer holds the row) writes nothing: the landing is one
           // statement whose ledger row exists only when the authorization's own update matched (D333).
           const authorizations = yield* Authorizations
-          const again = yield* authorizations.recordLanded(
+          const again = yield* authorizations.recordLanded([
             {
-              payer,
-              nonce: authorization.nonce,
-              request_id: "req_lost_wait",
-              value: "20000",
-              valid_after: "0",
-              valid_before: authorization.validBefore.toString(),
-              signature,
-              tx_hash: hash,
-              attempts: 1,
-              scheme: "exact",
-              ceiling: null
-            },
-            hash
-          )
-          assert.isFalse(again)
+              row: {
+                payer,
+                nonce: authorization.nonce,
+                request_id: "req_lost_wait",
+                value: "20000",
+                valid_after: "0",
+                valid_before: authorization.validBefore.toString(),
+                signature,
+                tx_hash: hash,
+                attempts: 1,
+                scheme: "exact",
+                ceiling: null
+              },
+              hash
+            }
+          ])
+          assert.deepStrictEqual(again, { requestIds: [], receipts: [] })
           const still = yield* sql<{ n: number }>`
           SELECT count(*)::int AS n FROM ledger_entries WHERE request_id = 'req_lost_wait' AND kind = 'settled'`
           assert.strictEqual(still[0]!.n, 1)
@@ -134,10 +136,10 @@ describe("a settlement pass", () => {
             claimDue: Effect.succeed(rows),
             releaseClaimsOf: () => Effect.succeed(0),
             recordBroadcast: () => Effect.void,
-            recordLanded: (row) =>
+            recordLanded: (landings) =>
               Effect.sync(() => {
-                events.push(`landed ${row.request_id}`)
-                return true
+                for (const { row } of landings) events.push(`landed ${row.request_id}`)
+                return { requestIds: landings.map(({ row }) => row.request_id), receipts: [] }
               }),
             recordFailed: (row) => Effect.die(`not expected: ${row.request_id} failed`)
           })
@@ -145,21 +147,27 @@ describe("a settlement pass", () => {
         Effect.provideService(Chain, {
           treasury: "0x00000000000000000000000000000000000000b2"
         } as unknown as Chain["Service"]),
-        Effect.provideService(Ledger, { finalizeReceipt: () => Effect.void } as unknown as Ledger["Service"]),
+        Effect.provideService(Ledger, { signLater: () => Effect.void } as unknown as Ledger["Service"]),
         Effect.provideService(
           Treasury,
           Treasury.of({
-            send: (transfer) =>
-              Effect.sync(() => {
-                const requestId = transfer._tag === "X402Settlement" ? transfer.requestId : "?"
-                events.push(`send ${requestId}`)
-                return hashOf(requestId)
-              }),
-            confirm: (hash) =>
-              Effect.sync(() => {
-                events.push(`confirm ${hash}`)
-                return { status: "success", blockNumber: 1n } as const
-              }),
+            send: () => Effect.die("not expected: a pass sends its rows together"),
+            sendMany: (transfers) =>
+              Effect.sync(() =>
+                transfers.map((transfer) => {
+                  const requestId = transfer._tag === "X402Settlement" ? transfer.requestId : "?"
+                  events.push(`send ${requestId}`)
+                  return Result.succeed(hashOf(requestId))
+                })
+              ),
+            confirm: () => Effect.die("not expected: a pass confirms its hashes together"),
+            confirmMany: (hashes) =>
+              Effect.sync(() =>
+                hashes.map((hash) => {
+                  events.push(`confirm ${hash}`)
+                  return Result.succeed({ status: "success", blockNumber: 1n } as const)
+                })
+              ),
             recorded: () => Effect.succeed(undefined),
             recover: Effect.succeed(0)
           })
@@ -171,5 +179,90 @@ describe("a settlement pass", () => {
       assert.isTrue(firstConfirm > lastSend, events.join(", "))
       assert.strictEqual(events.filter((event) => event.startsWith("landed")).length, rows.length)
     })
+  )
+})
+
+describe("a settlement whose wait fails while our transfer is still open", () => {
+  it.effect(
+    "leaves the row for the next pass, even past validBefore, and the next pass lands it (D515)",
+    () =>
+      Effect.gen(function* () {
+        const row = {
+          payer: "0x00000000000000000000000000000000000000a1",
+          nonce: `0x${"07".repeat(32)}`,
+          request_id: "req_open",
+          value: "20000",
+          valid_after: "0",
+          // Already past (the test clock reads 0): a row failed now is failed for good, with a failed receipt.
+          valid_before: "0",
+          signature: `0x${"11".repeat(65)}`,
+          tx_hash: null,
+          attempts: 1,
+          scheme: "exact" as const,
+          ceiling: null
+        }
+        const hash = `0x${"ab".repeat(32)}` as const
+        const events: Array<string> = []
+        let pass = 0
+        const settlement = yield* Settlement.make.pipe(
+          Effect.provideService(
+            Authorizations,
+            Authorizations.of({
+              recover: Effect.void,
+              claimDue: Effect.sync(() => {
+                pass++
+                return [row]
+              }),
+              releaseClaimsOf: () => Effect.succeed(0),
+              recordBroadcast: () => Effect.void,
+              recordLanded: (landings) =>
+                Effect.sync(() => {
+                  for (const landing of landings)
+                    events.push(`landed ${landing.row.request_id} ${landing.hash}`)
+                  return { requestIds: landings.map(({ row }) => row.request_id), receipts: [] }
+                }),
+              recordFailed: (failedRow, _reason, expired) =>
+                Effect.sync(() => {
+                  events.push(`${expired ? "failed" : "retry"} ${failedRow.request_id}`)
+                })
+            })
+          ),
+          Effect.provideService(Chain, {
+            treasury: "0x00000000000000000000000000000000000000b2",
+            // The token's answer is lost too (the RPC error that failed the wait).
+            authorizationState: () => Effect.fail(new ChainError({ reason: "Rpc", message: "chain down" }))
+          } as unknown as Chain["Service"]),
+          Effect.provideService(Ledger, {
+            signLater: () => Effect.void,
+            finalizeReceipt: (requestId: string) =>
+              Effect.sync(() => {
+                events.push(`receipt failed ${requestId}`)
+              })
+          } as unknown as Ledger["Service"]),
+          Effect.provideService(
+            Treasury,
+            Treasury.of({
+              send: () => Effect.die("not expected"),
+              // The purpose's live transaction, adopted by every pass.
+              sendMany: (transfers) => Effect.succeed(transfers.map(() => Result.succeed(hash))),
+              confirm: () => Effect.die("not expected"),
+              confirmMany: (hashes) =>
+                Effect.succeed(
+                  hashes.map(() =>
+                    pass === 1
+                      ? Result.fail(new ChainError({ reason: "Rpc", message: "gap fill failed" }))
+                      : Result.succeed({ status: "success", blockNumber: 2n } as const)
+                  )
+                ),
+              recorded: () => Effect.succeed(hash),
+              recover: Effect.succeed(0)
+            })
+          )
+        )
+        yield* settlement.runOnce
+        assert.deepStrictEqual(events, ["retry req_open"])
+        yield* settlement.runOnce
+        assert.deepStrictEqual(events, ["retry req_open", `landed req_open ${hash}`])
+      })
   )
 })

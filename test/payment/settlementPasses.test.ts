@@ -82,6 +82,7 @@ describe("the settlement loop (D426)", () => {
                 Layer.provide(Layer.effect(Treasury, Treasury.make())),
                 Layer.provide(
                   Layer.succeed(Ledger, {
+                    signLater: () => Effect.void,
                     finalizeReceipt: () => Effect.void
                   } as unknown as Ledger["Service"])
                 )

@@ -1,6 +1,6 @@
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Layer, Redacted } from "effect"
-import type { SqlClient } from "effect/sql"
+import { SqlClient } from "effect/sql"
 import { inject } from "vitest"
 import { databaseFromUrl } from "../../src/db/Database.ts"
 
@@ -57,3 +57,18 @@ export const sqlAt = <A extends object>(
       return yield* client.unsafe<A>(statement, params as Array<unknown>)
     })
   )
+
+/**
+ * Returns once a session of this database waits on a row lock, or once `done()` says the statement
+ * watched already finished (it never had to wait).
+ */
+export const lockWaited = (done: () => boolean) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    yield* sql<{ n: number }>`
+      SELECT count(*)::int AS n FROM pg_stat_activity
+      WHERE datname = current_database() AND wait_event_type = 'Lock'`.pipe(
+      Effect.repeat({ until: (rows) => rows[0]!.n > 0 || done() }),
+      Effect.orDie
+    )
+  })

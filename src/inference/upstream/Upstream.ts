@@ -1,4 +1,3 @@
-import type { Readable } from "node:stream"
 import { NodeHttpClient } from "@effect/platform-node"
 import {
   Array as Arr,
@@ -33,7 +32,7 @@ import { promptTexts, redactExcerpt } from "./Redact.ts"
 import { makeSseDecoder, type SseEvent } from "./Sse.ts"
 import type { StreamStep } from "./StreamStep.ts"
 import { UpstreamError } from "./UpstreamError.ts"
-import { bodyStream, errorBodyText, letGo, post, timeoutError } from "./UpstreamHttp.ts"
+import { bodyStream, errorBodyText, post, timeoutError, type UpstreamResponse } from "./UpstreamHttp.ts"
 
 export type UpstreamDialect = "openai" | "anthropic"
 
@@ -187,120 +186,43 @@ export const decodeUpstreamStream = <S, E>(
     })
   )
 
-/** Pieces a Node body may buffer ahead of its reader before it is paused. */
-const AHEAD = 64
-
 /**
- * The pieces of a Node body as they arrive, without a stream of its own: each read takes what came
- * since the last (a body more than `AHEAD` pieces ahead is paused until then), or waits for more
- * (`undefined` once the body ended). Interrupting a read, and `close`, destroy the body, which aborts
- * its request.
+ * Reads the response's body straight into `onEvent`, in the calling fiber: no stream stages, pulls or
+ * scopes held while the reply is open (issue 12 item 5). A loop of continuations, not a generator: a
+ * held reply waits in a read with one small continuation on its fiber's stack, where a generator kept
+ * its registers (the last pieces read among them, D501). A failure decoded from the body (a provider's
+ * error frame, which may quote the prompt) is `redact`ed here; a failed read (`timeout`, `dropped`)
+ * carries no excerpt.
  */
-const nodeBodyReader = (body: Readable) => {
-  let pending: Array<Uint8Array> = []
-  let wake: (() => void) | undefined
-  let failed: unknown
-  let ended = false
-  const onData = (piece: Uint8Array) => {
-    pending.push(piece)
-    if (pending.length >= AHEAD) body.pause()
-    wake?.()
-  }
-  const onEnd = () => {
-    ended = true
-    wake?.()
-  }
-  const onError = (error: unknown) => {
-    failed = error
-    wake?.()
-  }
-  // Closed without its end or an error (torn down under it): broken off, as `finished` would say.
-  const onClose = () => {
-    if (!ended && failed === undefined) onError(new Error("premature close"))
-  }
-  body.on("data", onData)
-  body.on("end", onEnd)
-  body.on("error", onError)
-  body.on("close", onClose)
-  const close = () => {
-    wake = undefined
-    body.off("data", onData)
-    body.off("end", onEnd)
-    body.off("error", onError)
-    body.off("close", onClose)
-    letGo(body)
-  }
-  /**
-   * The reply is decoded whole (its terminal frame came): the body's end is usually already parsed, its
-   * `end` event a tick away. Torn down before that event, undici makes (and stack-traces) an abort error
-   * for a finished response, per call (D470). So what is left is read and dropped until the next turn
-   * of the event loop, and only a body still open then is let go.
-   */
-  const finish = () => {
-    if (ended || failed !== undefined || body.destroyed) return close()
-    wake = undefined
-    body.off("data", onData)
-    body.off("end", onEnd)
-    body.off("close", onClose)
-    body.on("error", ignoreError)
-    body.resume()
-    setImmediate(letGoUnlessEnded, body)
-  }
-  const read: Effect.Effect<ReadonlyArray<Uint8Array> | undefined, UpstreamError> = Effect.callback(
-    (resume) => {
-      const settle = () => {
-        wake = undefined
-        if (pending.length > 0) {
-          const pieces = pending
-          pending = []
-          if (body.isPaused()) body.resume()
-          resume(Effect.succeed(pieces))
-        } else if (failed !== undefined) resume(Effect.fail(brokeOff(failed)))
-        else if (ended) resume(Effect.succeed(undefined))
-        else wake = settle
-      }
-      settle()
-      return Effect.sync(close)
-    }
-  )
-  return { read, close, finish }
-}
-
-const ignoreError = () => {}
-
-const letGoUnlessEnded = (body: Readable) => {
-  if (!body.readableEnded) letGo(body)
-}
-
-/**
- * Reads a Node body straight into `onEvent`, in the calling fiber: no stream stages, pulls or scopes
- * held while the reply is open (issue 12 item 5).
- */
-const readNodeBody = <S>(
+const readBody = <S>(
   codec: DialectCodec<S>,
-  body: Readable,
-  onEvent: (event: UpstreamEvent) => Effect.Effect<void>
+  response: UpstreamResponse,
+  onEvent: (event: UpstreamEvent) => Effect.Effect<void>,
+  redact: (error: UpstreamError) => UpstreamError
 ): Effect.Effect<void, UpstreamError> =>
   Effect.suspend(() => {
     const decoder = makeBodyDecoder(codec)
-    const reader = nodeBodyReader(body)
     let finished = false
-    return Effect.gen(function* () {
-      // A late first byte: the call's timer destroys the body with `timeout` (UpstreamHttp.ts).
-      let chunks = yield* reader.read
-      const events: Array<UpstreamEvent> = []
-      while (true) {
-        decoder.pieces(chunks, events)
-        for (const event of events) yield* onEvent(event)
-        events.length = 0
-        if (decoder.failure !== undefined) return yield* Effect.fail(decoder.failure)
-        if (decoder.finished) {
-          finished = true
-          return
-        }
-        chunks = yield* reader.read
+    const events: Array<UpstreamEvent> = []
+    let at = 0
+    // The events decoded from the last pieces, in order, then the next read (or the end).
+    const deliver = (): Effect.Effect<void, UpstreamError> => {
+      if (at < events.length) return Effect.flatMap(onEvent(events[at++]!), deliver)
+      events.length = 0
+      at = 0
+      if (decoder.failure !== undefined) return Effect.fail(redact(decoder.failure))
+      if (decoder.finished) {
+        finished = true
+        return Effect.void
       }
-    }).pipe(Effect.ensuring(Effect.sync(() => (finished ? reader.finish() : reader.close()))))
+      return next
+    }
+    // A late first byte: the call's timer fails the read with `timeout` (UpstreamHttp.ts).
+    const next: Effect.Effect<void, UpstreamError> = Effect.flatMap(response.read, (chunks) => {
+      decoder.pieces(chunks, events)
+      return deliver()
+    })
+    return next.pipe(Effect.ensuring(Effect.sync(() => (finished ? response.finish() : response.close()))))
   })
 
 /** The `type: message` of a JSON error body, else the body as sent. */
@@ -367,8 +289,8 @@ export const make = Effect.fnUntraced(function* (options: UpstreamOptions = {}) 
         })
       }
       // A provider that ignored `stream: true` answers with one JSON document, not events.
-      if ((response.headers["content-type"] ?? "").includes("application/json")) {
-        letGo(response.body)
+      if (response.contentType.includes("application/json")) {
+        response.close()
         return yield* new UpstreamError({
           reason: "protocol",
           message: "upstream answered with JSON instead of an event stream"
@@ -418,14 +340,23 @@ export const make = Effect.fnUntraced(function* (options: UpstreamOptions = {}) 
     const apiKey = target.apiKey === undefined ? undefined : Redacted.value(target.apiKey)
     const redact = redactFor(request, apiKey)
     const codec = codecOf(target.dialect)
-    return open(codec, target, apiKey, request, modelClass, maxTokens).pipe(
-      Effect.flatMap((response) => readNodeBody(codec, response.body, onEvent)),
-      Effect.mapError(redact)
+    // Redacted apart: while the body is read, the fiber keeps no frame over the call's opening.
+    return Effect.flatMap(
+      Effect.mapError(open(codec, target, apiKey, request, modelClass, maxTokens), redact),
+      (response) => readBody(codec, response, onEvent, redact)
     )
   }
 
   return { stream, run }
 })
+
+/**
+ * The longest an idle upstream connection is kept (D505). undici keeps one 4 s, or as long as the server's
+ * keep-alive hint says, up to 10 minutes: after a burst of 5,000 streams to a server hinting 60 s, 5,000 idle
+ * sockets (about 5 KB of heap each, and their kernel buffers) outlived the load by a minute. A router under
+ * steady traffic reuses its connections long before this; a provider's next call after a quiet spell opens one.
+ */
+export const UPSTREAM_IDLE_MAX_MS = 10_000
 
 /**
  * Streams one completion from an upstream provider in its own dialect, translated to
@@ -442,8 +373,8 @@ export class Upstream extends Context.Service<
       maxTokens: number
     ) => Stream.Stream<UpstreamEvent, UpstreamError>
     /**
-     * The same reply, each event handed to `onEvent` as it arrives, in the calling fiber. The router's
-     * undici body is read directly (no stream stages held while a reply is open, issue 12 item 5).
+     * The same reply, each event handed to `onEvent` as it arrives, in the calling fiber. The call's
+     * body is read directly (no stream stages held while a reply is open, issue 12 item 5).
      */
     readonly run: (
       target: UpstreamTarget,
@@ -456,11 +387,17 @@ export class Upstream extends Context.Service<
 >()("router/inference/Upstream") {
   static readonly layerWith = (options: UpstreamOptions) => Layer.effect(Upstream, make(options))
   static readonly layer = Upstream.layerWith({})
+  /** The router's pools, an idle connection kept at most `idleMaxMs` whatever the server's keep-alive hint. */
+  static readonly layerUndiciWith = (idleMaxMs: number) =>
+    Upstream.layer.pipe(
+      Layer.provide(NodeHttpClient.layerDispatcherOptions({ keepAliveMaxTimeout: idleMaxMs }))
+    )
   /**
-   * The router's: undici's own request API (keep-alive pools per origin), not `fetch` over it: a
-   * held-open stream then holds a Node stream, not fetch's Request, Response, Headers and web streams.
+   * The router's: undici's dispatcher (keep-alive pools per origin), not `fetch` over it: a held-open
+   * stream then holds one call record (UpstreamHttp.ts), not fetch's Request, Response, Headers and web
+   * streams.
    */
-  static readonly layerUndici = Upstream.layer.pipe(Layer.provide(NodeHttpClient.layerDispatcher))
+  static readonly layerUndici = Upstream.layerUndiciWith(UPSTREAM_IDLE_MAX_MS)
 
   /** Scripted replies (by target and class), for tests of what serves through upstreams. */
   static readonly layerTest = (stream: Upstream["Service"]["stream"]) =>

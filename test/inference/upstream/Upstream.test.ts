@@ -6,10 +6,10 @@ import {
   type ServerResponse
 } from "node:http"
 import type { AddressInfo } from "node:net"
-import type { Readable } from "node:stream"
 import { NodeHttpClient } from "@effect/platform-node"
 import { assert, it as bareIt, layer } from "@effect/vitest"
 import { Context, Deferred, Effect, Fiber, Layer, Redacted, Stream } from "effect"
+import type { Dispatcher } from "undici"
 import {
   ProviderServer,
   type ProviderServerHandle,
@@ -174,7 +174,10 @@ layer(Upstream.layerUndici, { excludeTestServices: true })("Upstream interruptio
 })
 
 /** A plain HTTP server on a free loopback port, answering with `handle`, closed with the scope. */
-const localUpstream = (handle: (request: IncomingMessage, body: string, response: ServerResponse) => void) =>
+const localUpstream = (
+  handle: (request: IncomingMessage, body: string, response: ServerResponse) => void,
+  setup: (server: Server) => void = () => {}
+) =>
   Effect.acquireRelease(
     Effect.promise(
       () =>
@@ -187,6 +190,7 @@ const localUpstream = (handle: (request: IncomingMessage, body: string, response
             })
             request.on("end", () => handle(request, body, response))
           })
+          setup(server)
           server.listen(0, "127.0.0.1", () => resolve(server))
         })
     ),
@@ -293,17 +297,30 @@ bareIt.live(
           `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 1, model: "m", choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`
         response.end(`${chunk({ content: "done" }, null)}${chunk({}, "stop")}data: [DONE]\n\n`)
       })
-      // undici's bodies as the router's dispatcher hands them out.
-      const bodies: Array<Readable> = []
+      // What undici tells each call's handler, as the router's dispatcher runs it.
+      const calls: Array<{ ended: boolean; errored: boolean }> = []
       const dispatcher = yield* Layer.build(NodeHttpClient.layerDispatcher).pipe(
         Effect.map((context) => Context.get(context, NodeHttpClient.Dispatcher))
       )
       const spying = {
-        request: (options: Parameters<typeof dispatcher.request>[0]) =>
-          dispatcher.request(options).then((data) => {
-            bodies.push(data.body as unknown as Readable)
-            return data
+        dispatch: (options: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler) => {
+          const seen = { ended: false, errored: false }
+          calls.push(seen)
+          return dispatcher.dispatch(options, {
+            onRequestStart: (controller, context) => handler.onRequestStart?.(controller, context),
+            onResponseStart: (controller, status, headers, message) =>
+              handler.onResponseStart?.(controller, status, headers, message),
+            onResponseData: (controller, chunk) => handler.onResponseData?.(controller, chunk),
+            onResponseEnd: (controller, trailers) => {
+              seen.ended = true
+              handler.onResponseEnd?.(controller, trailers)
+            },
+            onResponseError: (controller, error) => {
+              seen.errored = true
+              handler.onResponseError?.(controller, error)
+            }
           })
+        }
       } as unknown as typeof dispatcher
       const upstream = yield* make().pipe(Effect.provideService(NodeHttpClient.Dispatcher, spying))
       for (let i = 0; i < 3; i++) {
@@ -316,11 +333,144 @@ bareIt.live(
         assert.deepStrictEqual(texts, ["done"])
       }
       yield* Effect.sleep("50 millis")
-      assert.strictEqual(bodies.length, 3)
-      // Torn down before its `end` event, undici errors a finished body with a (stack-traced) abort (D470).
-      for (const body of bodies) {
-        assert.isTrue(body.readableEnded)
-        assert.isNull(body.errored)
-      }
+      // Aborted before its end, a finished response's connection is closed and undici makes an abort
+      // error for it (D470): each call ends on its own.
+      assert.deepStrictEqual(calls, [
+        { ended: true, errored: false },
+        { ended: true, errored: false },
+        { ended: true, errored: false }
+      ])
+    }).pipe(Effect.scoped)
+)
+
+bareIt.live(
+  "an idle upstream connection is closed after the router's bound, whatever the server's keep-alive hint (D505)",
+  () =>
+    Effect.gen(function* () {
+      // A server that hints a minute of keep-alive (`Keep-Alive: timeout=60`), counting its open sockets.
+      const open = new Set<unknown>()
+      const baseUrl = yield* localUpstream(
+        (_request, _body, response) => {
+          response.writeHead(200, { "content-type": "text/event-stream" })
+          response.end(
+            'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+          )
+        },
+        (server) => {
+          server.keepAliveTimeout = 60_000
+          server.on("connection", (socket) => {
+            open.add(socket)
+            socket.on("close", () => open.delete(socket))
+          })
+        }
+      )
+      const callThrough = (idleMaxMs: number) =>
+        Effect.gen(function* () {
+          const context = yield* Layer.build(Upstream.layerUndiciWith(idleMaxMs))
+          const upstream = Context.get(context, Upstream)
+          yield* upstream
+            .stream({ baseUrl, dialect: "openai" }, ask("hi"), "chat-medium", 64)
+            .pipe(Stream.runDrain)
+        })
+      // Bounded at 300 ms: the connection is kept after the call, then closed well before the hint's minute.
+      yield* Effect.scoped(
+        Effect.gen(function* () {
+          yield* callThrough(300)
+          assert.strictEqual(open.size, 1, "the connection is kept alive after the call")
+          yield* Effect.sleep("1500 millis")
+          assert.strictEqual(open.size, 0, "the idle connection was closed at the router's bound")
+        })
+      )
+      // Bounded at 30 s: the same wait leaves it open (the hint, not undici's 4 s default, is what is capped).
+      yield* Effect.scoped(
+        Effect.gen(function* () {
+          yield* callThrough(30_000)
+          yield* Effect.sleep("1500 millis")
+          assert.strictEqual(open.size, 1, "kept while within the bound")
+        })
+      )
+    }).pipe(Effect.scoped)
+)
+
+bareIt.live(
+  "a provider's error quoting the prompt is redacted, in its answer's body and in an error frame mid-reply",
+  () =>
+    Effect.gen(function* () {
+      const prompt = "The launch code is PURPLE-OTTER-4417, keep it."
+      const chunk = (content: string) =>
+        `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 1, model: "m", choices: [{ index: 0, delta: { content }, finish_reason: null }] })}\n\n`
+      const baseUrl = yield* localUpstream((_request, body, response) => {
+        const sent = JSON.parse(body) as { model: string; messages: Array<{ content: string }> }
+        const text = sent.messages[1]!.content
+        if (sent.model === "refused") {
+          response.writeHead(400, { "content-type": "application/json" })
+          response.end(JSON.stringify({ error: { type: "invalid_request", message: `bad input: ${text}` } }))
+          return
+        }
+        // A token, then an error frame that quotes the prompt: the reply is held open until then.
+        response.writeHead(200, { "content-type": "text/event-stream" })
+        response.write(chunk("Hel"))
+        setTimeout(
+          () =>
+            response.end(
+              `data: ${JSON.stringify({ error: { type: "server_error", message: `failed on ${text}` } })}\n\n`
+            ),
+          50
+        )
+      })
+      const upstream = yield* upstreamWith()
+      const target = { baseUrl, dialect: "openai" } as const
+      const texts: Array<string> = []
+      const midReply = yield* upstream
+        .run(target, ask(prompt), "chat-medium", 64, (event) =>
+          Effect.sync(() => {
+            if (event._tag === "TextDelta") texts.push(event.text)
+          })
+        )
+        .pipe(Effect.exit)
+      assert.deepStrictEqual(texts, ["Hel"])
+      const frame = failure(midReply)
+      assert.strictEqual(frame?.reason, "provider_error")
+      assert.include(frame?.excerpt ?? "", "failed on [redacted]")
+      assert.notInclude(frame?.excerpt ?? "", "OTTER")
+
+      const refused = yield* upstream
+        .run(target, ask(prompt), "refused", 64, () => Effect.void)
+        .pipe(Effect.exit)
+      const answered = failure(refused)
+      assert.strictEqual(answered?.reason, "http_status")
+      assert.include(answered?.excerpt ?? "", "bad input: [redacted]")
+      assert.notInclude(answered?.excerpt ?? "", "OTTER")
+    }).pipe(Effect.scoped)
+)
+
+bareIt.live(
+  "a reader slower than its provider gets every piece: the call is paused ahead of it and resumed",
+  () =>
+    Effect.gen(function* () {
+      const chunk = (delta: object, finish: string | null) =>
+        `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 1, model: "m", choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`
+      const baseUrl = yield* localUpstream((_request, _body, response) => {
+        response.writeHead(200, { "content-type": "text/event-stream" })
+        // Each piece in a write of its own, a turn of the event loop apart: far more than the reader takes.
+        let sent = 0
+        const next = () => {
+          if (sent === 300) return response.end(`${chunk({}, "stop")}data: [DONE]\n\n`)
+          response.write(chunk({ content: `${sent++} ` }, null))
+          setImmediate(next)
+        }
+        next()
+      })
+      const upstream = yield* upstreamWith()
+      const texts: Array<string> = []
+      yield* upstream.run({ baseUrl, dialect: "openai" }, ask("count"), "chat-medium", 4096, (event) =>
+        event._tag === "TextDelta"
+          ? Effect.andThen(
+              Effect.sync(() => texts.push(event.text)),
+              texts.length < 20 ? Effect.sleep("5 millis") : Effect.void
+            )
+          : Effect.void
+      )
+      assert.strictEqual(texts.join(""), Array.from({ length: 300 }, (_, i) => `${i} `).join(""))
     }).pipe(Effect.scoped)
 )
