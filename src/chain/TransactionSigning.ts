@@ -1,16 +1,17 @@
 /**
  * EIP-1559 transactions signed by the router's own accounts without viem's local account: viem's
  * `serializeTransaction` (RLP, plain JavaScript and cheap) for the bytes, hash-wasm's WebAssembly
- * keccak (`domain/Keccak.ts`) for the signing hash and the transaction hash, and libsecp256k1 in
- * WebAssembly (`tiny-secp256k1`) for the recoverable signature. viem's `signTransaction` hashes with
+ * keccak (`domain/Keccak.ts`) for the signing hash and the transaction hash, and libsecp256k1
+ * (`Secp256k1.ts`: native where its prebuilt binary loads, else WebAssembly) for the recoverable
+ * signature. viem's `signTransaction` hashes with
  * noble's keccak and signs with noble's pure-JS secp256k1, about 0.5 ms of the main thread a
  * transaction (issue 12, D486). RFC 6979 nonces and low-s normalization on both sides: the bytes are
  * viem's, byte for byte (test/chain/transactionSigning.test.ts compares them over random fields).
  */
 
-import { signRecoverable } from "tiny-secp256k1"
 import { type Address, type Hash, type Hex, serializeTransaction } from "viem"
 import { keccak256Bytes } from "../domain/Keccak.ts"
+import { signRecoverable } from "./Secp256k1.ts"
 
 /** The fields of an EIP-1559 contract call the router signs (no value, no access list). */
 export interface Eip1559Call {
