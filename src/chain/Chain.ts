@@ -244,6 +244,10 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
       return {
         from: router.address,
         to: token,
+        // Every settlement of an EOA's signature (v, r, s: one ecrecover) to one payee writes the same
+        // kinds of slots: one estimate plans them (D530). A signature as bytes may be a contract wallet's
+        // (ERC-1271), whose check costs what that wallet makes it cost: estimated every time.
+        gasClass: split === undefined ? undefined : `transferWithAuthorization:${a.to.toLowerCase()}`,
         data:
           split === undefined
             ? encodeFunctionData({

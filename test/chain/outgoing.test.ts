@@ -98,6 +98,77 @@ layer(ChainEmbedded, { timeout: "60 seconds" })(
         })
     )
 
+    it.effect(
+      "settlements of one class share an estimate for its TTL, each checked by eth_call; a used one still fails Reverted (D530)",
+      () =>
+        Effect.gen(function* () {
+          const { chain, methods } = countedChain(yield* Chain)
+          const calls = yield* Effect.forEach([1, 2, 3], () =>
+            Effect.map(authorization(chain), chain.calls.transferWithAuthorization)
+          )
+          assert.isDefined(calls[0]!.gasClass)
+          const first = yield* chain.outgoing.plan(calls[0]!)
+          assert.deepStrictEqual(
+            methods().filter((m) => m === "eth_estimateGas" || m === "eth_call"),
+            ["eth_estimateGas"]
+          )
+          // The class's next plans: one eth_call each, no estimate; the gas is the estimate's with half again.
+          const [second, third] = yield* Effect.forEach(calls.slice(1), chain.outgoing.plan)
+          assert.deepStrictEqual(
+            methods().filter((m) => m === "eth_estimateGas" || m === "eth_call"),
+            ["eth_estimateGas", "eth_call", "eth_call"]
+          )
+          assert.closeTo(Number(second!.gas) / Number(first.gas), 150 / 125, 0.0001)
+          assert.strictEqual(third!.gas, second!.gas)
+          // Planned from the class, the transfer is mined and succeeds, using less than planned.
+          const signed = yield* chain.outgoing.sign(
+            calls[1]!,
+            second!,
+            yield* chain.outgoing.minedNonce(calls[1]!.from)
+          )
+          yield* chain.outgoing.broadcast(signed.raw)
+          const mined = yield* Effect.promise(() =>
+            chain.publicClient.waitForTransactionReceipt({
+              hash: signed.hash,
+              pollingInterval: 20,
+              timeout: 10_000
+            })
+          )
+          assert.strictEqual(mined.status, "success")
+          assert.isBelow(Number(mined.gasUsed), Number(second!.gas))
+          // The same authorization again: the eth_call reverts with the token's reason, nothing is planned.
+          const used = yield* Effect.flip(chain.outgoing.plan(calls[1]!))
+          assert.strictEqual(used.reason, "Reverted")
+          assert.strictEqual(
+            used.message,
+            "Outgoing.plan reverted: FiatTokenV2: authorization is used or canceled"
+          )
+          assert.strictEqual(methods().filter((m) => m === "eth_estimateGas").length, 1)
+          // A plain transfer has no class: estimated every time.
+          const transfer = chain.calls.treasuryTransfer(chain.treasury, 0n)
+          assert.isUndefined(transfer.gasClass)
+          yield* chain.outgoing.plan(transfer)
+          yield* chain.outgoing.plan(transfer)
+          assert.strictEqual(methods().filter((m) => m === "eth_estimateGas").length, 3)
+        })
+    )
+
+    it.effect("with a gas TTL of 0 every settlement is estimated", () =>
+      Effect.gen(function* () {
+        const { chain, methods } = countedChain(yield* Chain, { gasTtlMs: 0 })
+        yield* Effect.forEach([1, 2], () =>
+          Effect.flatMap(
+            Effect.map(authorization(chain), chain.calls.transferWithAuthorization),
+            chain.outgoing.plan
+          )
+        )
+        assert.deepStrictEqual(
+          methods().filter((m) => m === "eth_estimateGas" || m === "eth_call"),
+          ["eth_estimateGas", "eth_estimateGas"]
+        )
+      })
+    )
+
     it.effect("an estimate that would revert fails Reverted with the token's reason, naming no URL", () =>
       Effect.gen(function* () {
         const chain = yield* Chain
