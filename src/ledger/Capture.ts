@@ -43,8 +43,11 @@ const X402Source: PaymentSource = { _tag: "X402" }
 export const queuesCredit = (source: PaymentSource | undefined): boolean =>
   source?._tag === "Credit" || (source?._tag === "SessionOpening" && source.funding._tag === "Credit")
 
-/** One more write of the settling statement: its CTE's name (another write may wait for it) and text. */
-type Effect_ = readonly [name: string, statement: Statement.Fragment]
+/**
+ * One more write of the settling statement: its CTE's name (another write may wait for it) and text, and
+ * whether it moves the payer's `x402_outstanding` sum (an authorization's trigger then writes that row).
+ */
+type Effect_ = readonly [name: string, statement: Statement.Fragment, movesOutstanding?: boolean]
 
 /** How a request paid by a key or an `exact` authorization is settled in a batch (`SettleBatch.ts`). */
 type Together = Partial<Pick<Settlement, "credit_queued" | "authorization_status" | "refund">>
@@ -75,7 +78,10 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
   /**
    * One statement: `claimed` takes the request from `reserved` to `status` (no row: settled already,
    * and every other write, gated on `claimed`, does nothing); the ledger rows, the receipt and the
-   * economics are inserted, and the payment's own writes (`effects`) run.
+   * economics are inserted, and the payment's own writes (`effects`) run. When an effect moves the payer's
+   * outstanding sum, `outstanding_locked` locks the payer's row first and the effect and the receipt wait for
+   * it: the payer's row before the points rows the receipt's trigger writes, as a landing takes them (D513),
+   * whatever order Postgres runs the CTEs in (D519).
    */
   const settleStatement = (
     record: CaptureRecord & Signed,
@@ -85,6 +91,7 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
   ) => {
     const { receipt, economics } = record
     const rows = entries.filter((e) => e.amount > 0)
+    const locksOutstanding = effects.some(([, , moves]) => moves === true)
     const ctes = [
       sql`claimed AS (
         UPDATE requests SET charged = ${receipt.charged}, status = ${status}, epoch_id = ${receipt.epoch_id},
@@ -92,10 +99,23 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
         WHERE request_id = ${receipt.request_id} AND status = 'reserved'
         RETURNING request_id, key_id, payer, authorized
       )`,
+      ...(locksOutstanding
+        ? [
+            sql`outstanding_locked AS (
+              SELECT count(*) FROM (
+                SELECT 1 FROM x402_outstanding
+                WHERE payer IN (SELECT a.payer FROM x402_authorizations a JOIN claimed c ON c.request_id = a.request_id
+                                WHERE a.status = 'reserved')
+                FOR UPDATE
+              ) l
+            )`
+          ]
+        : []),
       sql`receipt AS (
         INSERT INTO receipts (request_id, epoch_id, body, signature, final)
         SELECT request_id, ${receipt.epoch_id}, ${JSON.stringify(receipt)}::jsonb, ${record.signature},
                ${record.signature !== null} FROM claimed
+        ${locksOutstanding ? sql`WHERE ${outstandingFirst}` : sql``}
       )`,
       sql`economics AS (
         INSERT INTO economics (request_id, body) SELECT request_id, ${JSON.stringify(economics)}::jsonb FROM claimed
@@ -166,6 +186,8 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
   })
 
   const claimedOnly = sql`EXISTS (SELECT 1 FROM claimed)`
+  /** A write that waits for the payer's `x402_outstanding` row (`outstanding_locked`). */
+  const outstandingFirst = sql`(SELECT * FROM outstanding_locked) >= 0`
 
   /**
    * A funded key's reservation goes back: the cap and the owner's balance, less what was spent. Not here:
@@ -226,9 +248,12 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
         "authorization_settled",
         receipt.charged > 0
           ? sql`UPDATE x402_authorizations SET status = 'pending', value = ${receipt.charged}, updated_at = now()
-                WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}`
+                WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}
+                  AND ${outstandingFirst}`
           : sql`UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
-                WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}`
+                WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}
+                  AND ${outstandingFirst}`,
+        true
       ]
     ] satisfies Array<Effect_>
   })
@@ -297,8 +322,9 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
         "authorization_settled",
         sql`
           UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
-          WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}
-        `
+          WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly} AND ${outstandingFirst}
+        `,
+        true
       ])
       entries.push(authorizationReleased(receipt))
     }

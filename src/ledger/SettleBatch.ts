@@ -61,6 +61,13 @@ export const settleBatchFallbacks = Metric.counter("svc_settle_batch_fallbacks_t
  * `(provider, shard)` order, then at commit the market's rollup shards in their key's order, as a single
  * settlement does with one of each. So no two statements (batched or not, here or on another instance)
  * can wait on each other in a cycle.
+ *
+ * None of that order rests on the order Postgres runs the CTEs in, which is unspecified (D519): every write
+ * reads `claimed`, so the requests' rows come first; row triggers fire at the end of the statement, after every
+ * CTE's own writes; the only CTE besides `receipt` whose trigger locks a shared row is the authorization's
+ * update of a release (`released` leaves the payer's `x402_outstanding` sum), and that row is locked first,
+ * in payer order, by `outstanding_locked`, which both the update and the receipts' insert wait for: the
+ * payer's row before any points row, as a landing takes them (D513).
  */
 export const makeSettleBatch = Effect.fnUntraced(function* (sql: SqlClient.SqlClient) {
   const scope = yield* Effect.scope
@@ -80,9 +87,17 @@ export const makeSettleBatch = Effect.fnUntraced(function* (sql: SqlClient.SqlCl
         WHERE r.request_id = s.request_id AND r.status = 'reserved'
         RETURNING r.request_id, r.key_id, r.payer, r.authorized, s.charged, s.epoch_id, s.receipt, s.signature,
                   s.economics, s.entries, s.credit_queued, s.authorization_status, s.refund
+      ), outstanding_locked AS (
+        SELECT count(*) FROM (
+          SELECT 1 FROM x402_outstanding
+          WHERE payer IN (SELECT a.payer FROM x402_authorizations a JOIN claimed c ON c.request_id = a.request_id
+                          WHERE c.authorization_status = 'released' AND a.status = 'reserved')
+          ORDER BY payer FOR UPDATE
+        ) l
       ), receipt AS (
         INSERT INTO receipts (request_id, epoch_id, body, signature, final)
         SELECT request_id, epoch_id, receipt, signature, signature IS NOT NULL FROM claimed
+        WHERE (SELECT * FROM outstanding_locked) >= 0
         ORDER BY receipt->>'provider_id', hashtext(request_id) & 7
       ), economics AS (
         INSERT INTO economics (request_id, body)
@@ -102,6 +117,7 @@ export const makeSettleBatch = Effect.fnUntraced(function* (sql: SqlClient.SqlCl
             signature = CASE WHEN c.authorization_status = 'released' THEN NULL ELSE a.signature END
         FROM claimed c
         WHERE a.request_id = c.request_id AND a.status = 'reserved' AND c.authorization_status IS NOT NULL
+          AND (SELECT * FROM outstanding_locked) >= 0
       ), refund_recorded AS (
         INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
         SELECT request_id, receipt->>'wallet', refund, epoch_id, 'due' FROM claimed WHERE refund > 0
