@@ -104,8 +104,7 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
             sql`outstanding_locked AS (
               SELECT count(*) FROM (
                 SELECT 1 FROM x402_outstanding
-                WHERE payer IN (SELECT a.payer FROM x402_authorizations a JOIN claimed c ON c.request_id = a.request_id
-                                WHERE a.status = 'reserved')
+                WHERE payer IN (SELECT payer FROM claimed)
                 FOR UPDATE
               ) l
             )`

@@ -90,8 +90,7 @@ export const makeSettleBatch = Effect.fnUntraced(function* (sql: SqlClient.SqlCl
       ), outstanding_locked AS (
         SELECT count(*) FROM (
           SELECT 1 FROM x402_outstanding
-          WHERE payer IN (SELECT a.payer FROM x402_authorizations a JOIN claimed c ON c.request_id = a.request_id
-                          WHERE c.authorization_status = 'released' AND a.status = 'reserved')
+          WHERE payer IN (SELECT payer FROM claimed WHERE authorization_status = 'released')
           ORDER BY payer FOR UPDATE
         ) l
       ), receipt AS (
