@@ -224,8 +224,13 @@ export const makeOutgoing = (
     })
   })
 
-  // Each gas class's last estimate (raw, no margin) and when it was made (Clock time).
+  // Each gas class's estimate (raw, no margin) and when it was kept (Clock time): the lowest estimate made
+  // while it is fresh, so one costly call (a payer whose check costs more) does not raise the class's limit.
   const classGas = new Map<string, { readonly at: number; readonly gas: bigint }>()
+  const fresh = (
+    kept: { readonly at: number } | undefined,
+    now: number
+  ): kept is { at: number; gas: bigint } => kept !== undefined && now >= kept.at && now - kept.at < gasTtlMs
 
   /** The call's own estimate, with its margin; kept for its class, if it has one. */
   const estimated = (call: OutgoingCall) =>
@@ -238,8 +243,9 @@ export const makeOutgoing = (
         Effect.flatMap((gas) =>
           call.gasClass === undefined
             ? Effect.succeed(gas)
-            : Effect.map(Clock.currentTimeMillis, (at) => {
-                classGas.set(call.gasClass!, { at, gas })
+            : Effect.map(Clock.currentTimeMillis, (now) => {
+                const kept = classGas.get(call.gasClass!)
+                if (!fresh(kept, now) || gas < kept.gas) classGas.set(call.gasClass!, { at: now, gas })
                 return gas
               })
         ),
@@ -247,20 +253,27 @@ export const makeOutgoing = (
       )
 
   /**
-   * The gas a call is planned with: its class's estimate while fresh, once an `eth_call` says the call
-   * would not revert now (its revert fails `Reverted` with the token's reason, as an estimate's does);
-   * else its own estimate.
+   * The gas a call is planned with: its class's limit while the class's estimate is fresh, once an
+   * `eth_call` run under exactly that limit, against the pending state, succeeds; else (no fresh estimate,
+   * or the call failed under the limit for any reason: a revert, gas the limit does not cover, as a payer
+   * whose signature check costs more would need) the call's own estimate, which fails `Reverted` with the
+   * token's reason when the call would revert whatever its gas.
    */
   const gasFor = (call: OutgoingCall) =>
     Effect.flatMap(Clock.currentTimeMillis, (now) => {
       const kept = call.gasClass === undefined ? undefined : classGas.get(call.gasClass)
-      if (kept === undefined || now - kept.at >= gasTtlMs || now < kept.at) return estimated(call)
+      if (!fresh(kept, now)) return estimated(call)
+      const limit = (kept.gas * CLASS_GAS_MARGIN_PERCENT) / 100n
       return rpc
-        .callWith("eth_call", [{ from: call.from, to: call.to, data: call.data }, "latest"], {
-          result: () => Effect.void,
-          failure: chainError("Outgoing.plan")
-        })
-        .pipe(Effect.as((kept.gas * CLASS_GAS_MARGIN_PERCENT) / 100n))
+        .callWith(
+          "eth_call",
+          [{ from: call.from, to: call.to, data: call.data, gas: `0x${limit.toString(16)}` }, "pending"],
+          { result: () => Effect.void, failure: chainError("Outgoing.plan") }
+        )
+        .pipe(
+          Effect.as(limit),
+          Effect.catch(() => estimated(call))
+        )
     })
 
   const plan = (call: OutgoingCall) =>

@@ -26,9 +26,9 @@ const pendingNonce = (chain: ChainShape) =>
   Effect.promise(() => chain.publicClient.getTransactionCount({ address: chain.payer, blockTag: "pending" }))
 
 /** A demo wallet's authorization to pay the treasury, as the router settles it. */
-const authorization = (chain: ChainShape) =>
+const authorization = (chain: ChainShape, wallet = 3) =>
   Effect.gen(function* () {
-    const account = privateKeyToAccount(chain.demoWallets[3]!.privateKey!)
+    const account = privateKeyToAccount(chain.demoWallets[wallet]!.privateKey!)
     const params = {
       token: chain.token,
       chainId: chain.chainId,
@@ -136,20 +136,51 @@ layer(ChainEmbedded, { timeout: "60 seconds" })(
           )
           assert.strictEqual(mined.status, "success")
           assert.isBelow(Number(mined.gasUsed), Number(second!.gas))
-          // The same authorization again: the eth_call reverts with the token's reason, nothing is planned.
+          // The same authorization again: the eth_call under the class's limit fails, so the call is
+          // estimated, which reverts with the token's reason: nothing is planned.
           const used = yield* Effect.flip(chain.outgoing.plan(calls[1]!))
           assert.strictEqual(used.reason, "Reverted")
           assert.strictEqual(
             used.message,
             "Outgoing.plan reverted: FiatTokenV2: authorization is used or canceled"
           )
-          assert.strictEqual(methods().filter((m) => m === "eth_estimateGas").length, 1)
+          assert.strictEqual(methods().filter((m) => m === "eth_estimateGas").length, 2)
           // A plain transfer has no class: estimated every time.
           const transfer = chain.calls.treasuryTransfer(chain.treasury, 0n)
           assert.isUndefined(transfer.gasClass)
           yield* chain.outgoing.plan(transfer)
           yield* chain.outgoing.plan(transfer)
-          assert.strictEqual(methods().filter((m) => m === "eth_estimateGas").length, 3)
+          assert.strictEqual(methods().filter((m) => m === "eth_estimateGas").length, 4)
+        })
+    )
+
+    it.effect(
+      "a settlement that needs more than its class's limit is estimated, and does not raise the class's limit (D530)",
+      () =>
+        Effect.gen(function* () {
+          const { chain, methods } = countedChain(yield* Chain)
+          const classified = () => methods().filter((m) => m === "eth_estimateGas" || m === "eth_call")
+          const normal = () => Effect.map(authorization(chain, 3), chain.calls.transferWithAuthorization)
+          const warm = yield* chain.outgoing.plan(yield* normal())
+          const classLimit = yield* chain.outgoing.plan(yield* normal())
+          assert.deepStrictEqual(classified(), ["eth_estimateGas", "eth_call"])
+          // A payer with code (an EIP-7702-delegated EOA): the token asks its ERC-1271 isValidSignature,
+          // which here burns about 210k gas before saying yes. Its v, r, s signature puts it in the class.
+          const wallet = chain.demoWallets[5]!.address
+          const burner = `0x612000${"5b600190038060035750"}7f1626ba7e${"00".repeat(28)}60005260206000f3`
+          const costly = yield* Effect.gen(function* () {
+            yield* node(chain, "anvil_setCode", [wallet, burner])
+            const call = chain.calls.transferWithAuthorization(yield* authorization(chain, 5))
+            assert.strictEqual(call.gasClass, (yield* normal()).gasClass)
+            return yield* chain.outgoing.plan(call)
+          }).pipe(Effect.ensuring(node(chain, "anvil_setCode", [wallet, "0x"])))
+          // The call failed under the class's limit: it was estimated, and planned with its own estimate.
+          assert.deepStrictEqual(classified(), ["eth_estimateGas", "eth_call", "eth_call", "eth_estimateGas"])
+          assert.isAbove(Number(costly.gas), Number(classLimit.gas) + 150_000)
+          // The class keeps its lower estimate: the next settlement is planned as before.
+          const after = yield* chain.outgoing.plan(yield* normal())
+          assert.strictEqual(after.gas, classLimit.gas)
+          assert.isAbove(Number(classLimit.gas), Number(warm.gas))
         })
     )
 
