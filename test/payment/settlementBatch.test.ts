@@ -226,6 +226,11 @@ describe("settlement passes in batches (D490–D493)", () => {
           ]
         )
         assert.match(rows[2]!.last_error ?? "", /Reverted/)
+        // The forged one is due again after its backoff (2 s): a later test's pass would claim it too and
+        // count 5 where it queued 4 (CI-like load once stretched the tests past it). It waits an hour here.
+        const sql = yield* SqlClient.SqlClient
+        yield* sql`UPDATE x402_authorizations SET next_attempt_at = now() + interval '1 hour'
+                   WHERE request_id LIKE 'req_forged_%' AND status = 'pending'`.pipe(Effect.orDie)
       })
     )
 
