@@ -158,8 +158,13 @@ describe("provider faults", () => {
       yield* Effect.promise(() => reader.read())
       yield* Effect.promise(() => reader.read())
       controller.abort()
-      yield* Effect.sleep(150)
-      const atAbort = yield* server.counters
+      // The server learns of the disconnect when its socket closes: waited for, not read after a fixed
+      // pause (on a loaded machine tokens were still being produced 150 ms after the abort).
+      let atAbort = yield* server.counters
+      for (let i = 0; i < 1_000 && atAbort.streamsAborted === 0; i++) {
+        yield* Effect.sleep(10)
+        atAbort = yield* server.counters
+      }
       yield* Effect.sleep(300)
       const later = yield* server.counters
       assert.strictEqual(later.tokensProduced, atAbort.tokensProduced)
