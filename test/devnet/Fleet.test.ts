@@ -82,7 +82,8 @@ const fakeRouter = Effect.gen(function* () {
   return { url: `http://127.0.0.1:${port}`, state }
 })
 
-const waitUntil = (condition: () => boolean, timeoutMs = 5_000) =>
+/** Waits for `condition`; the bound only ends a wait that will never succeed (5 s was tight on a loaded machine). */
+const waitUntil = (condition: () => boolean, timeoutMs = 30_000) =>
   Effect.gen(function* () {
     while (!condition()) yield* Effect.sleep(25)
   }).pipe(Effect.timeout(Duration.millis(timeoutMs)))
