@@ -41,6 +41,19 @@ describe("telemetry without an exporter", () => {
   )
 })
 
+/**
+ * The finished spans once the request's server span has ended: it ends after the reply is written, so
+ * the client can read the reply before it (a fixed 50 ms pause was sometimes too short on a loaded machine).
+ */
+const serverSpanEnded = Effect.gen(function* () {
+  for (let i = 0; i < 500; i++) {
+    const spans = exporter.getFinishedSpans()
+    if (spans.some((s) => s.kind === SpanKind.SERVER)) return spans
+    yield* Effect.sleep("20 millis")
+  }
+  return exporter.getFinishedSpans()
+})
+
 describe("tracing", () => {
   layer(routerLayer().pipe(Layer.provide(tracingWith([new SimpleSpanProcessor(exporter)]))), {
     excludeTestServices: true,
@@ -51,8 +64,7 @@ describe("tracing", () => {
         exporter.reset()
         const r = yield* call("/ready")
         assert.strictEqual(r.status, 200)
-        yield* Effect.sleep("50 millis")
-        const spans = exporter.getFinishedSpans()
+        const spans = yield* serverSpanEnded
         const server = spans.find((s) => s.kind === SpanKind.SERVER && s.name === "GET")
         assert.isDefined(server, `spans: ${spans.map((s) => s.name).join(", ")}`)
         const check = spans.find((s) => s.name === "Readiness.check")
@@ -69,8 +81,7 @@ describe("tracing", () => {
       Effect.gen(function* () {
         exporter.reset()
         yield* call("/v1/admin/providers", { headers: { authorization: `Bearer ${OPERATOR_TOKEN}` } })
-        yield* Effect.sleep("50 millis")
-        const spans = exporter.getFinishedSpans()
+        const spans = yield* serverSpanEnded
         assert.isAbove(spans.length, 0)
         const dump = JSON.stringify(
           spans.map((s) => ({ name: s.name, attributes: s.attributes, events: s.events }))
