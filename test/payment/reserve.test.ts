@@ -249,10 +249,16 @@ describe("an x402 payer's balance, committed once (D327)", () => {
           Array.from({ length: 8 }, (_, i) => reserve(`req_race_${i}`, 10_000, 35_000n)),
           { concurrency: "unbounded" }
         ).pipe(Effect.forkChild)
-        yield* Effect.sleep("500 millis")
-        const [waiting] = yield* sql<{ n: number }>`
+        // Each reservation opens a pool connection of its own before it reaches the row: on a loaded machine
+        // eight new connections can take longer than any fixed pause, so wait until all eight are waiting.
+        const waiting = sql<{ n: number }>`
           SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`
-        assert.strictEqual(waiting!.n, 8, "all eight wait on the payer's row")
+        let lockWaiters = 0
+        for (let i = 0; i < 300 && lockWaiters !== 8; i++) {
+          if (i > 0) yield* Effect.sleep("100 millis")
+          lockWaiters = (yield* waiting)[0]!.n
+        }
+        assert.strictEqual(lockWaiters, 8, "all eight wait on the payer's row")
         yield* Deferred.succeed(release, undefined)
         yield* Fiber.join(holder)
         const outcomes = yield* Fiber.join(racing)
