@@ -374,24 +374,32 @@ describe("settlements ready in the same turn are written in one statement", () =
           yield* sql`INSERT INTO points_providers (provider_id, shard) VALUES (${provider}, 1), (${provider}, 3), (${provider}, 5)
                      ON CONFLICT DO NOTHING`
           // Another writer holds the provider's shard 1 for a moment.
-          const held = yield* Deferred.make<void>()
+          const held = yield* Deferred.make<number>()
           const letGo = yield* Deferred.make<void>()
           const holder = yield* Effect.forkChild(
             sql.withTransaction(
               Effect.gen(function* () {
-                yield* sql`SELECT 1 FROM points_providers WHERE provider_id = ${provider} AND shard = 1 FOR UPDATE`
-                yield* Deferred.succeed(held, undefined)
+                const [me] = yield* sql<{ pid: number }>`
+                  SELECT pg_backend_pid() AS pid FROM points_providers
+                  WHERE provider_id = ${provider} AND shard = 1 FOR UPDATE`
+                yield* Deferred.succeed(held, me!.pid)
                 yield* Deferred.await(letGo)
               })
             )
           )
-          yield* Deferred.await(held)
+          const holderPid = yield* Deferred.await(held)
           exporter.reset()
           // Batch Y: captures on shards 1 and 3 lock the wallet's row, then wait for shard 1.
           const y = yield* Effect.forkChild(
             Effect.all([settle(y1!, CHARGED), settle(y2!, CHARGED)], { concurrency: "unbounded" })
           )
-          yield* Effect.sleep("500 millis")
+          // Y is waiting on the holder before X comes (waited for: a fixed pause can be too short on a loaded
+          // machine, and X would then not come after a batch that waits).
+          const blockedByHolder = sql<{ n: number }>`
+            SELECT count(*)::int AS n FROM pg_stat_activity WHERE ${holderPid} = ANY(pg_blocking_pids(pid))`
+          for (let i = 0; i < 300 && (yield* blockedByHolder)[0]!.n === 0; i++)
+            yield* Effect.sleep("100 millis")
+          assert.isAbove((yield* blockedByHolder)[0]!.n, 0, "Y waits for shard 1")
           // A later turn of the same wallet: a release on shard 3 (which moves no wallet points) and a capture
           // on shard 5. Batched together, the release took shard 3 and the batch then waited for the wallet's
           // row, while Y held the row and would wait for shard 3: Postgres broke the cycle after a second.
