@@ -38,8 +38,15 @@ layer(ChainEmbedded, { excludeTestServices: true, timeout: "60 seconds" })(
           const sendSome = (count: number) =>
             Effect.forEach(
               Array.from({ length: count }, (_, i) => i),
-              () => rpc(url, "eth_sendTransaction", [{ from, to: from, value: "0x1" }]),
-              { discard: true }
+              () => Effect.map(rpc(url, "eth_sendTransaction", [{ from, to: from, value: "0x1" }]), String)
+            )
+          const mined = (hash: string) =>
+            Effect.promise(() =>
+              chain.publicClient.waitForTransactionReceipt({
+                hash: hash as `0x${string}`,
+                pollingInterval: 20,
+                timeout: 10_000
+              })
             )
 
           yield* pacer.look
@@ -50,8 +57,11 @@ layer(ChainEmbedded, { excludeTestServices: true, timeout: "60 seconds" })(
           assert.isFalse(pacer.intervalMining())
           assert.isTrue((yield* rpc(url, "anvil_getAutomine")) as boolean)
 
-          // Many at once: the next look sets a block a second.
-          yield* sendSome(8)
+          // Many at once: the next look sets a block a second. Each is mined by automine in a task after Anvil
+          // took it: the last is waited for, else a loaded machine's look could miss it, and it would be mined
+          // in the first interval block with the two below, making the first quiet look a busy one.
+          const many = yield* sendSome(8)
+          yield* mined(many.at(-1)!)
           yield* pacer.look
           assert.isTrue(pacer.intervalMining())
           assert.isFalse((yield* rpc(url, "anvil_getAutomine")) as boolean)
@@ -80,14 +90,7 @@ layer(ChainEmbedded, { excludeTestServices: true, timeout: "60 seconds" })(
           const quiet = (yield* rpc(url, "eth_sendTransaction", [{ from, to: from, value: "0x1" }])) as string
           // Anvil mines it in a task of its own right after taking it, not inside the call: on a loaded
           // machine the receipt can be a moment later (the full suite once read null at once).
-          const mined = yield* Effect.promise(() =>
-            chain.publicClient.waitForTransactionReceipt({
-              hash: quiet as `0x${string}`,
-              pollingInterval: 20,
-              timeout: 10_000
-            })
-          )
-          assert.strictEqual(mined.status, "success")
+          assert.strictEqual((yield* mined(quiet)).status, "success")
         })
     )
 
