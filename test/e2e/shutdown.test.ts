@@ -9,6 +9,7 @@ import { fundedKey } from "../support/Keys.ts"
 import {
   childrenOf,
   freshDatabase,
+  pollFor,
   runningAfter,
   startRouterProcess,
   waitUntilServing
@@ -103,7 +104,13 @@ describe("graceful shutdown of a real `npm start`", () => {
         )
 
         router.child.kill("SIGTERM")
-        await sleep(300)
+        // The signal is taken when the router's loop next runs: on a loaded machine that can be well after
+        // a fixed pause, and a paid call sent before it would be served. Wait until `/ready` says draining.
+        await pollFor("the drain to start", async () => {
+          const r = await fetch(`${router.base}/ready`)
+          const body = (await r.json()) as { status: string }
+          return body.status === "draining" ? true : undefined
+        })
         // While it drains: new paid work is refused in the caller's dialect, `/ready` says draining.
         const refused = await fetch(`${router.base}/v1/chat/completions`, {
           method: "POST",
