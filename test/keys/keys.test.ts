@@ -39,12 +39,17 @@ describe("wallet-signed key management", () => {
     it.effect("expired (301 s old), early (301 s ahead), tampered, another wallet, unsigned: 401", () =>
       Effect.gen(function* () {
         const { a, b } = yield* wallets
-        // Rounded away from the router's clock, which moves on while the request travels.
-        const nowMs = Date.now()
+        // Rounded away from the router's clock, which moves on while the request travels; each read just
+        // before its own call: the clock moving on only ages an old one further, but brings an early one
+        // inside the window (read once for both, a loaded machine took over a second to reach the second).
         const body = { label: "x", budget_usdc: "1" }
         const replies = [
-          yield* signedCall(a, "GET", "/v1/keys", undefined, { timestamp: Math.floor(nowMs / 1000) - 301 }),
-          yield* signedCall(a, "GET", "/v1/keys", undefined, { timestamp: Math.ceil(nowMs / 1000) + 301 }),
+          yield* signedCall(a, "GET", "/v1/keys", undefined, {
+            timestamp: Math.floor(Date.now() / 1000) - 301
+          }),
+          yield* signedCall(a, "GET", "/v1/keys", undefined, {
+            timestamp: Math.ceil(Date.now() / 1000) + 301
+          }),
           yield* signedCall(a, "POST", "/v1/keys", body, {
             signedBody: JSON.stringify({ label: "x", budget_usdc: "0.01" })
           }),
