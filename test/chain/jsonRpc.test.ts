@@ -221,7 +221,11 @@ describe("makeJsonRpcBatch over HTTP (a fake node, D485/D487)", () => {
         retried,
         transient.map((code) => `eth_read:${code}`)
       )
-      assert.strictEqual(node.requests.length, 2)
+      // One batch, then each call once more. The retries are timers of their own: on a loaded machine they
+      // can fire in different turns and go in more than one batch (CI once saw 3 requests), so the count
+      // of calls is asserted, not of requests.
+      assert.lengthOf(node.requests[0]!, transient.length)
+      assert.lengthOf(node.requests.slice(1).flat(), transient.length)
 
       node.requests.length = 0
       const final = yield* Effect.all(
