@@ -124,7 +124,8 @@ const holdStreams = async (target: Target, count: number, mock: string, settle: 
           // What failed, by kind: a status, or the socket's error (a reset: the accept queue overflowed, D423).
           // A refusal's error code too (capacity_exhausted, database_unavailable, no_eligible_quote, …).
           const code = /"code"\s*:\s*"([a-z_]+)"/.exec(text)?.[1]
-          const reason = status === 0 ? text.slice(0, 60) : `HTTP ${status}${code === undefined ? "" : ` ${code}`}`
+          const reason =
+            status === 0 ? text.slice(0, 60) : `HTTP ${status}${code === undefined ? "" : ` ${code}`}`
           reasons.set(reason, (reasons.get(reason) ?? 0) + 1)
         }
         if (status === 0) socketErrors++
