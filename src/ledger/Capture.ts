@@ -187,6 +187,15 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
   const claimedOnly = sql`EXISTS (SELECT 1 FROM claimed)`
   /** A write that waits for the payer's `x402_outstanding` row (`outstanding_locked`). */
   const outstandingFirst = sql`(SELECT * FROM outstanding_locked) >= 0`
+  /**
+   * An effect that moves the payer's outstanding sum: its write is given the gate that waits for the payer's
+   * row, and the effect says it moves the sum, so the statement locks that row first (D519). The two come
+   * together here: a write gated on `outstanding_locked` in a statement without it would not run at all.
+   */
+  const movingOutstanding = (
+    name: string,
+    write: (payerFirst: Statement.Fragment) => Statement.Fragment
+  ): Effect_ => [name, write(outstandingFirst), true]
 
   /**
    * A funded key's reservation goes back: the cap and the owner's balance, less what was spent. Not here:
@@ -243,17 +252,15 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
       }
     ],
     effects: [
-      [
-        "authorization_settled",
+      movingOutstanding("authorization_settled", (payerFirst) =>
         receipt.charged > 0
           ? sql`UPDATE x402_authorizations SET status = 'pending', value = ${receipt.charged}, updated_at = now()
                 WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}
-                  AND ${outstandingFirst}`
+                  AND ${payerFirst}`
           : sql`UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
                 WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly}
-                  AND ${outstandingFirst}`,
-        true
-      ]
+                  AND ${payerFirst}`
+      )
     ] satisfies Array<Effect_>
   })
 
@@ -317,14 +324,15 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
     const effects: Array<Effect_> = []
     const releaseAuthorization = () => {
       // The authorization is never submitted; its signature is erased.
-      effects.push([
-        "authorization_settled",
-        sql`
-          UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
-          WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly} AND ${outstandingFirst}
-        `,
-        true
-      ])
+      effects.push(
+        movingOutstanding(
+          "authorization_settled",
+          (payerFirst) => sql`
+            UPDATE x402_authorizations SET status = 'released', signature = NULL, updated_at = now()
+            WHERE request_id = ${receipt.request_id} AND status = 'reserved' AND ${claimedOnly} AND ${payerFirst}
+          `
+        )
+      )
       entries.push(authorizationReleased(receipt))
     }
     const releaseCredit = () => {
