@@ -20,10 +20,14 @@ const Services = Ledger.layer.pipe(Layer.provideMerge(Layer.mergeAll(TestDatabas
 
 const AUTHORIZED = 10_000
 const CHARGED = 7_000
-const PROVIDER = "p_locks"
+/**
+ * A provider of the test's own: the shard count read back is the provider's shard of this request, and two
+ * tests under one provider shared a shard one time in eight (CI-like runs read 2 receipts where one was expected).
+ */
+const freshProvider = () => `p_locks_${randomBytes(4).toString("hex")}`
 
 /** A request of a fresh payer reserved with an x402 authorization, and the receipt that settles it at `charged`. */
-const reserve = (scheme: "exact" | "upto") =>
+const reserve = (scheme: "exact" | "upto", provider: string) =>
   Effect.gen(function* () {
     const ledger = yield* Ledger
     const wallet = `0x${randomBytes(20).toString("hex")}`
@@ -35,7 +39,7 @@ const reserve = (scheme: "exact" | "upto") =>
         payer: wallet,
         requestedModel: "auto",
         modelClass: "chat-small",
-        providerId: PROVIDER,
+        providerId: provider,
         authorized: AUTHORIZED,
         agent: {}
       },
@@ -51,7 +55,7 @@ const reserve = (scheme: "exact" | "upto") =>
       const receipt: ReceiptBody = {
         request_id: requestId,
         wallet,
-        provider_id: PROVIDER,
+        provider_id: provider,
         model_class: "chat-small",
         in_tokens: 100,
         out_tokens: charged === 0 ? 0 : 20,
@@ -81,12 +85,17 @@ const reserve = (scheme: "exact" | "upto") =>
  * that transaction takes the points rows the settlement's receipt moves, without waiting (NOWAIT). Returns
  * what the settlement answered.
  */
-const settleWhileOutstandingHeld = (wallet: string, requestId: string, settle: Effect.Effect<boolean>) =>
+const settleWhileOutstandingHeld = (
+  provider: string,
+  wallet: string,
+  requestId: string,
+  settle: Effect.Effect<boolean>
+) =>
   Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
     // The points rows exist (a payer's and a provider's earlier receipts made them), so they can be locked.
     yield* sql`INSERT INTO points_wallets (wallet) VALUES (${wallet}) ON CONFLICT DO NOTHING`
-    yield* sql`INSERT INTO points_providers (provider_id, shard) VALUES (${PROVIDER}, hashtext(${requestId}) & 7)
+    yield* sql`INSERT INTO points_providers (provider_id, shard) VALUES (${provider}, hashtext(${requestId}) & 7)
                ON CONFLICT DO NOTHING`
     const held = yield* Deferred.make<void>()
     const next = yield* Deferred.make<void>()
@@ -97,7 +106,7 @@ const settleWhileOutstandingHeld = (wallet: string, requestId: string, settle: E
           yield* Deferred.succeed(held, undefined)
           yield* Deferred.await(next)
           // NOWAIT: a settlement that took either before waiting for the payer's row would close a cycle here.
-          yield* sql`SELECT 1 FROM points_providers WHERE provider_id = ${PROVIDER} AND shard = hashtext(${requestId}) & 7
+          yield* sql`SELECT 1 FROM points_providers WHERE provider_id = ${provider} AND shard = hashtext(${requestId}) & 7
                      FOR UPDATE NOWAIT`
           yield* sql`SELECT 1 FROM points_wallets WHERE wallet = ${wallet} FOR UPDATE NOWAIT`
         })
@@ -114,14 +123,14 @@ const settleWhileOutstandingHeld = (wallet: string, requestId: string, settle: E
   })
 
 /** The payer's outstanding sum and points, and the provider shard's receipt count for the request. */
-const book = (wallet: string, requestId: string) =>
+const book = (provider: string, wallet: string, requestId: string) =>
   Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
     const [row] = yield* sql<{ outstanding: number; pending: number; receipts: number }>`
       SELECT (SELECT outstanding::int FROM x402_outstanding WHERE payer = ${wallet}) AS outstanding,
              (SELECT pending_charged::int FROM points_wallets WHERE wallet = ${wallet}) AS pending,
              (SELECT receipts::int FROM points_providers
-              WHERE provider_id = ${PROVIDER} AND shard = hashtext(${requestId}) & 7) AS receipts`
+              WHERE provider_id = ${provider} AND shard = hashtext(${requestId}) & 7) AS receipts`
     return row!
   }).pipe(Effect.orDie)
 
@@ -130,23 +139,39 @@ describe("a settlement that moves its payer's outstanding sum", () => {
     it.effect("an exact authorization's release takes the payer's row before its provider shard", () =>
       Effect.gen(function* () {
         const ledger = yield* Ledger
-        const { wallet, requestId, record } = yield* reserve("exact")
-        assert.strictEqual((yield* book(wallet, requestId)).outstanding, AUTHORIZED)
-        const claimed = yield* settleWhileOutstandingHeld(wallet, requestId, ledger.release(record(0)))
+        const provider = freshProvider()
+        const { wallet, requestId, record } = yield* reserve("exact", provider)
+        assert.strictEqual((yield* book(provider, wallet, requestId)).outstanding, AUTHORIZED)
+        const claimed = yield* settleWhileOutstandingHeld(
+          provider,
+          wallet,
+          requestId,
+          ledger.release(record(0))
+        )
         assert.isTrue(claimed)
         // Released whole: nothing outstanding, nothing earned, one receipt on the shard.
-        assert.deepStrictEqual(yield* book(wallet, requestId), { outstanding: 0, pending: 0, receipts: 1 })
+        assert.deepStrictEqual(yield* book(provider, wallet, requestId), {
+          outstanding: 0,
+          pending: 0,
+          receipts: 1
+        })
       })
     )
 
     it.effect("an upto capture takes the payer's row before its wallet's points row and shard", () =>
       Effect.gen(function* () {
         const ledger = yield* Ledger
-        const { wallet, requestId, record } = yield* reserve("upto")
-        const claimed = yield* settleWhileOutstandingHeld(wallet, requestId, ledger.capture(record(CHARGED)))
+        const provider = freshProvider()
+        const { wallet, requestId, record } = yield* reserve("upto", provider)
+        const claimed = yield* settleWhileOutstandingHeld(
+          provider,
+          wallet,
+          requestId,
+          ledger.capture(record(CHARGED))
+        )
         assert.isTrue(claimed)
         // The authorization now settles the charge itself: outstanding and pending points are the charge.
-        assert.deepStrictEqual(yield* book(wallet, requestId), {
+        assert.deepStrictEqual(yield* book(provider, wallet, requestId), {
           outstanding: CHARGED,
           pending: CHARGED,
           receipts: 1
