@@ -6,6 +6,7 @@ import { Instances } from "./db/Instances.ts"
 import { SimulatedFleetLive } from "./devnet/SimulatedFleet.ts"
 import { Evals } from "./evals/Evals.ts"
 import { HttpServerLive } from "./http/Server.ts"
+import { AdmissionBound } from "./inference/AdmissionBound.ts"
 import { LiveStreams } from "./inference/LiveStreams.ts"
 import { Pipeline } from "./inference/Pipeline.ts"
 import { RoutingPreview } from "./inference/Preview.ts"
@@ -100,6 +101,7 @@ export const InferenceLive = Layer.mergeAll(Pipeline.layer, Reaper.layer, Routin
   Layer.provideMerge(
     Layer.mergeAll(
       LiveStreams.layer,
+      AdmissionBound.layer,
       Upstream.layerUndici,
       CreditKeys.layer,
       Sessions.layer,

@@ -17,6 +17,8 @@ export interface RouterSettings {
   readonly maxBodyBytes: number
   /** Mainnet configuration makes a failed reconciliation fail readiness (spec 7). */
   readonly mainnet: boolean
+  /** Paid requests admitted at once, and how long one waits for its turn before `503 router_busy` (D531). */
+  readonly admission: { readonly concurrency: number; readonly waitSeconds: number }
 }
 
 export class RouterConfig extends Context.Service<RouterConfig, RouterSettings>()("router/RouterConfig") {
@@ -31,6 +33,8 @@ export class RouterConfig extends Context.Service<RouterConfig, RouterSettings>(
       const epochSeconds = yield* Config.Int("EPOCH_SECONDS").pipe(Config.withDefault(3600))
       const maxBodyBytes = yield* Config.Int("MAX_BODY_BYTES").pipe(Config.withDefault(4 * 1024 * 1024))
       const mainnet = yield* Config.Boolean("MAINNET").pipe(Config.withDefault(false))
+      const concurrency = yield* Config.Int("ADMISSION_CONCURRENCY").pipe(Config.withDefault(32))
+      const waitSeconds = yield* Config.Int("ADMISSION_WAIT_SECONDS").pipe(Config.withDefault(60))
       return RouterConfig.of({
         port,
         host,
@@ -40,7 +44,8 @@ export class RouterConfig extends Context.Service<RouterConfig, RouterSettings>(
         dataDir,
         epochSeconds,
         maxBodyBytes,
-        mainnet
+        mainnet,
+        admission: { concurrency: Math.max(1, concurrency), waitSeconds: Math.max(0, waitSeconds) }
       })
     })
   )
@@ -58,6 +63,7 @@ export class RouterConfig extends Context.Service<RouterConfig, RouterSettings>(
         epochSeconds: 3600,
         maxBodyBytes: 4 * 1024 * 1024,
         mainnet: false,
+        admission: { concurrency: 32, waitSeconds: 60 },
         ...overrides
       })
     )

@@ -26,6 +26,7 @@ import { Rfq } from "../market/Rfq.ts"
 import { type Funded, FundingService } from "../payment/Funding.ts"
 import { bodyHash, Idempotency } from "../payment/Idempotency.ts"
 import { traced } from "../Telemetry.ts"
+import { AdmissionBound } from "./AdmissionBound.ts"
 import { gateLaunchFeatures } from "./Gate.ts"
 import { renderImage } from "./ImageRender.ts"
 import { type AgentHeaders, newRequestId, reservationOf } from "./Paid.ts"
@@ -114,6 +115,7 @@ export class Images extends Context.Service<
       const fundingService = yield* FundingService
       const idempotency = yield* Idempotency
       const settle = yield* Settle
+      const bound = yield* AdmissionBound
       const render = renderImage({
         client: yield* HttpClient.HttpClient,
         book: yield* QuoteBook,
@@ -242,13 +244,19 @@ export class Images extends Context.Service<
       ) {
         const size = yield* gate(request)
         const requestedModel = request.model ?? "auto"
-        const auction = yield* route(request, requestedModel)
         // Whatever ends the call once it is paid for (an image, a provider failure, the client
         // hanging up), the reservation is captured or released exactly once: nothing can
-        // interrupt between the reservation and the finalizer that settles it.
+        // interrupt between the reservation and the finalizer that settles it. Routed and paid under
+        // an admission permit (D531), released before the provider is called.
         return yield* Effect.uninterruptibleMask((restore) =>
           Effect.gen(function* () {
-            const paid = yield* pay(request, context, auction, requestedModel)
+            const { auction, paid } = yield* Effect.scoped(
+              Effect.gen(function* () {
+                yield* restore(bound.enter)
+                const auction = yield* restore(route(request, requestedModel))
+                return { auction, paid: yield* pay(request, context, auction, requestedModel) }
+              })
+            )
             yield* Effect.annotateCurrentSpan({
               request_id: paid.requestId,
               model_class: auction.winner.model_class,

@@ -3,6 +3,7 @@ import type { ChatCompletionRequest } from "../domain/Chat.ts"
 import { Sessions } from "../payment/Sessions.ts"
 import { traced } from "../Telemetry.ts"
 import { makeAdmission } from "./Admission.ts"
+import { AdmissionBound } from "./AdmissionBound.ts"
 import { gateChat } from "./Gate.ts"
 import { inServices } from "./LiveStreams.ts"
 import type { Admitted, CompletionError, Launch, PaidRequestContext } from "./Paid.ts"
@@ -42,9 +43,11 @@ export class Pipeline extends Context.Service<
       const sessions = yield* Sessions
       const serve = yield* Serve
       const admission = yield* makeAdmission
+      const bound = yield* AdmissionBound
       const detached = inServices(yield* Effect.context<never>())
 
-      const admit = Effect.fnUntraced(function* (
+      /** Gated, routed, funded and reserved: the reservation and the request's scope that settles it. */
+      const reserve = Effect.fnUntraced(function* (
         request: ChatCompletionRequest,
         context: PaidRequestContext
       ) {
@@ -69,14 +72,23 @@ export class Pipeline extends Context.Service<
           Effect.onError((cause) => Scope.close(scope, Exit.failCause(cause))),
           detached
         )
-        return yield* serve.launch(reservation, scope)
-      }, traced("Completions.admit"))
+        return { reservation, scope }
+      })
+
+      // Only the wait for an admission permit is interruptible before launch: the reservation is made
+      // under the permit (released when it is made, D531) and reaches `launch` with no gap between.
+      const admit = (request: ChatCompletionRequest, context: PaidRequestContext) =>
+        Effect.uninterruptibleMask((restore) =>
+          Effect.scoped(Effect.andThen(restore(bound.enter), reserve(request, context))).pipe(
+            Effect.flatMap(({ reservation, scope }) => serve.launch(reservation, scope))
+          )
+        ).pipe(traced("Completions.admit"))
 
       return Pipeline.of({
         // From the reservation on, the request must reach the fiber that settles it: admission
         // is not interrupted half-way (only the wait for the first token is), so no reservation
         // can outlive its request.
-        admit: (request, context) => Effect.uninterruptible(admit(request, context))
+        admit
       })
     })
   )
