@@ -133,8 +133,10 @@ const holdStreams = async (target: Target, count: number, mock: string, settle: 
     )
     if (i % 200 === 199) await sleep(50)
   }
-  const deadline = Date.now() + 120_000
+  const started = Date.now()
+  const deadline = started + 120_000
   while (firstChunks + socketErrors < count && Date.now() < deadline) await sleep(250)
+  const openedSeconds = (Date.now() - started) / 1000
   const held = JSON.parse(await (await fetch(`${mock}/held`)).text()).held as number
   await settle()
   await post(`${mock}/release`, {})
@@ -142,7 +144,7 @@ const holdStreams = async (target: Target, count: number, mock: string, settle: 
   agent.destroy()
   if (reasons.size > 0)
     log(`held streams that failed: ${[...reasons].map(([r, n]) => `${n} × ${r}`).join("; ")}`)
-  return { held, failures }
+  return { held, failures, openedSeconds }
 }
 
 // The table
@@ -350,7 +352,7 @@ const main = async () => {
     const holdBody = chatBody("Hold this stream open [[hold]]", true)
     const perStream: Record<
       string,
-      { perStreamKb: number; heapPerStreamKb: number; held: number; failures: number }
+      { perStreamKb: number; heapPerStreamKb: number; held: number; failures: number; openedSeconds: number }
     > = {}
     // The router only: Portkey cannot stream on this Node (see above).
     for (const name of order.filter((n) => n === "router")) {
@@ -367,7 +369,7 @@ const main = async () => {
       const heapBefore = await heapUsed(router)
       let during = before
       let heapDuring = heapBefore
-      const { held, failures } = await holdStreams(
+      const { held, failures, openedSeconds } = await holdStreams(
         { ...targets[name]!, body: holdBody },
         STREAMS,
         mock,
@@ -382,10 +384,11 @@ const main = async () => {
         perStreamKb: (during - before) / 1024 / Math.max(1, held),
         heapPerStreamKb: (heapDuring - heapBefore) / 1024 / Math.max(1, held),
         held,
-        failures
+        failures,
+        openedSeconds
       }
       log(
-        `${name}: ${held} streams held, ${failures} failed, ${fmt((during - before) / MB)} MB more RSS, ${fmt((heapDuring - heapBefore) / MB)} MB more heap`
+        `${name}: ${held} streams held (all open after ${fmt(openedSeconds, 1)} s), ${failures} failed, ${fmt((during - before) / MB)} MB more RSS, ${fmt((heapDuring - heapBefore) / MB)} MB more heap`
       )
       await sleep(3_000)
     }
@@ -496,7 +499,7 @@ const main = async () => {
         `  5 s after the load            router ${fmt(afterLoad.rss.node / MB, 0)} MB RSS (${fmt((afterLoad.rss.node - idle.rss.node) / MB, 0)} MB over idle), ${fmt(afterLoadHeap / MB, 0)} MB heap (${fmt((afterLoadHeap - idleHeap) / MB, 0)} MB over idle)`,
         ...Object.entries(perStream).map(
           ([name, s]) =>
-            `  per held-open stream          ${name.padEnd(8)} ${fmt(s.perStreamKb, 1)} KB RSS, ${fmt(s.heapPerStreamKb, 1)} KB heap at ${s.held} streams (${s.failures} failed)`
+            `  per held-open stream          ${name.padEnd(8)} ${fmt(s.perStreamKb, 1)} KB RSS, ${fmt(s.heapPerStreamKb, 1)} KB heap at ${s.held} streams (${s.failures} failed; all open after ${fmt(s.openedSeconds, 1)} s)`
         ),
         `  5 s after the streams         router ${fmt(afterStreams.rss.node / MB, 0)} MB RSS (${fmt((afterStreams.rss.node - idle.rss.node) / MB, 0)} MB over idle), ${fmt(afterStreamsHeap / MB, 0)} MB heap (${fmt((afterStreamsHeap - idleHeap) / MB, 0)} MB over idle)`,
         `  ${`${lateSeconds} s after the streams`.padEnd(29)} router ${fmt(lateStreams.rss.node / MB, 0)} MB RSS (${fmt((lateStreams.rss.node - idle.rss.node) / MB, 0)} MB over idle; read from /proc only)`,
