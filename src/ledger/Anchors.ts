@@ -112,7 +112,8 @@ export const makeAnchors = (options: {
                 final: boolean
                 signature: unknown
               }>`
-              SELECT request_id, body, final, signature FROM receipts WHERE epoch_id = ${epoch} FOR UPDATE
+              SELECT request_id, body, final, signature FROM receipts WHERE epoch_id = ${epoch}
+              ORDER BY request_id FOR UPDATE
             `
               const receipts = yield* Effect.forEach(rows, (row) => decodeReceipt(row.body))
               const unsettled = rows.some(
