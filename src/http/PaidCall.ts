@@ -136,7 +136,8 @@ export class PaidCalls extends Context.Service<
       }
 
       /**
-       * Admission is uninterruptible but for the wait for the first token; once it returns, the key (if
+       * Admission is uninterruptible but for the wait for an admission permit (D531, before anything is
+       * taken) and the wait for the first token; once it returns, the key (if
        * any) is completed with its request id in the same step, so a hang-up either frees the key
        * (nothing was served) or leaves it pointing at the request that answered it.
        */

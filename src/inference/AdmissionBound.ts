@@ -23,6 +23,8 @@ export class AdmissionBound extends Context.Service<
      * taken nothing) and holds it until `Scope` closes; past the wait bound, `503 router_busy`.
      */
     readonly enter: Effect.Effect<void, ServiceUnavailable, Scope.Scope>
+    /** How many wait for a permit now (the `router_admission_waiting` gauge). */
+    readonly waiting: Effect.Effect<number>
   }
 >()("router/inference/AdmissionBound") {
   static readonly make = (options: { readonly concurrency: number; readonly waitSeconds: number }) =>
@@ -39,24 +41,29 @@ export class AdmissionBound extends Context.Service<
           waitingNow += delta
           return Metric.update(waiting, waitingNow)
         })
-      // In a queue: a permit taken and its release put in the scope in one step (or the wait timed out,
-      // having taken nothing).
-      const queued = waitingBy(1).pipe(
-        Effect.andThen(permits.takeScoped(1)),
+      // In the queue: a permit taken and its release put in the scope in one step (`takeScoped`, which
+      // serves its waiters in arrival order), or the wait timed out having taken nothing.
+      const queued = permits.takeScoped(1).pipe(
         Effect.timeoutOrElse({
           duration: waitBound,
           orElse: () => Effect.andThen(Metric.update(refused, 1), Effect.fail(busy))
-        }),
-        Effect.ensuring(waitingBy(-1))
+        })
       )
       const enter: Effect.Effect<void, ServiceUnavailable, Scope.Scope> = Effect.uninterruptibleMask(
         (restore) =>
-          // Most admissions find a permit free: no queue, no timer.
-          Effect.flatMap(permits.takeIfAvailable(1), (taken) =>
-            taken ? Effect.addFinalizer(() => permits.release(1)) : restore(queued)
-          )
+          Effect.suspend(() => {
+            // A permit free and nobody waiting: taken at once, no queue, no timer. With anyone waiting a
+            // newcomer queues behind them (`takeIfAvailable` alone would let it take a permit released to
+            // a waiter that has not woken yet).
+            const free = waitingNow === 0 ? permits.takeIfAvailable(1) : Effect.succeed(false)
+            return Effect.flatMap(free, (taken) =>
+              taken
+                ? Effect.addFinalizer(() => permits.release(1))
+                : Effect.andThen(waitingBy(1), restore(queued).pipe(Effect.ensuring(waitingBy(-1))))
+            )
+          })
       )
-      return AdmissionBound.of({ enter })
+      return AdmissionBound.of({ enter, waiting: Effect.sync(() => waitingNow) })
     })
 
   static readonly layer = Layer.effect(

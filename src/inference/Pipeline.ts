@@ -51,7 +51,6 @@ export class Pipeline extends Context.Service<
         request: ChatCompletionRequest,
         context: PaidRequestContext
       ) {
-        yield* gateChat(request)
         const promptEstimate = estimatePromptTokens(request.messages)
         const sessionId = request.routing?.session_id
         const session = sessionId === undefined ? undefined : yield* sessions.find(sessionId)
@@ -75,19 +74,23 @@ export class Pipeline extends Context.Service<
         return { reservation, scope }
       })
 
-      // Only the wait for an admission permit is interruptible before launch: the reservation is made
-      // under the permit (released when it is made, D531) and reaches `launch` with no gap between.
+      // Gated first (a request the router will not serve is refused at once, never queued); then only the
+      // wait for an admission permit is interruptible before launch: the reservation is made under the
+      // permit (released once it is made, D531) and reaches `launch` with no gap between.
       const admit = (request: ChatCompletionRequest, context: PaidRequestContext) =>
-        Effect.uninterruptibleMask((restore) =>
-          Effect.scoped(Effect.andThen(restore(bound.enter), reserve(request, context))).pipe(
-            Effect.flatMap(({ reservation, scope }) => serve.launch(reservation, scope))
+        Effect.andThen(
+          gateChat(request),
+          Effect.uninterruptibleMask((restore) =>
+            Effect.scoped(Effect.andThen(restore(bound.enter), reserve(request, context))).pipe(
+              Effect.flatMap(({ reservation, scope }) => serve.launch(reservation, scope))
+            )
           )
         ).pipe(traced("Completions.admit"))
 
       return Pipeline.of({
         // From the reservation on, the request must reach the fiber that settles it: admission
-        // is not interrupted half-way (only the wait for the first token is), so no reservation
-        // can outlive its request.
+        // is not interrupted half-way (only the wait for a permit, before anything is taken, and the
+        // wait for the first token are), so no reservation can outlive its request.
         admit
       })
     })

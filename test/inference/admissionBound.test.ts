@@ -15,6 +15,13 @@ const hold = (bound: AdmissionBound["Service"]) =>
     return scope
   })
 
+/** The error code a refused wait failed with. */
+const busyCode = (exit: Exit.Exit<unknown, { readonly code: string }>) => {
+  if (Exit.isSuccess(exit)) return "admitted"
+  const failure = exit.cause.reasons.find((r) => r._tag === "Fail")
+  return failure?._tag === "Fail" ? failure.error.code : "no failure"
+}
+
 describe("the admission bound (D531)", () => {
   it.effect("admits up to its bound at once, queues the rest in arrival order, refuses past the wait", () =>
     Effect.gen(function* () {
@@ -45,14 +52,33 @@ describe("the admission bound (D531)", () => {
       yield* TestClock.adjust("9 seconds")
       assert.isUndefined(late.pollUnsafe(), "still waiting before its bound")
       yield* TestClock.adjust("1 second")
-      const refused = yield* Fiber.join(late)
-      assert.isTrue(Exit.isFailure(refused))
-      if (Exit.isFailure(refused)) {
-        const error = refused.cause.reasons.find((r) => r._tag === "Fail")
-        assert.strictEqual(error?._tag === "Fail" ? error.error.code : undefined, "router_busy")
-      }
+      assert.strictEqual(busyCode(yield* Fiber.join(late)), "router_busy")
       yield* Scope.close(second, Exit.void)
       yield* Scope.close(third, Exit.void)
+    })
+  )
+
+  it.effect("a newcomer does not take a permit released to a waiter that has not woken yet", () =>
+    Effect.gen(function* () {
+      const bound = yield* AdmissionBound.make({ concurrency: 1, waitSeconds: 10 })
+      const held = yield* hold(bound)
+      const order: Array<string> = []
+      const waiter = (name: string) =>
+        Effect.scoped(
+          Effect.andThen(
+            bound.enter,
+            Effect.sync(() => order.push(name))
+          )
+        )
+      const first = yield* Effect.forkChild(waiter("first"))
+      yield* TestClock.adjust("1 second")
+      assert.strictEqual(yield* bound.waiting, 1)
+      // The release and a newcomer in the same fiber's run, before the woken waiter runs again.
+      yield* Scope.close(held, Exit.void)
+      yield* waiter("newcomer")
+      yield* Fiber.join(first)
+      assert.deepStrictEqual(order, ["first", "newcomer"])
+      assert.strictEqual(yield* bound.waiting, 0)
     })
   )
 
@@ -63,14 +89,21 @@ describe("the admission bound (D531)", () => {
       const gone = yield* Effect.forkChild(Effect.scoped(bound.enter))
       const timedOut = yield* Effect.forkChild(Effect.scoped(bound.enter).pipe(Effect.exit))
       yield* TestClock.adjust("1 second")
+      assert.strictEqual(yield* bound.waiting, 2)
       yield* Fiber.interrupt(gone)
+      assert.strictEqual(yield* bound.waiting, 1, "the interrupted waiter left the queue")
       yield* TestClock.adjust("5 seconds")
-      assert.isTrue(Exit.isFailure(yield* Fiber.join(timedOut)))
+      const refused = yield* Fiber.join(timedOut)
+      assert.strictEqual(busyCode(refused), "router_busy")
+      assert.strictEqual(yield* bound.waiting, 0)
+      // A waiter now, queued behind the held permit: had the interrupted or refused waiter kept its place in
+      // the queue, the released permit would go to it and this one would wait out its bound.
+      const next = yield* Effect.forkChild(Effect.scoped(bound.enter).pipe(Effect.exit))
+      yield* TestClock.adjust("1 second")
+      assert.strictEqual(yield* bound.waiting, 1)
       yield* Scope.close(held, Exit.void)
-      // The one permit is free again: taken at once, with no clock moving.
-      const again = yield* Effect.forkChild(Effect.scoped(bound.enter).pipe(Effect.exit))
-      yield* Effect.yieldNow
-      assert.isTrue(Exit.isSuccess(yield* Fiber.join(again)))
+      assert.isTrue(Exit.isSuccess(yield* Fiber.join(next)))
+      assert.strictEqual(yield* bound.waiting, 0)
     })
   )
 })
@@ -150,15 +183,22 @@ describe("the admission bound in the router (D531)", () => {
             "router_busy"
           )
 
-          // A caller who hangs up while waiting leaves the queue having taken nothing.
+          // A caller who hangs up while waiting leaves the queue having taken nothing. Meanwhile the rest of
+          // the router is not queued behind paid work: the book answers while the call waits.
           const abort = new AbortController()
           const cut = yield* Effect.forkChild(paid(key.secret, "/v1/chat/completions", chat, abort.signal))
-          yield* Effect.sleep("300 millis")
+          yield* waitFor(
+            "the call to queue",
+            Effect.map(bound.waiting, (n) => (n === 1 ? true : undefined))
+          )
+          assert.strictEqual((yield* call("/v1/market/book")).status, 200)
+          assert.strictEqual(yield* bound.waiting, 1, "the paid call still waits")
           abort.abort()
           assert.strictEqual((yield* Fiber.join(cut)).status, 0)
-
-          // Meanwhile the rest of the router is not queued behind paid work: the book answers.
-          assert.strictEqual((yield* call("/v1/market/book")).status, 200)
+          yield* waitFor(
+            "the router to see the hang-up",
+            Effect.map(bound.waiting, (n) => (n === 0 ? true : undefined))
+          )
 
           const after = yield* keyState(key.keyId)
           assert.deepStrictEqual(after, before, "nothing reserved or spent on the key")

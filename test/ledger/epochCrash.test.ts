@@ -1,5 +1,5 @@
 import { assert, describe, layer } from "@effect/vitest"
-import { Deferred, Effect, Fiber, Layer } from "effect"
+import { Deferred, Effect, Exit, Fiber, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { decodeFunctionData, getAddress, type Hash, type Hex, zeroHash } from "viem"
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
@@ -10,7 +10,7 @@ import { Epochs, epochOf, PayoutConfig } from "../../src/ledger/Epochs.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
 import { Treasury } from "../../src/ledger/Treasury.ts"
 import { RouterConfig } from "../../src/RouterConfig.ts"
-import { TestDatabase } from "../support/Database.ts"
+import { lockWaited, TestDatabase } from "../support/Database.ts"
 import { fundTreasury, seededEconomics } from "./support.ts"
 
 const EPOCH_SECONDS = 2
@@ -459,6 +459,65 @@ describe("epoch close: crashes and restarts complete it exactly once", () => {
             [rows[0]!.tx_hash]
           )
         })
+    )
+    it.effect(
+      "the close locks its epoch's receipts in request_id order, the order a landing locks them in (D521)",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const ledger = yield* Ledger
+          const epochs = yield* Epochs
+          const epochId = baseEpoch + 90
+          // The later id is written first: in the table's (and the epoch index's) order it comes first.
+          const ids = [`req_e${epochId}_lock_b`, `req_e${epochId}_lock_a`]
+          for (const requestId of ids) {
+            yield* reserve(requestId, WALLET, 1440)
+            yield* ledger.capture({
+              receipt: receiptBody(requestId, epochId),
+              economics: seededEconomics(requestId)
+            })
+            yield* ledger.finalizeReceipt(requestId, {
+              payment_ref: `0x${"ab".repeat(32)}`,
+              settlement: "landed"
+            })
+          }
+          yield* awaitSigned(epochId)
+          // A landing holds the later receipt, as one settling it would.
+          const holding = yield* Deferred.make<void>()
+          const letGo = yield* Deferred.make<void>()
+          const holder = yield* Effect.forkChild(
+            sql.withTransaction(
+              Effect.gen(function* () {
+                yield* sql`SELECT 1 FROM receipts WHERE request_id = ${ids[0]!} FOR UPDATE`
+                yield* Deferred.succeed(holding, undefined)
+                yield* Deferred.await(letGo)
+              })
+            )
+          )
+          yield* Deferred.await(holding)
+          let closed = false
+          const close = yield* Effect.forkChild(
+            Effect.ensuring(
+              epochs.closeEnded,
+              Effect.sync(() => {
+                closed = true
+              })
+            )
+          )
+          yield* lockWaited(() => closed)
+          assert.isFalse(closed, "the close waits for the held receipt")
+          // In request_id order the close took the earlier receipt before it waited: nobody else can have it,
+          // so a landing that holds the later one and wants the earlier cannot close a cycle with it.
+          const earlier =
+            yield* sql`SELECT 1 FROM receipts WHERE request_id = ${ids[1]!} FOR UPDATE NOWAIT`.pipe(
+              Effect.exit
+            )
+          assert.isTrue(Exit.isFailure(earlier), "the close holds the earlier receipt while it waits")
+          yield* Deferred.succeed(letGo, undefined)
+          yield* Fiber.join(holder)
+          yield* Fiber.join(close)
+          yield* assertClosedOnce(epochId, ids)
+        }).pipe(Effect.orDie)
     )
   })
 })
