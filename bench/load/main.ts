@@ -388,7 +388,7 @@ const main = async () => {
         openedSeconds
       }
       log(
-        `${name}: ${held} streams held (all open after ${fmt(openedSeconds, 1)} s), ${failures} failed, ${fmt((during - before) / MB)} MB more RSS, ${fmt((heapDuring - heapBefore) / MB)} MB more heap`
+        `${name}: ${held} streams held (all open ${fmt(openedSeconds, 1)} s after the last was sent), ${failures} failed, ${fmt((during - before) / MB)} MB more RSS, ${fmt((heapDuring - heapBefore) / MB)} MB more heap`
       )
       await sleep(3_000)
     }
@@ -499,7 +499,7 @@ const main = async () => {
         `  5 s after the load            router ${fmt(afterLoad.rss.node / MB, 0)} MB RSS (${fmt((afterLoad.rss.node - idle.rss.node) / MB, 0)} MB over idle), ${fmt(afterLoadHeap / MB, 0)} MB heap (${fmt((afterLoadHeap - idleHeap) / MB, 0)} MB over idle)`,
         ...Object.entries(perStream).map(
           ([name, s]) =>
-            `  per held-open stream          ${name.padEnd(8)} ${fmt(s.perStreamKb, 1)} KB RSS, ${fmt(s.heapPerStreamKb, 1)} KB heap at ${s.held} streams (${s.failures} failed; all open after ${fmt(s.openedSeconds, 1)} s)`
+            `  per held-open stream          ${name.padEnd(8)} ${fmt(s.perStreamKb, 1)} KB RSS, ${fmt(s.heapPerStreamKb, 1)} KB heap at ${s.held} streams (${s.failures} failed; all open ${fmt(s.openedSeconds, 1)} s after the last was sent)`
         ),
         `  5 s after the streams         router ${fmt(afterStreams.rss.node / MB, 0)} MB RSS (${fmt((afterStreams.rss.node - idle.rss.node) / MB, 0)} MB over idle), ${fmt(afterStreamsHeap / MB, 0)} MB heap (${fmt((afterStreamsHeap - idleHeap) / MB, 0)} MB over idle)`,
         `  ${`${lateSeconds} s after the streams`.padEnd(29)} router ${fmt(lateStreams.rss.node / MB, 0)} MB RSS (${fmt((lateStreams.rss.node - idle.rss.node) / MB, 0)} MB over idle; read from /proc only)`,
