@@ -15,6 +15,15 @@ const hold = (bound: AdmissionBound["Service"]) =>
     return scope
   })
 
+/** Takes a permit, writes `name` down in `order` as admitted, and lets the permit go. */
+const admitInto = (bound: AdmissionBound["Service"], order: Array<string>, name: string) =>
+  Effect.scoped(
+    Effect.andThen(
+      bound.enter,
+      Effect.sync(() => order.push(name))
+    )
+  )
+
 /** The error code a refused wait failed with. */
 const busyCode = (exit: Exit.Exit<unknown, { readonly code: string }>) => {
   if (Exit.isSuccess(exit)) return "admitted"
@@ -29,13 +38,7 @@ describe("the admission bound (D531)", () => {
       const first = yield* hold(bound)
       const second = yield* hold(bound)
       const order: Array<string> = []
-      const waiter = (name: string) =>
-        Effect.scoped(
-          Effect.andThen(
-            bound.enter,
-            Effect.sync(() => order.push(name))
-          )
-        ).pipe(Effect.exit)
+      const waiter = (name: string) => admitInto(bound, order, name).pipe(Effect.exit)
       const a = yield* Effect.forkChild(waiter("a"))
       yield* TestClock.adjust("1 second")
       const b = yield* Effect.forkChild(waiter("b"))
@@ -63,13 +66,7 @@ describe("the admission bound (D531)", () => {
       const bound = yield* AdmissionBound.make({ concurrency: 1, waitSeconds: 10 })
       const held = yield* hold(bound)
       const order: Array<string> = []
-      const waiter = (name: string) =>
-        Effect.scoped(
-          Effect.andThen(
-            bound.enter,
-            Effect.sync(() => order.push(name))
-          )
-        )
+      const waiter = (name: string) => admitInto(bound, order, name)
       const first = yield* Effect.forkChild(waiter("first"))
       yield* TestClock.adjust("1 second")
       assert.strictEqual(yield* bound.waiting, 1)
