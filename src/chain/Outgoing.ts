@@ -254,7 +254,7 @@ export const makeOutgoing = (
 
   /**
    * The gas a call is planned with: its class's limit while the class's estimate is fresh, once an
-   * `eth_call` run under exactly that limit, against the pending state, succeeds; else (no fresh estimate,
+   * `eth_call` run under exactly that limit, against the latest block, succeeds; else (no fresh estimate,
    * or the call failed under the limit for any reason: a revert, gas the limit does not cover, as a payer
    * whose signature check costs more would need) the call's own estimate, which fails `Reverted` with the
    * token's reason when the call would revert whatever its gas.
@@ -267,7 +267,12 @@ export const makeOutgoing = (
       return rpc
         .callWith(
           "eth_call",
-          [{ from: call.from, to: call.to, data: call.data, gas: `0x${limit.toString(16)}` }, "pending"],
+          // `latest`, not `pending` (D532): a node answers a call at `pending` by first running every pooled
+          // transaction on top of the latest block, so under load each check re-ran the block being built
+          // (on the embedded Anvil 60% of its CPU). What the pool could change is already covered: a
+          // payer's own pooled authorizations are counted in `x402_outstanding` against its balance when
+          // they are reserved, and the class's half-again margin covers the payee's first credit.
+          [{ from: call.from, to: call.to, data: call.data, gas: `0x${limit.toString(16)}` }, "latest"],
           { result: () => Effect.void, failure: chainError("Outgoing.plan") }
         )
         .pipe(

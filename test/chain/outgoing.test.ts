@@ -102,7 +102,7 @@ layer(ChainEmbedded, { timeout: "60 seconds" })(
       "settlements of one class share an estimate for its TTL, each checked by eth_call; a used one still fails Reverted (D530)",
       () =>
         Effect.gen(function* () {
-          const { chain, methods } = countedChain(yield* Chain)
+          const { chain, methods, paramsOf } = countedChain(yield* Chain)
           const calls = yield* Effect.forEach([1, 2, 3], () =>
             Effect.map(authorization(chain), chain.calls.transferWithAuthorization)
           )
@@ -117,6 +117,12 @@ layer(ChainEmbedded, { timeout: "60 seconds" })(
           assert.deepStrictEqual(
             methods().filter((m) => m === "eth_estimateGas" || m === "eth_call"),
             ["eth_estimateGas", "eth_call", "eth_call"]
+          )
+          // Each check runs at the latest block, never `pending`: a node answers `pending` by running the
+          // whole pool first (D532).
+          assert.deepStrictEqual(
+            paramsOf("eth_call").map((params) => params[1]),
+            ["latest", "latest"]
           )
           assert.closeTo(Number(second!.gas) / Number(first.gas), 150 / 125, 0.0001)
           assert.strictEqual(third!.gas, second!.gas)

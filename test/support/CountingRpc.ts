@@ -9,6 +9,7 @@ import { makeOutgoing, type OutgoingOptions } from "../../src/chain/Outgoing.ts"
 interface Call {
   readonly id: number
   readonly method: string
+  readonly params: ReadonlyArray<unknown>
 }
 
 /**
@@ -18,11 +19,13 @@ interface Call {
  */
 export const countingRpc = (rpcUrl: string) => {
   const requests: Array<ReadonlyArray<string>> = []
+  const sent: Array<{ readonly method: string; readonly params: ReadonlyArray<unknown> }> = []
   const refusals = new Map<string, { readonly code: number; readonly message: string }>()
   const post = httpPost(rpcUrl, BACKGROUND_RPC.timeout)
   const counted: PostJson = (body) => {
     const calls = JSON.parse(body) as ReadonlyArray<Call>
     requests.push(calls.map((call) => call.method))
+    for (const call of calls) sent.push({ method: call.method, params: call.params })
     if (calls.every((call) => refusals.has(call.method))) {
       return Promise.resolve({
         status: 200,
@@ -38,6 +41,8 @@ export const countingRpc = (rpcUrl: string) => {
     /** Each HTTP request's methods, in order. */
     requests,
     methods: () => requests.flat(),
+    /** The params of every call of `method`, in order. */
+    paramsOf: (method: string) => sent.filter((call) => call.method === method).map((call) => call.params),
     /** From now on a request made only of `method` calls is answered with `error` (undefined: asks again). */
     refuse: (method: string, error: { readonly code: number; readonly message: string } | undefined) => {
       if (error === undefined) refusals.delete(method)
