@@ -68,7 +68,8 @@ export const makeTreasurySend = ({ chain, records, looks, chainCalls }: Treasury
         adopted.push(record)
         wanted.delete(purpose)
       }
-      // Estimated before any lock is taken: a call that would revert is refused with nothing signed.
+      // Estimated before any lock is taken: a call that would revert at the latest block is refused with
+      // nothing signed (one the pool makes revert, as a nonce pooled by someone else, is mined reverted: D532).
       const plans = yield* Effect.forEach(
         wanted,
         ([purpose, { transfer, call }]) =>
