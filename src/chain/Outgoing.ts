@@ -269,9 +269,10 @@ export const makeOutgoing = (
           "eth_call",
           // `latest`, not `pending` (D532): a node answers a call at `pending` by first running every pooled
           // transaction on top of the latest block, so under load each check re-ran the block being built
-          // (on the embedded Anvil 60% of its CPU). What the pool could change is already covered: a
-          // payer's own pooled authorizations are counted in `x402_outstanding` against its balance when
-          // they are reserved, and the class's half-again margin covers the payee's first credit.
+          // (on the embedded Anvil 60% of its CPU). A payer's own pooled settlements are still counted in
+          // `x402_outstanding` against its balance, and the class's half-again margin covers the payee's first
+          // credit; a transfer the pool would make revert (a nonce someone else pooled) is now mined reverted,
+          // costing its gas, where the plan refused it; what follows is the same and no money moves.
           [{ from: call.from, to: call.to, data: call.data, gas: `0x${limit.toString(16)}` }, "latest"],
           { result: () => Effect.void, failure: chainError("Outgoing.plan") }
         )

@@ -19,13 +19,13 @@ interface Call {
  */
 export const countingRpc = (rpcUrl: string) => {
   const requests: Array<ReadonlyArray<string>> = []
-  const sent: Array<{ readonly method: string; readonly params: ReadonlyArray<unknown> }> = []
+  const sent: Array<Call> = []
   const refusals = new Map<string, { readonly code: number; readonly message: string }>()
   const post = httpPost(rpcUrl, BACKGROUND_RPC.timeout)
   const counted: PostJson = (body) => {
     const calls = JSON.parse(body) as ReadonlyArray<Call>
     requests.push(calls.map((call) => call.method))
-    for (const call of calls) sent.push({ method: call.method, params: call.params })
+    sent.push(...calls)
     if (calls.every((call) => refusals.has(call.method))) {
       return Promise.resolve({
         status: 200,
