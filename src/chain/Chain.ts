@@ -12,6 +12,7 @@ import {
 } from "viem"
 import { RouterConfig } from "../RouterConfig.ts"
 import { traced } from "../Telemetry.ts"
+import { type AuthorizationFate, readAuthorizationFate } from "./AuthorizationFate.ts"
 import { epochAnchorAbi, testUsdcAbi } from "./artifacts.ts"
 import { type ChainError, fromViemError } from "./ChainError.ts"
 import {
@@ -33,6 +34,7 @@ import { readCalldata } from "./QuickReads.ts"
 import { secp256k1Backend, signDigestBytes } from "./Secp256k1.ts"
 import { nonceBitmapPosition, type UptoPermit, uptoSettleCall } from "./UptoPermit.ts"
 
+export type { AuthorizationFate } from "./AuthorizationFate.ts"
 export { ChainError, type ChainErrorReason } from "./ChainError.ts"
 export { DEMO_WALLET_FUNDING, type DemoWallet, QUICK_READ_TIMEOUT_MS } from "./Connection.ts"
 export {
@@ -113,12 +115,24 @@ export interface ChainShape {
   readonly demoWallets: ReadonlyArray<DemoWallet>
   readonly publicClient: PublicClient<HttpTransport, ViemChain>
   readonly blockNumber: () => Effect.Effect<bigint, ChainError>
+  /** The newest block's timestamp (seconds): the chain's own time, which validity windows are judged by. */
+  readonly headTimestamp: () => Effect.Effect<bigint, ChainError>
   /** Whether the node answers, within `QUICK_READ_TIMEOUT_MS` (readiness). */
   readonly probe: () => Effect.Effect<void, ChainError>
   /** A quick read (paid path): fails `Timeout` when the node does not answer in time. */
   readonly balanceOf: (address: Address) => Effect.Effect<bigint, ChainError>
   /** A quick read (paid path): fails `Timeout` when the node does not answer in time. */
   readonly authorizationState: (authorizer: Address, nonce: Hex) => Effect.Effect<boolean, ChainError>
+  /**
+   * What spent an EIP-3009 nonce (D533): the token's `AuthorizationUsed` (with the transfer beside it) or
+   * `AuthorizationCanceled` event, read forward page by page from `sinceSeconds`; `undefined` when none is
+   * found (or its receipt disagrees).
+   */
+  readonly authorizationFate: (
+    authorizer: Address,
+    nonce: Hex,
+    sinceSeconds: bigint
+  ) => Effect.Effect<AuthorizationFate | undefined, ChainError>
   /** A quick read (paid path): whether Permit2 has spent `owner`'s unordered `nonce` (an `upto` settlement). */
   readonly permit2NonceUsed: (owner: Address, nonce: bigint) => Effect.Effect<boolean, ChainError>
   /** A quick read (paid path): the token allowance `owner` gave Permit2. */
@@ -163,6 +177,12 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
 
   const blockNumber = Effect.fn("Chain.blockNumber")(() =>
     call("Chain.blockNumber", () => publicClient.getBlockNumber({ cacheTime: 0 }))
+  )
+
+  const headTimestamp = Effect.fn("Chain.headTimestamp")(() =>
+    call("Chain.headTimestamp", () => publicClient.getBlock({ blockTag: "latest" })).pipe(
+      Effect.map((block) => block.timestamp)
+    )
   )
 
   const probe = Effect.fn("Chain.probe")(() =>
@@ -354,9 +374,12 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
     demoWallets: deployment.demoWallets,
     publicClient,
     blockNumber,
+    headTimestamp,
     probe,
     balanceOf,
     authorizationState,
+    authorizationFate: (authorizer: Address, nonce: Hex, sinceSeconds: bigint) =>
+      readAuthorizationFate(publicClient, token, authorizer, nonce, sinceSeconds),
     permit2NonceUsed,
     permit2Allowance,
     sendQuickReads,

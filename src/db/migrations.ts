@@ -5,6 +5,7 @@ import { payoutScan } from "./migrations/payoutScan.ts"
 import { perRequest } from "./migrations/perRequest.ts"
 import { programs } from "./migrations/programs.ts"
 import { reliability } from "./migrations/reliability.ts"
+import { settlementEvidence } from "./migrations/settlementEvidence.ts"
 
 /**
  * Numbered, append-only migrations. Each runs once (the migrator records it in
@@ -17,5 +18,6 @@ export const migrations: Migrations = {
   ...marketData,
   ...reliability,
   ...perRequest,
-  ...payoutScan
+  ...payoutScan,
+  ...settlementEvidence
 }

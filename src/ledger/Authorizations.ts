@@ -23,7 +23,9 @@ export const ClaimedAuthorization = Schema.Struct({
   attempts: Schema.Number,
   /** `upto`: a Permit2 witness transfer of `value` (the charge) under the signed `ceiling` (migration 0016). */
   scheme: Schema.Literals(["exact", "upto"]),
-  ceiling: Schema.NullOr(Schema.String)
+  ceiling: Schema.NullOr(Schema.String),
+  /** When the payment was reserved (epoch seconds): its nonce was unspent then (D533). */
+  reserved_at: Schema.String
 })
 export type ClaimedAuthorization = typeof ClaimedAuthorization.Type
 const decodeClaimed = Schema.decodeUnknownEffect(Schema.Array(ClaimedAuthorization))
@@ -47,6 +49,11 @@ const decodeLanded = Schema.decodeUnknownEffect(LandedRows)
 
 /** Retry backoff for a failed submission: 2 s, 4 s, ... capped at 60 s. */
 const backoffSeconds = (attempts: number) => Math.min(60, 2 ** Math.min(6, attempts))
+/**
+ * Backoff for a row held until the chain can tell what spent its nonce (D533): each look reads logs and
+ * blocks, and holds a claim, so it doubles on to 30 minutes (2 s, 4 s, ... 1,024 s, 1,800 s).
+ */
+const slowBackoffSeconds = (attempts: number) => Math.min(1_800, 2 ** Math.min(11, attempts))
 
 /**
  * The book of captured x402 authorizations on their way to the chain: `pending` → `submitted`
@@ -71,12 +78,17 @@ export class Authorizations extends Context.Service<
      * its row) and their receipts, stored final and left for the receipt signer.
      */
     readonly recordLanded: (landings: ReadonlyArray<Landing>) => Effect.Effect<Landed>
-    /** Back to `pending` with a backoff, or `failed` when expired (the session it funded dies). */
+    /**
+     * Back to `pending` with a backoff (`slow`: up to 30 minutes, for a row held until the chain can tell,
+     * D533), or `failed` for good when `final`: evidence that it can never pay us (expired unused, its nonce
+     * spent by anything but its transfer to us). A final failure kills the session it funded. Only while this
+     * claim still holds the row (`submitted` at the claim's attempt): returns whether it did.
+     */
     readonly recordFailed: (
       row: ClaimedAuthorization,
       reason: string,
-      expired: boolean
-    ) => Effect.Effect<void>
+      options: { readonly final: boolean; readonly slow?: boolean }
+    ) => Effect.Effect<boolean>
   }
 >()("router/ledger/Authorizations") {
   static readonly layer = Layer.effect(
@@ -93,7 +105,7 @@ export class Authorizations extends Context.Service<
           ORDER BY created_at LIMIT ${CLAIM_LIMIT} FOR UPDATE SKIP LOCKED
         )
         RETURNING payer, nonce, request_id, value::text, valid_after::text, valid_before::text, signature, tx_hash,
-                  attempts, scheme, ceiling::text
+                  attempts, scheme, ceiling::text, floor(extract(epoch FROM created_at))::bigint::text AS reserved_at
       `.pipe(Effect.flatMap(decodeClaimed), Effect.orDie)
 
       const recordBroadcast = (sent: ReadonlyArray<Landing>) =>
@@ -101,9 +113,9 @@ export class Authorizations extends Context.Service<
           ? Effect.void
           : sql`
               UPDATE x402_authorizations a SET tx_hash = v.hash
-              FROM jsonb_to_recordset(${JSON.stringify(sent.map(({ row, hash }) => ({ payer: row.payer, nonce: row.nonce, hash })))}::jsonb)
-                AS v(payer text, nonce text, hash text)
-              WHERE a.payer = v.payer AND a.nonce = v.nonce
+              FROM jsonb_to_recordset(${JSON.stringify(sent.map(({ row, hash }) => ({ payer: row.payer, nonce: row.nonce, attempts: row.attempts, hash })))}::jsonb)
+                AS v(payer text, nonce text, attempts int, hash text)
+              WHERE a.payer = v.payer AND a.nonce = v.nonce AND a.status = 'submitted' AND a.attempts = v.attempts
             `.pipe(Effect.asVoid, Effect.orDie)
 
       /**
@@ -197,18 +209,25 @@ export class Authorizations extends Context.Service<
 
       // One transaction: once the authorization reads `failed`, the session it funded is already dead
       // (no reader sees a failed funding beside a session still taking turns).
-      const recordFailed = (row: ClaimedAuthorization, reason: string, expired: boolean) =>
+      const recordFailed = (
+        row: ClaimedAuthorization,
+        reason: string,
+        { final, slow = false }: { readonly final: boolean; readonly slow?: boolean }
+      ) =>
         Effect.gen(function* () {
-          yield* sql`
+          const backoff = slow ? slowBackoffSeconds(row.attempts) : backoffSeconds(row.attempts)
+          const held = yield* sql`
             UPDATE x402_authorizations
-            SET status = ${expired ? "failed" : "pending"}, last_error = ${reason.slice(0, 300)},
-                next_attempt_at = now() + make_interval(secs => ${backoffSeconds(row.attempts)}), updated_at = now()
-            WHERE payer = ${row.payer} AND nonce = ${row.nonce} AND status = 'submitted'
+            SET status = ${final ? "failed" : "pending"}, last_error = ${reason.slice(0, 300)},
+                next_attempt_at = now() + make_interval(secs => ${backoff}), updated_at = now()
+            WHERE payer = ${row.payer} AND nonce = ${row.nonce} AND status = 'submitted' AND attempts = ${row.attempts}
+            RETURNING request_id
           `
           // A session funded by this authorization can take no further turns (402 session_dead).
-          if (expired) {
+          if (final && held.length > 0) {
             yield* sql`UPDATE sessions SET status = 'dead' WHERE funding_request_id = ${row.request_id} AND status = 'open'`
           }
+          return held.length > 0
         }).pipe(sql.withTransaction, Effect.orDie)
 
       const recover = sql`

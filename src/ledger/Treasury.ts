@@ -64,6 +64,11 @@ export interface TreasuryShape {
   /** The live transaction recorded for this transfer's purpose, if any. */
   readonly recorded: (transfer: OutgoingTransfer) => Effect.Effect<Hash | undefined>
   /**
+   * Every transaction ever recorded for this transfer's purpose, whatever its record says (a `void` or
+   * `reverted` record is what a look found, and a look can be wrong: D533), oldest first.
+   */
+  readonly attempts: (transfer: OutgoingTransfer) => Effect.Effect<ReadonlyArray<Hash>>
+  /**
    * One recovery pass: every recorded transaction not yet final, per sender in nonce order, is looked up,
    * finalized when mined, rebroadcast (the same bytes) when the node does not know it, or marked `void`
    * when its nonce was taken by another transaction. Returns how many are still open.
@@ -104,14 +109,17 @@ export class Treasury extends Context.Service<Treasury, TreasuryShape>()("router
         head,
         confirmTimeout
       })
-      const { liveForAll } = records
+      const { liveForAll, everyAttempt } = records
 
       const recorded = (transfer: OutgoingTransfer) => {
         const purpose = purposeOf(transfer)
         return Effect.map(liveForAll([purpose]), (live) => live.get(purpose)?.tx_hash as Hash | undefined)
       }
 
-      return Treasury.of({ send, sendMany, confirm, confirmMany, recorded, recover })
+      const attempts = (transfer: OutgoingTransfer) =>
+        Effect.map(everyAttempt(purposeOf(transfer)), (rows) => rows.map((row) => row.tx_hash as Hash))
+
+      return Treasury.of({ send, sendMany, confirm, confirmMany, recorded, attempts, recover })
     })
 
   /** The treasury plus its recovery loop: at start, then every 5 s (docs/decisions.md D168). */

@@ -230,6 +230,13 @@ export const makeTreasuryRecords = (sql: SqlClient.SqlClient, chain: ChainShape)
           ORDER BY outgoing_transactions.nonce`
     )
 
+  /** Every record of a purpose, whatever its status, oldest first (D533). */
+  const everyAttempt = (purpose: string) =>
+    decoded(
+      sql`SELECT ${sql.literal(COLUMNS)} FROM outgoing_transactions WHERE purpose = ${purpose}
+          ORDER BY outgoing_transactions.created_at`
+    )
+
   /** The records of these (lower-case) hashes. */
   const byHashes = (hashes: ReadonlyArray<string>) =>
     decoded(sql`SELECT ${sql.literal(COLUMNS)} FROM outgoing_transactions WHERE tx_hash IN ${sql.in(hashes)}`)
@@ -248,6 +255,7 @@ export const makeTreasuryRecords = (sql: SqlClient.SqlClient, chain: ChainShape)
     noteOffers,
     finalizeAll,
     openBelow,
+    everyAttempt,
     byHashes,
     allOpen
   }

@@ -62,7 +62,8 @@ describe("a landing's points locks", () => {
               tx_hash: null,
               attempts: 1,
               scheme: "exact",
-              ceiling: null
+              ceiling: null,
+              reserved_at: "0"
             })
           }
           // A capture of wallet `wa` mid-statement: its wallet row and its shard of `pa` taken, `pb`'s next.

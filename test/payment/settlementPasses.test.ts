@@ -7,6 +7,7 @@ import { Authorizations, CLAIM_LIMIT } from "../../src/ledger/Authorizations.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
 import { Treasury } from "../../src/ledger/Treasury.ts"
 import { MAX_PASSES, Settlement } from "../../src/payment/Settlement.ts"
+import { nodeCall } from "../support/ChainSend.ts"
 import { TestDatabase } from "../support/Database.ts"
 import { signedTransfer } from "../support/Pay.ts"
 
@@ -69,11 +70,7 @@ describe("the settlement loop (D426)", () => {
           const chain = yield* Chain
           yield* queue
           // No block until this test mines one: every pass waits for its transfers' block.
-          const rpc = chain.publicClient.request as unknown as (args: {
-            method: string
-            params: ReadonlyArray<unknown>
-          }) => Promise<unknown>
-          yield* Effect.promise(() => rpc({ method: "evm_setAutomine", params: [false] }))
+          yield* nodeCall(chain, "evm_setAutomine", [false])
           const before = yield* Effect.promise(() => chain.publicClient.getBlockNumber())
           yield* Effect.gen(function* () {
             yield* Layer.build(
@@ -96,7 +93,7 @@ describe("the settlement loop (D426)", () => {
             assert.strictEqual(yield* Effect.promise(() => chain.publicClient.getBlockNumber()), before)
             assert.strictEqual(yield* count("landed"), 0)
             // One block carries them all, and every waiting pass records its landings.
-            yield* Effect.promise(() => rpc({ method: "evm_mine", params: [] }))
+            yield* nodeCall(chain, "evm_mine")
             yield* until(
               `all ${N} landed`,
               Effect.map(count("landed"), (n) => (n === N ? n : undefined))

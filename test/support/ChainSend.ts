@@ -30,3 +30,7 @@ export const sendNow = (
 /** An x402 `exact` authorization submitted by the router signer, as `sendNow`. */
 export const submit = (chain: ChainShape, authorization: TransferAuthorization) =>
   sendNow(chain, chain.calls.transferWithAuthorization(authorization))
+
+/** A raw JSON-RPC call to the node (Anvil's own methods: `evm_setAutomine`, `evm_mine`, `anvil_mine`, ...). */
+export const nodeCall = (chain: ChainShape, method: string, params: ReadonlyArray<unknown> = []) =>
+  Effect.promise(() => chain.publicClient.request({ method, params } as never))
