@@ -370,18 +370,24 @@ export const makeOutgoing = (
     Effect.gen(function* () {
       const mined = yield* receipt(hash)
       if (mined !== undefined) return { _tag: "Mined", ...mined } satisfies TransactionState
-      const pooled = yield* rpc.callWith("eth_getTransactionByHash", [hash], {
-        // `null`: not pooled; an object: pooled; anything else (no result at all) is no answer.
+      // `null`: neither pooled nor mined; an object: pooled (`blockNumber` null) or mined since the receipt
+      // was read; anything else (no result at all) is no answer.
+      const found = yield* rpc.callWith("eth_getTransactionByHash", [hash], {
         result: (found) =>
           found === null
-            ? Effect.succeed(false)
+            ? Effect.succeed("unknown" as const)
             : typeof found === "object"
-              ? Effect.succeed(true)
+              ? Effect.succeed(
+                  (found as { blockNumber?: unknown }).blockNumber == null
+                    ? ("pooled" as const)
+                    : ("mined" as const)
+                )
               : Effect.fail(unreadable("Outgoing.state")),
         failure: chainError("Outgoing.state")
       })
-      // Mined between the two reads: the receipt is there now.
-      if (pooled) {
+      if (found === "pooled") return { _tag: "Pending" } as const
+      // Mined between the two reads: the receipt is there now (only a receipt says how it ended).
+      if (found === "mined") {
         const late = yield* Effect.option(receipt(hash))
         if (late._tag === "Some" && late.value !== undefined) return { _tag: "Mined", ...late.value } as const
         return { _tag: "Pending" } as const

@@ -12,14 +12,11 @@ import { BACKGROUND_RPC } from "../../src/chain/Connection.ts"
 import { routerSignerAccount } from "../../src/chain/DevAccounts.ts"
 import { httpPost, makeJsonRpcBatch } from "../../src/chain/JsonRpc.ts"
 import { makeOutgoing } from "../../src/chain/Outgoing.ts"
+import { nodeCall } from "../support/ChainSend.ts"
 import { countedChain, embeddedKeys } from "../support/CountingRpc.ts"
 
 // An empty provider: RPC_URL is unset whatever the environment says, so the layer starts its own Anvil.
 const ChainEmbedded = Chain.layer.pipe(Layer.provide(ConfigProvider.layer(ConfigProvider.fromEnvRecord({}))))
-
-/** A raw JSON-RPC call to the node (Anvil's own methods). */
-const node = (chain: ChainShape, method: string, params: ReadonlyArray<unknown> = []) =>
-  Effect.promise(() => chain.publicClient.request({ method, params } as never))
 
 /** The node's count of the sender's transactions, pooled ones included. */
 const pendingNonce = (chain: ChainShape) =>
@@ -175,11 +172,11 @@ layer(ChainEmbedded, { timeout: "60 seconds" })(
           const wallet = chain.demoWallets[5]!.address
           const burner = `0x612000${"5b600190038060035750"}7f1626ba7e${"00".repeat(28)}60005260206000f3`
           const costly = yield* Effect.gen(function* () {
-            yield* node(chain, "anvil_setCode", [wallet, burner])
+            yield* nodeCall(chain, "anvil_setCode", [wallet, burner])
             const call = chain.calls.transferWithAuthorization(yield* authorization(chain, 5))
             assert.strictEqual(call.gasClass, (yield* normal()).gasClass)
             return yield* chain.outgoing.plan(call)
-          }).pipe(Effect.ensuring(node(chain, "anvil_setCode", [wallet, "0x"])))
+          }).pipe(Effect.ensuring(nodeCall(chain, "anvil_setCode", [wallet, "0x"])))
           // The call failed under the class's limit: it was estimated, and planned with its own estimate.
           assert.deepStrictEqual(classified(), ["eth_estimateGas", "eth_call", "eth_call", "eth_estimateGas"])
           assert.isAbove(Number(costly.gas), Number(classLimit.gas) + 150_000)
@@ -237,12 +234,18 @@ layer(ChainEmbedded, { timeout: "60 seconds" })(
           const { chain, methods } = countedChain(yield* Chain)
           const transfer = chain.calls.treasuryTransfer(chain.demoWallets[0]!.address, 1n)
           const plan = yield* chain.outgoing.plan(transfer)
-          yield* node(chain, "evm_setAutomine", [false])
+          yield* nodeCall(chain, "evm_setAutomine", [false])
           const pooled = yield* Effect.gen(function* () {
             const nonce = yield* pendingNonce(chain)
             const signed = yield* chain.outgoing.sign(transfer, plan, nonce)
             assert.strictEqual(yield* chain.outgoing.broadcast(signed.raw), "accepted")
+            // A pooled transaction's look is two reads: no receipt, then the node's copy without a block.
+            const looked = methods().length
             assert.deepStrictEqual(yield* chain.outgoing.state(signed.hash), { _tag: "Pending" })
+            assert.deepStrictEqual(methods().slice(looked), [
+              "eth_getTransactionReceipt",
+              "eth_getTransactionByHash"
+            ])
             // The same bytes again: the node already has them.
             assert.strictEqual(yield* chain.outgoing.broadcast(signed.raw), "accepted")
             // Other bytes for the same nonce, no better paid: refused, and the fee estimate is asked again.
@@ -261,8 +264,8 @@ layer(ChainEmbedded, { timeout: "60 seconds" })(
               before + 1
             )
             return { signed, nonce }
-          }).pipe(Effect.ensuring(node(chain, "evm_setAutomine", [true])))
-          yield* node(chain, "evm_mine")
+          }).pipe(Effect.ensuring(nodeCall(chain, "evm_setAutomine", [true])))
+          yield* nodeCall(chain, "evm_mine")
           const mined = yield* chain.outgoing.state(pooled.signed.hash)
           assert.strictEqual(mined._tag, "Mined")
           assert.strictEqual(yield* chain.outgoing.minedNonce(transfer.from), pooled.nonce + 1)
