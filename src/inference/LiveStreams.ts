@@ -15,6 +15,7 @@ import {
   Tracer
 } from "effect"
 import { randomText } from "../domain/RandomText.ts"
+import { within } from "../process/Within.ts"
 
 /**
  * Served work runs detached from the HTTP connection, in a fiber this registry owns, and
@@ -146,7 +147,15 @@ export interface LiveStream<E> {
   /** The live readers, each with what it makes of an event. */
   readonly readers: Map<Reader, ReaderMap<E>>
   fiber: Fiber.Fiber<void> | undefined
+  /**
+   * When the stream's last event was published and its readers were told the end: when the work said
+   * so (`end`, D534), or when it ended without saying. The work may still be finishing (`done`).
+   */
   finishedAt: number | undefined
+  /** The work's fiber has ended (what it held is let go). */
+  done: boolean
+  /** Told once the work's fiber has ended (`awaitDone`). */
+  whenDone: Array<() => void> | undefined
   stopRequested: boolean
   /** Turns the events into the kept reply when the work finishes (registered by `keep`). */
   keeper: ((events: ReadonlyArray<E>) => KeptReply) | undefined
@@ -183,13 +192,15 @@ export class LiveStreams extends Context.Service<
   LiveStreams,
   {
     /**
-     * Starts `work` detached; it receives `emit`. `work` runs uninterruptibly except where it
-     * says otherwise (`Effect.interruptible`), so its finalization always runs. Returns the
-     * stream and its capability token (returned to the caller once, stored only as a hash).
+     * Starts `work` detached; it receives `emit` and `end`. `work` runs uninterruptibly except where it
+     * says otherwise (`Effect.interruptible`), so its finalization always runs. `end` says the last event
+     * was published: the readers are told the end then, while the work may go on finishing (D534); a
+     * work that never says it ends its stream when it ends. Returns the stream and its capability token
+     * (returned to the caller once, stored only as a hash).
      */
     readonly start: <E>(
       id: string,
-      work: (emit: (event: E) => Effect.Effect<void>) => Effect.Effect<void>
+      work: (emit: (event: E) => Effect.Effect<void>, end: Effect.Effect<void>) => Effect.Effect<void>
     ) => Effect.Effect<{ readonly stream: LiveStream<E>; readonly token: string }>
     readonly get: <E>(id: string) => LiveStream<E> | undefined
     /**
@@ -206,12 +217,18 @@ export class LiveStreams extends Context.Service<
      */
     readonly awaitEnd: <E>(stream: LiveStream<E>) => Effect.Effect<void>
     /**
+     * Waits, at most `millis`, until the work of request `id` served by this process has ended (what it
+     * settles is written); at once when there is none or it has ended. For reads of what a request
+     * settled, made after its reply: the reply can precede the settlement's commit (D534).
+     */
+    readonly awaitDone: (id: string, millis: number) => Effect.Effect<void>
+    /**
      * What a finished stream keeps: when its work ends (at once if it has), `keeper` turns its events
      * into the kept reply, and the events and `keeper` are let go.
      */
     readonly keep: <E>(stream: LiveStream<E>, keeper: (events: ReadonlyArray<E>) => KeptReply) => void
     readonly stop: <E>(stream: LiveStream<E>) => Effect.Effect<void>
-    /** How many works are still running (shutdown waits for them to end). */
+    /** How many works are still running, a stream ended or not (shutdown waits for them to end). */
     readonly running: Effect.Effect<number>
     /** Stops every running work and waits until each has settled and told its readers (shutdown). */
     readonly stopAll: Effect.Effect<void>
@@ -227,7 +244,35 @@ export class LiveStreams extends Context.Service<
       // context of the request that started it (D460).
       const detached = inServices(yield* Effect.context<never>())
 
-      const start = <E>(id: string, work: (emit: (event: E) => Effect.Effect<void>) => Effect.Effect<void>) =>
+      /** The stream's end, once: its readers are told, then it is compacted to its kept reply. */
+      const finish = <E>(stream: LiveStream<E>) =>
+        Effect.suspend(() => {
+          if (stream.finishedAt !== undefined) return Effect.void
+          return Effect.gen(function* () {
+            stream.finishedAt = yield* Clock.currentTimeMillis
+            // A waiter is told after the compaction below: resumed, it answers with the kept body.
+            let waiters: Array<Waiter> | undefined
+            for (const reader of stream.readers.keys()) {
+              if (!(reader instanceof Waiter)) endReader(reader)
+              else if (waiters === undefined) waiters = [reader]
+              else waiters.push(reader)
+            }
+            stream.readers.clear()
+            // Last, and contained: a keeper that throws leaves a finished stream with its events
+            // (followed as any other), never one left half finished (D352).
+            yield* Effect.sync(() => compact(stream)).pipe(
+              Effect.catchDefect((defect) =>
+                Effect.logError("A finished stream's reply was not kept", defect)
+              )
+            )
+            if (waiters !== undefined) for (const waiter of waiters) waiter.end()
+          })
+        })
+
+      const start = <E>(
+        id: string,
+        work: (emit: (event: E) => Effect.Effect<void>, end: Effect.Effect<void>) => Effect.Effect<void>
+      ) =>
         Effect.gen(function* () {
           const token = randomText(24, "base64url")
           const stream: LiveStream<E> = {
@@ -237,6 +282,8 @@ export class LiveStreams extends Context.Service<
             readers: new Map(),
             fiber: undefined,
             finishedAt: undefined,
+            done: false,
+            whenDone: undefined,
             stopRequested: false,
             keeper: undefined,
             kept: undefined
@@ -244,6 +291,8 @@ export class LiveStreams extends Context.Service<
           streams.set(id, stream as LiveStream<unknown>)
           const emit = (event: E) =>
             Effect.sync(() => {
+              // After the end nothing more is published (the readers were told the end).
+              if (stream.finishedAt !== undefined) return
               // Past the buffer's bound the event still reaches every live reader (what is metered
               // is delivered); only a later reconnect would miss it.
               const indexed = { index: stream.events.length, event }
@@ -253,29 +302,17 @@ export class LiveStreams extends Context.Service<
                 if (item !== undefined && !(reader instanceof Waiter)) offer(reader, item)
               }
             })
-          stream.fiber = yield* work(emit).pipe(
+          const fiber = yield* work(emit, finish(stream)).pipe(
             Effect.ensuring(
-              Effect.gen(function* () {
-                stream.finishedAt = yield* Clock.currentTimeMillis
-                // A waiter is told after the compaction below: resumed, it answers with the kept body.
-                let waiters: Array<Waiter> | undefined
-                for (const reader of stream.readers.keys()) {
-                  if (!(reader instanceof Waiter)) endReader(reader)
-                  else if (waiters === undefined) waiters = [reader]
-                  else waiters.push(reader)
-                }
-                stream.readers.clear()
+              Effect.suspend(() => {
                 // Kept for replay are the events and this record only: the finished fiber holds the
                 // context it was started in (the caller's HTTP request among it) and `work`'s closure.
+                stream.done = true
                 stream.fiber = undefined
-                // Last, and contained: a keeper that throws leaves a finished stream with its events
-                // (followed as any other), never one left half finished (D352).
-                yield* Effect.sync(() => compact(stream)).pipe(
-                  Effect.catchDefect((defect) =>
-                    Effect.logError("A finished stream's reply was not kept", defect)
-                  )
-                )
-                if (waiters !== undefined) for (const waiter of waiters) waiter.end()
+                const whenDone = stream.whenDone
+                stream.whenDone = undefined
+                if (whenDone !== undefined) for (const told of whenDone) told()
+                return finish(stream)
               })
             ),
             // Started at once and uninterruptible until `work` opens its own interruptible
@@ -285,6 +322,7 @@ export class LiveStreams extends Context.Service<
             // would otherwise be held by the work for the life of the reply (D460).
             detached
           )
+          if (!stream.done) stream.fiber = fiber
           return { stream, token }
         })
 
@@ -360,17 +398,38 @@ export class LiveStreams extends Context.Service<
       yield* Effect.gen(function* () {
         const now = yield* Clock.currentTimeMillis
         for (const [id, stream] of streams) {
-          if (stream.finishedAt !== undefined && now - stream.finishedAt > RETENTION_MS) streams.delete(id)
+          if (stream.done && stream.finishedAt !== undefined && now - stream.finishedAt > RETENTION_MS) {
+            streams.delete(id)
+          }
         }
       }).pipe(Effect.repeat(Schedule.spaced("30 seconds")), Effect.forkScoped)
 
-      const unfinished = () => [...streams.values()].filter((stream) => stream.finishedAt === undefined)
+      const unfinished = () => [...streams.values()].filter((stream) => !stream.done)
+
+      const awaitDone = (id: string, millis: number) =>
+        Effect.suspend(() => {
+          const stream = streams.get(id)
+          if (stream === undefined || stream.done) return Effect.void
+          return within(
+            Effect.callback<void>((resume) => {
+              const told = () => resume(Effect.void)
+              stream.whenDone ??= []
+              stream.whenDone.push(told)
+              return Effect.sync(() => {
+                const index = stream.whenDone?.indexOf(told) ?? -1
+                if (index >= 0) stream.whenDone!.splice(index, 1)
+              })
+            }),
+            millis
+          ).pipe(Effect.catch(() => Effect.void))
+        })
 
       return LiveStreams.of({
         start,
         get: <E>(id: string) => streams.get(id) as LiveStream<E> | undefined,
         follow: follow as LiveStreams["Service"]["follow"],
         awaitEnd,
+        awaitDone,
         keep: (stream, keeper) => {
           stream.keeper = keeper
           compact(stream)

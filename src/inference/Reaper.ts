@@ -52,7 +52,8 @@ export class Reaper extends Context.Service<
       const rows = yield* ledger.staleReservations(afterSeconds)
       const stale = rows.filter((row) => {
         const stream = live.get(row.request_id)
-        return stream === undefined || stream.finishedAt !== undefined
+        // A stream that told its readers the end may still be settling (D534): only its work's end counts.
+        return stream === undefined || stream.done
       })
       yield* Effect.forEach(stale, settle.fromRecord, { discard: true })
       // Budgets never stay locked: expired sessions nobody closed are settled as if closed,

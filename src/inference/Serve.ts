@@ -32,12 +32,40 @@ export interface Reservation extends Launch {
   readonly meter: Meter
   readonly holding: Holding
   readonly settled: Deferred.Deferred<ServeSummary>
+  readonly telling: Telling
 }
 
 interface Serving extends Reservation {
   readonly emit: (event: ServeEvent) => Effect.Effect<void>
+  /** The stream's last event was published: its readers are told the end (LiveStreams, D534). */
+  readonly end: Effect.Effect<void>
   readonly started: Started
 }
+
+/**
+ * How the readers and the waiting admission are told the request's end (`End`), set once serving starts
+ * and taken once: by the release, as soon as it knows the summary and before the settling statement,
+ * when the caller may have its reply first (`answersFirst`); else once the release has settled.
+ */
+interface Telling {
+  tell: ((summary: ServeSummary) => Effect.Effect<void>) | undefined
+}
+
+/**
+ * Whether the reply may go out before the settlement's statement commits (D534): a call paid by a
+ * funded key or an x402 authorization alone. A session's next turn takes the session only once this one
+ * settled, and a task's next call draws on the task hold this one releases, so theirs wait for it.
+ */
+const answersFirst = (input: Launch) =>
+  (input.source._tag === "Credit" || input.source._tag === "X402") && input.chargeCap === undefined
+
+/** Takes the telling (once) and tells the summary. */
+const tellOnce = (telling: Telling, summary: ServeSummary) =>
+  Effect.suspend(() => {
+    const tell = telling.tell
+    telling.tell = undefined
+    return tell === undefined ? Effect.void : tell(summary)
+  })
 
 /**
  * The capacity slot of the attempt that serves (or last tried to), held until the request is settled:
@@ -256,7 +284,7 @@ const settleReservation =
           : "partial"
       const error = interrupted ? { code: "stopped", message: "the request was stopped" } : meter.error
       const ttftMs = meter.delivered ? meter.firstTokenAt - input.createdAt : 0
-      yield* Deferred.succeed(input.settled, {
+      const summary: ServeSummary = {
         status,
         finishReason: meter.finish,
         providerId: meter.servedBy.provider_id,
@@ -266,7 +294,12 @@ const settleReservation =
         authorized: input.authorized,
         ttftMs,
         error: status === "ok" ? null : error
-      })
+      }
+      yield* Deferred.succeed(input.settled, summary)
+      // An answer's reply is built from the events and the summary, both known now: it need not wait for
+      // the statement below (the reservation holds the worst case until it commits, D534). A refusal
+      // (nothing delivered) is told once its release is written: the caller may retry on the whole hold.
+      if (!released && answersFirst(input)) yield* tellOnce(input.telling, summary)
       // A session remembers the whole conversation so far: the next turn's cached prefix.
       const prefixTokens = usage.promptTokens + usage.completionTokens
       const slot = holding.slot
@@ -309,11 +342,11 @@ const pastDeadline = (
   return Exit.fail(new UpstreamFailed(meter.error))
 }
 
-/** Once the reservation is settled: tells the readers (`End`) and the waiting admission. */
-const announce = (input: Serving) =>
+/** Tells the readers (`End`) and the waiting admission how the request ended. */
+const announce = (input: Serving) => (summary: ServeSummary) =>
   Effect.gen(function* () {
-    const summary = yield* Deferred.await(input.settled)
     yield* input.emit({ _tag: "End", summary })
+    yield* input.end
     if (summary.status === "released") {
       const error = summary.error
       const message = `${error?.message ?? "the provider failed"}; the reservation was released and nothing was charged`
@@ -388,7 +421,8 @@ export class Serve extends Context.Service<
                   ...launch,
                   meter: newMeter(launch.auction.winner),
                   holding,
-                  settled: yield* Deferred.make<ServeSummary>()
+                  settled: yield* Deferred.make<ServeSummary>(),
+                  telling: { tell: undefined }
                 } satisfies Reservation
               })
             ),
@@ -436,12 +470,13 @@ export class Serve extends Context.Service<
             deadline.unref()
             return Effect.interruptible(run).pipe(
               // Closing the reservation's scope with how serving ended settles it (its release), then the
-              // task hold it was taken under; the readers are told once it is settled.
+              // task hold it was taken under; the readers are told by the release before its statement
+              // when the reply may go first (D534), else here, once it is settled.
               Effect.onExit((exit) => {
                 clearTimeout(deadline)
                 return Effect.andThen(
                   Scope.close(scope, late ? pastDeadline(meter, exit) : exit),
-                  announce(input)
+                  Effect.flatMap(Deferred.await(input.settled), (summary) => tellOnce(input.telling, summary))
                 )
               }),
               Effect.catchCause(() => Effect.void),
@@ -461,9 +496,11 @@ export class Serve extends Context.Service<
             funding: funding._tag
           })
           const started = yield* Deferred.make<void, UpstreamFailed | ServiceUnavailable>()
-          const { stream, token } = yield* live.start<ServeEvent>(requestId, (emit) =>
-            serve({ ...input, emit, started }, scope)
-          )
+          const { stream, token } = yield* live.start<ServeEvent>(requestId, (emit, end) => {
+            const serving: Serving = { ...input, emit, end, started }
+            input.telling.tell = announce(serving)
+            return serve(serving, scope)
+          })
           // Headers go out only once the winner (or its fallback) has produced its first event,
           // so a provider that fails before the first token is a clean 502 with nothing charged.
           // A caller that hangs up while waiting stops the work: it releases what it reserved.

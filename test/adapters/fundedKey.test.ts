@@ -2,7 +2,7 @@ import Anthropic from "@anthropic-ai/sdk"
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import OpenAI from "openai"
-import { fundedKey, keyState } from "../support/Keys.ts"
+import { fundedKey, keySettled } from "../support/Keys.ts"
 import { RouterUrl } from "../support/Router.ts"
 import { adaptersRouter, dialects, servedBy, waitForBook } from "./support.ts"
 
@@ -72,7 +72,7 @@ describe("official SDKs paying with x-credit-key", () => {
           )
           assert.isAbove(counted.input_tokens, 0)
 
-          const state = yield* keyState(key.keyId)
+          const state = yield* keySettled(key.keyId)
           assert.isAbove(state.spent, 0)
           assert.strictEqual(state.reserved, 0)
           assert.strictEqual(state.available, 10_000_000 - state.spent)

@@ -194,8 +194,12 @@ describe("hang-ups leave nothing behind; a cut reply says so (issue 11)", () => 
             (JSON.parse(reply.text) as { usage: { cost: number } }).usage.cost * 1_000_000
           )
           assert.isAbove(charged, 0)
-          // The caller was answered while the fault still holds: the capture went to the background.
-          assert.isAbove(yield* counter("svc_settle_deferred_total"), before.deferred)
+          // The caller was answered (before its capture was tried, D534); the fault holds, so the capture
+          // goes to the background.
+          yield* waitFor(
+            "the capture handed to the background",
+            Effect.map(counter("svc_settle_deferred_total"), (n) => (n > before.deferred ? true : undefined))
+          )
           // The durable record: still reserved, with the final meter (what the answer charged) on its row.
           const recorded = yield* waitFor(
             "the final meter on the request's row",
@@ -277,6 +281,11 @@ describe("hang-ups leave nothing behind; a cut reply says so (issue 11)", () => 
           assert.strictEqual(retried, 200)
           const replayed = yield* keyPost(key.secret, body, undefined, headers)
           assert.strictEqual(replayed, 200)
+          // The reply can precede its capture's commit (D534).
+          yield* waitFor(
+            "the answer to settle",
+            Effect.map(leftOpen, (open) => (open.reservations === 0 ? true : undefined))
+          )
           // One answer was served and paid; the cut request was released whole.
           const statuses = yield* sql<{
             status: string

@@ -75,3 +75,19 @@ export const keyRows = (keyId: string) =>
       walletReserved: Number(row.wallet_reserved)
     }
   }).pipe(Effect.orDie)
+
+/**
+ * `keyState` once none of the key's requests is still `reserved`: a reply can reach its caller before the
+ * statement that settles it commits (D534), so a test that reads the figures its answers left waits here.
+ */
+export const keySettled = (keyId: string) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    for (let i = 0; i < 200; i++) {
+      const rows = yield* sql<{ n: number }>`
+        SELECT count(*)::int AS n FROM requests WHERE key_id = ${keyId} AND status = 'reserved'`
+      if (rows[0]!.n === 0) return yield* keyState(keyId)
+      yield* Effect.sleep("50 millis")
+    }
+    return yield* Effect.die(new Error(`key ${keyId} still has reserved requests after 10 s`))
+  }).pipe(Effect.orDie)

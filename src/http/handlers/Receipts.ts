@@ -1,19 +1,30 @@
 import { Effect } from "effect"
 import { HttpServerResponse } from "effect/http"
 import { HttpApiBuilder } from "effect/http-api"
+import { LiveStreams } from "../../inference/LiveStreams.ts"
 import { Receipts } from "../../ledger/Receipts.ts"
 import { Api } from "../Api.ts"
+
+/** The longest a receipt read waits for the settlement of a request this process is still settling. */
+const SETTLED_WAIT_MS = 5_000
 
 export const ReceiptHandlers = HttpApiBuilder.group(
   Api,
   "receipts",
   Effect.fn(function* (handlers) {
     const receipts = yield* Receipts
+    const live = yield* LiveStreams
+    // A reply can reach its caller before its settlement commits (D534): a read of what a request this
+    // process served settled waits for that settlement first.
+    const settled = (id: string) => live.awaitDone(id, SETTLED_WAIT_MS)
     return handlers
-      .handle("receipt", ({ params }) => receipts.receipt(params.id))
+      .handle("receipt", ({ params }) => Effect.andThen(settled(params.id), receipts.receipt(params.id)))
       .handle("economics", ({ params }) =>
         // The record as stored, byte for byte (its schema documents it; see ChatApi).
-        Effect.map(receipts.economics(params.id), (body) => HttpServerResponse.jsonUnsafe(body))
+        Effect.andThen(
+          settled(params.id),
+          Effect.map(receipts.economics(params.id), (body) => HttpServerResponse.jsonUnsafe(body))
+        )
       )
   })
 )
