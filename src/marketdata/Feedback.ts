@@ -50,6 +50,8 @@ export class Feedback extends Context.Service<
             message: "Missing or invalid x-stream-token"
           })
         }
+        // The reply can precede the settlement that writes the clear (D534).
+        yield* live.awaitDone(requestId, 5_000)
         const cleared = yield* sql<{ model_class: string; provider_id: string }>`
           SELECT model_class, provider_id FROM market_clears WHERE request_id = ${requestId}
         `.pipe(Effect.orDie)

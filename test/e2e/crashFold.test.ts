@@ -4,7 +4,7 @@ import { join } from "node:path"
 import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
 import { afterAll, describe, expect, it } from "vitest"
-import { fundedKey, keyRows, keyState } from "../support/Keys.ts"
+import { fundedKey, keyRows, keySettled, keyState } from "../support/Keys.ts"
 import {
   freshDatabase,
   pollFor,
@@ -49,6 +49,8 @@ describe("credit captures a killed router had not folded", () => {
             })
             expect(response.status, await response.text()).toBe(200)
           }
+          // A reply can precede its capture's commit (D534): the three captures are written before the kill.
+          await query(keySettled(key.keyId))
           return key
         })
         const [captured] = await query(

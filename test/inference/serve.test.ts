@@ -110,6 +110,10 @@ const reserveAndLaunch = (funded: Launch) =>
 const readAll = (events: ReadonlyArray<ServeEvent>) =>
   events.flatMap((e) => (e._tag === "Delta" && e.event._tag === "TextDelta" ? [e.event.text] : [])).join("")
 
+/** Once the readers were told the end, the work may still be settling (D534): waits for its end. */
+const settledWork = (admitted: { readonly requestId: string }) =>
+  Effect.flatMap(Effect.service(LiveStreams), (live) => live.awaitDone(admitted.requestId, 5_000))
+
 describe("Serve", () => {
   it.effect("streams the winner's reply and settles what it metered, once", () => {
     const settled: Array<Served> = []
@@ -120,6 +124,7 @@ describe("Serve", () => {
         Stream.runCollect((yield* LiveStreams).follow(admitted.stream, 0)),
         (c) => c.map((i) => i.event)
       )
+      yield* settledWork(admitted)
       assert.strictEqual(readAll(events), "Hello there")
       const end = events.at(-1)
       assert.isTrue(end?._tag === "End" && end.summary.status === "ok")
@@ -137,6 +142,7 @@ describe("Serve", () => {
     return Effect.gen(function* () {
       const admitted = yield* reserveAndLaunch(launch(auction()))
       yield* Stream.runDrain((yield* LiveStreams).follow(admitted.stream, 0))
+      yield* settledWork(admitted)
       assert.strictEqual(settled.length, 1)
       assert.strictEqual(settled[0]!.servedBy.provider_id, "prov-b")
       assert.strictEqual(settled[0]!.status, "ok")
@@ -181,6 +187,7 @@ describe("Serve", () => {
       const lease = leaseRequestOf(cleared.winningQuote)
       const admitted = yield* reserveAndLaunch({ ...launch(cleared), lease: { lease, granted: true } })
       yield* Stream.runDrain((yield* LiveStreams).follow(admitted.stream, 0))
+      yield* settledWork(admitted)
       // The winner's one slot of capacity is the reservation's: a second slot would be refused.
       assert.deepStrictEqual(
         [settled[0]?.servedBy.provider_id, settled[0]?.status, settled[0]?.lease],
@@ -203,6 +210,7 @@ describe("Serve", () => {
         const lease = leaseRequestOf(cleared.winningQuote)
         const admitted = yield* reserveAndLaunch({ ...launch(cleared), lease: { lease, granted: false } })
         yield* Stream.runDrain((yield* LiveStreams).follow(admitted.stream, 0))
+        yield* settledWork(admitted)
         // prov-a would have served had it been asked: the refused lease sent the request to prov-b.
         assert.deepStrictEqual([settled[0]?.servedBy.provider_id, settled[0]?.status], ["prov-b", "ok"])
         assert.notStrictEqual(settled[0]?.lease, lease.leaseId)
@@ -226,6 +234,7 @@ describe("Serve", () => {
     return Effect.gen(function* () {
       const admitted = yield* reserveAndLaunch(launch(auction()))
       yield* Stream.runDrain((yield* LiveStreams).follow(admitted.stream, 0))
+      yield* settledWork(admitted)
       assert.strictEqual(settled.length, 1)
       const served = settled[0]!
       assert.strictEqual(served.status, "partial")
@@ -249,6 +258,7 @@ describe("Serve", () => {
         Stream.runCollect((yield* LiveStreams).follow(admitted.stream, 0)),
         (c) => c.map((i) => i.event)
       )
+      yield* settledWork(admitted)
       assert.isAtLeast(Date.now() - started, 250)
       assert.strictEqual(readAll(events), "Slow")
       const end = events.at(-1)

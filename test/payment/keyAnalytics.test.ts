@@ -1,6 +1,6 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect } from "effect"
-import { fundedKey } from "../support/Keys.ts"
+import { fundedKey, keySettled } from "../support/Keys.ts"
 import { waitForBook } from "../support/Pay.ts"
 import { call, postJson, routerWithFleet } from "../support/Router.ts"
 
@@ -44,6 +44,8 @@ describe("key-scoped usage views: auctions/latest and bestex", () => {
             "x-credit-key": other.secret
           })
           assert.strictEqual(foreign.status, 200)
+          // The tape and best-execution read the receipts the captures write (D534: after the replies).
+          yield* keySettled(mine.keyId)
 
           const auth = { headers: { "x-credit-key": mine.secret } }
           const json = (yield* call("/v1/auctions/latest?view=json", auth)).json as {
