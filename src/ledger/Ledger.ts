@@ -118,6 +118,8 @@ export class Ledger extends Context.Service<
       { readonly body: ReceiptBody; readonly signature: string | null; readonly final: boolean } | undefined
     >
     readonly economics: (requestId: string) => Effect.Effect<unknown | undefined>
+    /** Whether the request is still `reserved` (being served, or its settlement not yet committed). */
+    readonly reserved: (requestId: string) => Effect.Effect<boolean>
     /**
      * Closes an open session with nothing in flight (only an expired one with `onlyExpired`) and settles
      * its remainder in one transaction: a key-funded budget returns to the key and the owner's balance
@@ -209,6 +211,12 @@ export class Ledger extends Context.Service<
         finalizeReceipt: receipts.finalize,
         receipt: receipts.read,
         economics: receipts.economics,
+        reserved: (requestId) =>
+          sql<{ reserved: boolean }>`
+            SELECT true AS reserved FROM requests WHERE request_id = ${requestId} AND status = 'reserved'`.pipe(
+            Effect.map((rows) => rows.length > 0),
+            Effect.orDie
+          ),
         closeSession: makeSessionClose(sql, fold.queued),
         staleReservations,
         reservationsOf,

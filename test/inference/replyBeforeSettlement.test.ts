@@ -2,13 +2,15 @@ import { assert, describe, layer } from "@effect/vitest"
 import { Deferred, Effect, Fiber } from "effect"
 import { SqlClient } from "effect/sql"
 import type { ProviderConfig } from "../../src/devnet/fleet/FleetConfig.ts"
+import { Receipts } from "../../src/ledger/Receipts.ts"
 import { fundedKey } from "../support/Keys.ts"
 import { waitForQuote } from "../support/Pay.ts"
 import { call, postJson, routerWithFleet } from "../support/Router.ts"
 
 /**
  * D534: a call paid by a funded key (or an x402 authorization) gets its reply as soon as the reply is
- * known, before the statement that settles it commits; a receipt read waits for that statement. A
+ * known, before the statement that settles it commits; a receipt read waits for that statement (in the
+ * instance that served it, for its work; in any instance, while the request is still `reserved`). A
  * session's turn still answers only once settled: the next turn takes the session after it.
  *
  * The settling statement is held up by a transaction that locks `receipts` against writes (every
@@ -89,11 +91,18 @@ describe("the reply and the settlement (D534)", () => {
             assert.lengthOf(body.choices, 1)
             assert.strictEqual(yield* statusOf(id), "reserved")
 
-            // The receipt read waits for the settlement instead of answering 404.
+            // The receipt read waits for the settlement instead of answering 404; so does a read through the
+            // book alone, as another instance (which does not serve this request) reads it.
             const receipt = yield* Effect.forkChild(call(`/v1/receipts/${id}`))
+            const elsewhere = yield* Effect.forkChild((yield* Receipts).receipt(id))
             yield* Effect.sleep("500 millis")
             assert.isUndefined(receipt.pollUnsafe(), "the receipt read waits while the settlement is held")
+            assert.isUndefined(
+              elsewhere.pollUnsafe(),
+              "a read of the book waits while the request is reserved"
+            )
             yield* unlock
+            assert.strictEqual((yield* Fiber.join(elsewhere)).receipt.request_id, id)
             const read = yield* Fiber.join(receipt)
             assert.strictEqual(read.status, 200, read.text)
             const charged = (read.json as { receipt: { charged: number } }).receipt.charged
