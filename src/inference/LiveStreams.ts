@@ -204,7 +204,7 @@ export class LiveStreams extends Context.Service<
     ) => Effect.Effect<{ readonly stream: LiveStream<E>; readonly token: string }>
     readonly get: <E>(id: string) => LiveStream<E> | undefined
     /**
-     * Events from index `from` on, live until the work ends; fails with `Compacted` (before any event)
+     * Events from index `from` on, live until the stream ends; fails with `Compacted` (before any event)
      * once a finished stream's events were replaced by its kept reply.
      */
     readonly follow: {
@@ -218,12 +218,13 @@ export class LiveStreams extends Context.Service<
     readonly awaitEnd: <E>(stream: LiveStream<E>) => Effect.Effect<void>
     /**
      * Waits, at most `millis`, until the work of request `id` served by this process has ended (what it
-     * settles is written); at once when there is none or it has ended. For reads of what a request
-     * settled, made after its reply: the reply can precede the settlement's commit (D534).
+     * settles is written), once its stream has ended; at once when there is none, it has ended, or it is
+     * still being served. For reads of what a request settled, made after its reply: the reply can precede
+     * the settlement's commit (D534).
      */
     readonly awaitDone: (id: string, millis: number) => Effect.Effect<void>
     /**
-     * What a finished stream keeps: when its work ends (at once if it has), `keeper` turns its events
+     * What a finished stream keeps: when the stream ends (at once if it has), `keeper` turns its events
      * into the kept reply, and the events and `keeper` are let go.
      */
     readonly keep: <E>(stream: LiveStream<E>, keeper: (events: ReadonlyArray<E>) => KeptReply) => void
@@ -409,9 +410,12 @@ export class LiveStreams extends Context.Service<
       const awaitDone = (id: string, millis: number) =>
         Effect.suspend(() => {
           const stream = streams.get(id)
-          if (stream === undefined || stream.done) return Effect.void
+          // Still serving: there is nothing settled to wait for yet.
+          if (stream === undefined || stream.done || stream.finishedAt === undefined) return Effect.void
           return within(
             Effect.callback<void>((resume) => {
+              // It may have ended since the look above.
+              if (stream.done) return resume(Effect.void)
               const told = () => resume(Effect.void)
               stream.whenDone ??= []
               stream.whenDone.push(told)

@@ -299,7 +299,18 @@ const settleReservation =
       // An answer's reply is built from the events and the summary, both known now: it need not wait for
       // the statement below (the reservation holds the worst case until it commits, D534). A refusal
       // (nothing delivered) is told once its release is written: the caller may retry on the whole hold.
-      if (!released && answersFirst(input)) yield* tellOnce(input.telling, summary)
+      // Contained: a reader's encoder that throws on the end must not cost the request its settlement (the
+      // stream then ends when the work does).
+      if (!released && answersFirst(input)) {
+        yield* tellOnce(input.telling, summary).pipe(
+          Effect.catchCause((cause) =>
+            Effect.logError("the end of a reply was not told before its settlement", {
+              request_id: input.requestId,
+              cause: String(cause)
+            })
+          )
+        )
+      }
       // A session remembers the whole conversation so far: the next turn's cached prefix.
       const prefixTokens = usage.promptTokens + usage.completionTokens
       const slot = holding.slot

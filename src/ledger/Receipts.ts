@@ -8,12 +8,13 @@ import { Ledger } from "./Ledger.ts"
 const notFound = (id: string) => new NotFound({ code: "request_not_found", message: `No request ${id}` })
 
 /**
- * How long a read of a request still `reserved` waits for its settlement, and how often it looks: the reply
- * can reach its caller before the settlement commits (D534), and the instance that served it may be another
- * one (the one that served it waits for its own settlement, `LiveStreams.awaitDone`).
+ * How long a read of a request still `reserved` waits for its settlement, and when it looks again (25 ms,
+ * then twice as long each time: six looks within the bound): the reply can reach its caller before the
+ * settlement commits (D534), and the instance that served it may be another one (the one that served it
+ * waits for its own settlement, `LiveStreams.awaitDone`).
  */
 const SETTLING_WAIT_MS = 2_000
-const SETTLING_LOOK_MS = 25
+const SETTLING_FIRST_LOOK_MS = 25
 
 /**
  * The public reads of the book of record: a request's signed receipt (with the typed data a client
@@ -22,9 +23,16 @@ const SETTLING_LOOK_MS = 25
 export class Receipts extends Context.Service<
   Receipts,
   {
-    readonly receipt: (requestId: string) => Effect.Effect<ReceiptReply, NotFound>
-    /** The economics record as stored (an `EconomicsRecord`, `domain/Economics.ts`). */
-    readonly economics: (requestId: string) => Effect.Effect<unknown, NotFound>
+    /**
+     * `waitWhileReserved` (default true): while the request is still `reserved`, look again for up to 2 s;
+     * false for a request this instance is still serving (nothing settled to wait for).
+     */
+    readonly receipt: (
+      requestId: string,
+      waitWhileReserved?: boolean
+    ) => Effect.Effect<ReceiptReply, NotFound>
+    /** The economics record as stored (an `EconomicsRecord`, `domain/Economics.ts`); as `receipt`. */
+    readonly economics: (requestId: string, waitWhileReserved?: boolean) => Effect.Effect<unknown, NotFound>
   }
 >()("router/ledger/Receipts") {
   static readonly layer = Layer.effect(
@@ -38,19 +46,20 @@ export class Receipts extends Context.Service<
        * `read` of a request, looked at again while the request is still `reserved` (its settlement may be
        * committing on another instance), up to `SETTLING_WAIT_MS`; undefined if it never appears.
        */
-      const settled = <A>(requestId: string, read: Effect.Effect<A | undefined>) =>
+      const settled = <A>(requestId: string, read: Effect.Effect<A | undefined>, wait: boolean) =>
         Effect.gen(function* () {
           const deadline = (yield* Clock.currentTimeMillis) + SETTLING_WAIT_MS
-          for (;;) {
+          for (let look = SETTLING_FIRST_LOOK_MS; ; look *= 2) {
             const found = yield* read
-            if (found !== undefined || (yield* Clock.currentTimeMillis) >= deadline) return found
+            if (found !== undefined || !wait || (yield* Clock.currentTimeMillis) + look > deadline)
+              return found
             if (!(yield* ledger.reserved(requestId))) return yield* read
-            yield* Effect.sleep(SETTLING_LOOK_MS)
+            yield* Effect.sleep(look)
           }
         })
 
-      const receipt = Effect.fn("Receipts.receipt")(function* (requestId: string) {
-        const found = yield* settled(requestId, ledger.receipt(requestId))
+      const receipt = Effect.fn("Receipts.receipt")(function* (requestId: string, waitWhileReserved = true) {
+        const found = yield* settled(requestId, ledger.receipt(requestId), waitWhileReserved)
         if (found === undefined) return yield* notFound(requestId)
         const inclusion = yield* epochs.inclusion(requestId)
         return {
@@ -63,8 +72,11 @@ export class Receipts extends Context.Service<
         } satisfies ReceiptReply
       })
 
-      const economics = Effect.fn("Receipts.economics")(function* (requestId: string) {
-        const body = yield* settled(requestId, ledger.economics(requestId))
+      const economics = Effect.fn("Receipts.economics")(function* (
+        requestId: string,
+        waitWhileReserved = true
+      ) {
+        const body = yield* settled(requestId, ledger.economics(requestId), waitWhileReserved)
         if (body === undefined) return yield* notFound(requestId)
         return body
       })

@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Exit, Layer, Schema, Scope, Stream } from "effect"
+import { Deferred, Effect, Exit, Fiber, Layer, Schema, Scope, Stream } from "effect"
 import { charge } from "../../src/domain/Billing.ts"
 import { ServiceUnavailable, UpstreamFailed } from "../../src/domain/Errors.ts"
 import { SignedQuote } from "../../src/domain/Quote.ts"
@@ -135,6 +135,35 @@ describe("Serve", () => {
       assert.deepStrictEqual(served.tokens, { input: 20, cachedInput: 0, output: 2 })
       assert.strictEqual(served.charged, charge(served.tokens, cleared.clear))
     }).pipe(Effect.provide(layerFor({ "http://prov-a.test": reply(["Hello", " there"]) }, settled)))
+  })
+
+  it.effect("a reader that throws on the end does not cost the request its settlement (D534)", () => {
+    const settled: Array<Served> = []
+    // The reply waits after its first token until the faulty reader has joined.
+    const joined = Deferred.makeUnsafe<void>()
+    const gated = Stream.concat(
+      Stream.fromIterable<UpstreamEvent>([{ _tag: "TextDelta", text: "Hello" }]),
+      Stream.concat(Stream.drain(Stream.fromEffect(Deferred.await(joined))), reply([" there"]))
+    )
+    return Effect.gen(function* () {
+      const admitted = yield* reserveAndLaunch(launch(auction()))
+      // A key-paid answer tells its readers the end before its settling statement: an encoder that throws
+      // there is contained, and the statement still runs.
+      const faulty = (yield* LiveStreams).follow(admitted.stream, 0, {
+        map: (indexed) => {
+          if (indexed.event._tag === "End") throw new Error("an encoder's bug")
+          return indexed.event
+        }
+      })
+      const draining = yield* Effect.forkChild(Stream.runDrain(faulty))
+      yield* Effect.repeat(Effect.yieldNow, { times: 5 })
+      yield* Deferred.succeed(joined, undefined)
+      yield* Fiber.join(draining)
+      yield* settledWork(admitted)
+      assert.strictEqual(settled.length, 1)
+      assert.strictEqual(settled[0]!.status, "ok")
+      assert.isAbove(settled[0]!.charged, 0)
+    }).pipe(Effect.provide(layerFor({ "http://prov-a.test": gated }, settled)))
   })
 
   it.effect("falls back to the runner-up when the winner fails before its first token", () => {

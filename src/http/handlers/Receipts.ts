@@ -15,15 +15,29 @@ export const ReceiptHandlers = HttpApiBuilder.group(
     const receipts = yield* Receipts
     const live = yield* LiveStreams
     // A reply can reach its caller before its settlement commits (D534): a read of what a request this
-    // process served settled waits for that settlement first.
+    // process served settled waits for that settlement first. One it is still serving has nothing settled
+    // yet: it is read at once, without the book's wait for another instance's settlement.
     const settled = (id: string) => live.awaitDone(id, SETTLED_WAIT_MS)
+    const mayBeSettling = (id: string) => {
+      const stream = live.get(id)
+      return stream === undefined || stream.finishedAt !== undefined
+    }
     return handlers
-      .handle("receipt", ({ params }) => Effect.andThen(settled(params.id), receipts.receipt(params.id)))
+      .handle("receipt", ({ params }) =>
+        Effect.andThen(
+          settled(params.id),
+          Effect.suspend(() => receipts.receipt(params.id, mayBeSettling(params.id)))
+        )
+      )
       .handle("economics", ({ params }) =>
         // The record as stored, byte for byte (its schema documents it; see ChatApi).
         Effect.andThen(
           settled(params.id),
-          Effect.map(receipts.economics(params.id), (body) => HttpServerResponse.jsonUnsafe(body))
+          Effect.suspend(() =>
+            Effect.map(receipts.economics(params.id, mayBeSettling(params.id)), (body) =>
+              HttpServerResponse.jsonUnsafe(body)
+            )
+          )
         )
       )
   })
