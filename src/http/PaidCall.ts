@@ -217,7 +217,12 @@ export class PaidCalls extends Context.Service<
               response === undefined ? Effect.fail(notFound(id)) : Effect.succeed(response)
             )
           ),
-        stop: (id, token) => Effect.flatMap(find(id, token), (stream) => live.stop(stream))
+        // A stream that ended has nothing left to stop: its settlement runs on its own (D534), and a stop
+        // would wait for it.
+        stop: (id, token) =>
+          Effect.flatMap(find(id, token), (stream) =>
+            stream.finishedAt !== undefined ? Effect.void : live.stop(stream)
+          )
       })
     })
   )

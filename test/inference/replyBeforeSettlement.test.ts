@@ -90,6 +90,13 @@ describe("the reply and the settlement (D534)", () => {
             const body = reply.json as { usage: { cost: number }; choices: ReadonlyArray<unknown> }
             assert.lengthOf(body.choices, 1)
             assert.strictEqual(yield* statusOf(id), "reserved")
+            // A stop of the answered stream has nothing to stop: answered now, not once it is settled.
+            const stopped = yield* call(`/v1/streams/${id}/stop`, {
+              method: "POST",
+              headers: { "x-stream-token": reply.headers.get("x-stream-token")! }
+            }).pipe(Effect.timeout("1500 millis"))
+            assert.strictEqual(stopped.status, 200, stopped.text)
+            assert.strictEqual(yield* statusOf(id), "reserved")
 
             // The receipt read waits for the settlement instead of answering 404; so does a read through the
             // book alone, as another instance (which does not serve this request) reads it.
