@@ -1,19 +1,29 @@
 import { Cause, Clock, Context, Deferred, Effect, Exit, Layer, Option, Scope } from "effect"
 import { charge } from "../domain/Billing.ts"
 import { maxTokensOf } from "../domain/Chat.ts"
-import { ServiceUnavailable, UpstreamFailed } from "../domain/Errors.ts"
+import { type ServiceUnavailable, UpstreamFailed } from "../domain/Errors.ts"
 import { METER_CHECKPOINT_MS, meterRecordOf } from "../ledger/Metered.ts"
-import type { PaidBy } from "../ledger/Records.ts"
 import { Settle } from "../ledger/Settle.ts"
 import type { RankedBid } from "../market/Auction.ts"
 import { Latency } from "../market/Latency.ts"
 import { Providers } from "../market/Providers.ts"
-import { capacityExhausted, type HeldLease, QuoteBook, type Slot } from "../market/QuoteBook.ts"
+import { capacityExhausted, QuoteBook } from "../market/QuoteBook.ts"
 import { acquireReleaseLean } from "../process/Resource.ts"
 import { traced } from "../Telemetry.ts"
 import { LiveStreams } from "./LiveStreams.ts"
-import { billableTokens, type Meter, meteredUsage, newMeter, recordContent } from "./Meter.ts"
-import type { Admitted, Funding, Launch, ServeEvent, ServeSummary } from "./Paid.ts"
+import { type Meter, newMeter, recordContent } from "./Meter.ts"
+import type { Admitted, Launch, ServeEvent, ServeSummary } from "./Paid.ts"
+import {
+  announce,
+  billed,
+  type Holding,
+  letGo,
+  pastDeadline,
+  type Reservation,
+  type Serving,
+  settleReservation,
+  tellOnce
+} from "./ServeRelease.ts"
 import { Upstream } from "./upstream/Upstream.ts"
 
 /** The longest any request is served (then it ends as `partial`, delivered tokens charged). */
@@ -21,62 +31,6 @@ export const SERVE_DEADLINE_MS = 15 * 60 * 1000
 
 /** A fallback provider serves only if its own ask fits inside what the caller already authorized. */
 const MAX_ATTEMPTS = 2
-
-type Started = Deferred.Deferred<void, UpstreamFailed | ServiceUnavailable>
-
-/**
- * A funded request, held as one scoped resource (`Serve.reserve`): its launch, the meter its serving
- * fills, the capacity slot it holds, and the summary its release settles (published by the release).
- */
-export interface Reservation extends Launch {
-  readonly meter: Meter
-  readonly holding: Holding
-  readonly settled: Deferred.Deferred<ServeSummary>
-  readonly telling: Telling
-}
-
-interface Serving extends Reservation {
-  readonly emit: (event: ServeEvent) => Effect.Effect<void>
-  /** The stream's last event was published: its readers are told the end (LiveStreams, D534). */
-  readonly end: Effect.Effect<void>
-  readonly started: Started
-}
-
-/**
- * How the readers and the waiting admission are told the request's end (`End`), set once serving starts
- * and taken once: by the release, as soon as it knows the summary and before the settling statement,
- * when the caller may have its reply first (`answersFirst`); else once the release has settled.
- */
-interface Telling {
-  tell: ((summary: ServeSummary) => Effect.Effect<void>) | undefined
-}
-
-/**
- * Whether the reply may go out before the settlement's statement commits (D534): a call paid by a
- * funded key or an x402 authorization alone. A session's next turn takes the session only once this one
- * settled, and a task's next call draws on the task hold this one releases, so theirs wait for it.
- */
-const answersFirst = (input: Launch) =>
-  (input.source._tag === "Credit" || input.source._tag === "X402") && input.chargeCap === undefined
-
-/** Takes the telling (once) and tells the summary. */
-const tellOnce = (telling: Telling, summary: ServeSummary) =>
-  Effect.suspend(() => {
-    const tell = telling.tell
-    telling.tell = undefined
-    return tell === undefined ? Effect.void : tell(summary)
-  })
-
-/**
- * The capacity slot of the attempt that serves (or last tried to), held until the request is settled:
- * the settling statement deletes its lease row, so letting it go costs no round trip of its own.
- */
-interface Holding {
-  scope: Scope.Closeable | undefined
-  slot: Slot | undefined
-  /** The winner's lease the reservation's statement asked for (D311), until the first attempt takes it. */
-  reserved: HeldLease | undefined
-}
 
 /**
  * The lease the reservation asked for, if it is this bid's (the winner's): taken once, by the first
@@ -91,36 +45,6 @@ const reservedLease = (holding: Holding, bid: RankedBid) => {
     reserved.lease.modelClass === bid.model_class
     ? reserved
     : undefined
-}
-
-/** Lets the held slot go: in memory only once the settlement deleted its row, else with its own delete. */
-const letGo = (holding: Holding) =>
-  Effect.suspend(() => {
-    const scope = holding.scope
-    holding.scope = undefined
-    holding.slot = undefined
-    return scope === undefined ? Effect.void : Scope.close(scope, Exit.void)
-  })
-
-const paidByOf = (funding: Funding): PaidBy =>
-  funding._tag === "Credit"
-    ? { _tag: "Credit", keyId: funding.keyId }
-    : funding._tag === "Session"
-      ? { _tag: "Session", sessionId: funding.sessionId }
-      : { _tag: "X402", scheme: funding.payment.scheme }
-
-/** What the meter bills so far: its usage, the tokens and the charge (within the authorization and a task's hold). */
-const billed = (input: Launch, meter: Meter) => {
-  const usage = meteredUsage(meter, {
-    maxTokens: maxTokensOf(input.request),
-    promptEstimate: input.promptEstimate,
-    cachedEstimate: input.cachedEstimate
-  })
-  const tokens = billableTokens(usage)
-  const charged = meter.delivered
-    ? Math.min(charge(tokens, input.auction.clear), input.authorized, input.chargeCap ?? input.authorized)
-    : 0
-  return { usage, tokens, charged }
 }
 
 interface Deps {
@@ -263,113 +187,6 @@ const attemptCall = (deps: Deps, input: Serving, meter: Meter, holding: Holding,
           message: `the provider failed: ${e.message}`
         })
     )
-  })
-
-/**
- * The reservation's release, on every exit of what it was reserved for (served, failed, stopped,
- * refused before serving): captures what the meter says was delivered and releases the rest, once, and
- * publishes the summary the serving fiber announces.
- */
-const settleReservation =
-  (settle: Settle["Service"]) => (input: Reservation, exit: Exit.Exit<unknown, unknown>) =>
-    Effect.gen(function* () {
-      const { auction, meter, holding } = input
-      const { usage, tokens, charged } = billed(input, meter)
-      const released = !meter.delivered
-      const interrupted = Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause)
-      const status: ServeSummary["status"] = released
-        ? "released"
-        : Exit.isSuccess(exit) && meter.finish !== null
-          ? "ok"
-          : "partial"
-      const error = interrupted ? { code: "stopped", message: "the request was stopped" } : meter.error
-      const ttftMs = meter.delivered ? meter.firstTokenAt - input.createdAt : 0
-      const summary: ServeSummary = {
-        status,
-        finishReason: meter.finish,
-        providerId: meter.servedBy.provider_id,
-        modelClass: meter.servedBy.model_class,
-        usage,
-        charged,
-        authorized: input.authorized,
-        ttftMs,
-        error: status === "ok" ? null : error
-      }
-      yield* Deferred.succeed(input.settled, summary)
-      // An answer's reply is built from the events and the summary, both known now: it need not wait for
-      // the statement below (the reservation holds the worst case until it commits, D534). A refusal
-      // (nothing delivered) is told once its release is written: the caller may retry on the whole hold.
-      // Contained: a reader's encoder that throws on the end must not cost the request its settlement (the
-      // stream then ends when the work does).
-      if (!released && answersFirst(input)) {
-        yield* tellOnce(input.telling, summary).pipe(
-          Effect.catchCause((cause) =>
-            Effect.logError("the end of a reply was not told before its settlement", {
-              request_id: input.requestId,
-              cause: String(cause)
-            })
-          )
-        )
-      }
-      // A session remembers the whole conversation so far: the next turn's cached prefix.
-      const prefixTokens = usage.promptTokens + usage.completionTokens
-      const slot = holding.slot
-      const settled = yield* settle.request({
-        requestId: input.requestId,
-        createdAt: input.createdAt,
-        payer: input.payer,
-        auction,
-        servedBy: meter.servedBy,
-        tokens,
-        charged,
-        authorized: input.authorized,
-        status,
-        ttftMs,
-        paidBy: paidByOf(input.funding),
-        source:
-          input.source._tag === "SessionOpening" || input.source._tag === "SessionTurn"
-            ? { ...input.source, prefixTokens }
-            : input.source,
-        detail: {
-          _tag: "Tokens",
-          sessionId: input.request.routing?.session_id ?? null,
-          agent: input.agent
-        },
-        lease: slot?.leaseId
-      })
-      if (settled) slot?.handOff()
-    }).pipe(Effect.ensuring(letGo(input.holding)), Effect.orDie)
-
-/**
- * How serving ended once the deadline interrupted it: as the deadline's failure (the meter says why),
- * not as a stop; an exit that was not the interruption (serving ended as the timer fired) stays.
- */
-const pastDeadline = (
-  meter: Meter,
-  exit: Exit.Exit<void, UpstreamFailed>
-): Exit.Exit<void, UpstreamFailed> => {
-  if (Exit.isSuccess(exit) || !Cause.hasInterruptsOnly(exit.cause)) return exit
-  meter.error = { code: "serve_deadline", message: "the request reached the serving deadline" }
-  return Exit.fail(new UpstreamFailed(meter.error))
-}
-
-/** Tells the readers (`End`) and the waiting admission how the request ended. */
-const announce = (input: Serving) => (summary: ServeSummary) =>
-  Effect.gen(function* () {
-    yield* input.emit({ _tag: "End", summary })
-    yield* input.end
-    if (summary.status === "released") {
-      const error = summary.error
-      const message = `${error?.message ?? "the provider failed"}; the reservation was released and nothing was charged`
-      // Every candidate at its signed capacity is a busy market (503, retry), not a provider fault.
-      yield* Deferred.fail(
-        input.started,
-        error?.code === "capacity_exhausted"
-          ? new ServiceUnavailable({ code: "capacity_exhausted", message })
-          : new UpstreamFailed({ code: error?.code ?? "upstream_failed", message })
-      )
-    }
-    yield* Deferred.succeed(input.started, undefined)
   })
 
 /**
