@@ -1,9 +1,10 @@
 import { assert, describe, layer } from "@effect/vitest"
-import { Deferred, Effect, Fiber } from "effect"
+import { Effect, Fiber } from "effect"
 import { SqlClient } from "effect/sql"
 import type { ProviderConfig } from "../../src/devnet/fleet/FleetConfig.ts"
 import { Receipts } from "../../src/ledger/Receipts.ts"
 import { fundedKey } from "../support/Keys.ts"
+import { holdInTransaction } from "../support/Locks.ts"
 import { waitForQuote } from "../support/Pay.ts"
 import { call, postJson, routerWithFleet } from "../support/Router.ts"
 
@@ -45,23 +46,13 @@ const chat = (content: string, extra: Record<string, unknown> = {}) => ({
  * lets the lock go (and waits until it is gone). Unlocked on every exit.
  */
 const withReceiptsLocked = <A, E, R>(body: (unlock: Effect.Effect<void>) => Effect.Effect<A, E, R>) =>
-  Effect.gen(function* () {
-    const sql = yield* SqlClient.SqlClient
-    const held = yield* Deferred.make<void>()
-    const release = yield* Deferred.make<void>()
-    const holder = yield* Effect.forkChild(
-      sql.withTransaction(
-        Effect.gen(function* () {
-          yield* sql`LOCK TABLE receipts IN EXCLUSIVE MODE`
-          yield* Deferred.succeed(held, undefined)
-          yield* Deferred.await(release)
-        })
-      )
-    )
-    yield* Deferred.await(held)
-    const unlock = Effect.andThen(Deferred.succeed(release, undefined), Fiber.await(holder))
-    return yield* body(Effect.asVoid(unlock)).pipe(Effect.ensuring(unlock))
-  })
+  Effect.scoped(
+    Effect.gen(function* () {
+      const sql = yield* SqlClient.SqlClient
+      const unlock = yield* holdInTransaction(sql`LOCK TABLE receipts IN EXCLUSIVE MODE`)
+      return yield* body(Effect.asVoid(unlock)).pipe(Effect.ensuring(unlock))
+    })
+  )
 
 const statusOf = (requestId: string) =>
   Effect.gen(function* () {

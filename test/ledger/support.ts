@@ -1,4 +1,4 @@
-import { Deferred, Effect, Fiber } from "effect"
+import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
 import OpenAI from "openai"
 import { type Address, createWalletClient, type Hex, http } from "viem"
@@ -7,6 +7,7 @@ import { testUsdcAbi } from "../../src/chain/artifacts.ts"
 import { Chain } from "../../src/chain/Chain.ts"
 import type { EconomicsRecord } from "../../src/domain/Economics.ts"
 import { FOLD_LOCK } from "../../src/ledger/CreditFold.ts"
+import { holdInTransaction } from "../support/Locks.ts"
 import { payer, waitFor, waitForBook } from "../support/Pay.ts"
 import { call, RouterUrl } from "../support/Router.ts"
 
@@ -41,22 +42,9 @@ export interface ReceiptReply {
 export { waitFor, waitForBook }
 
 /** The fold's lock held by the test (no pass can run) until the returned effect lets it go. */
-export const holdFolds = Effect.gen(function* () {
-  const sql = yield* SqlClient.SqlClient
-  const held = yield* Deferred.make<void>()
-  const release = yield* Deferred.make<void>()
-  const holder = yield* Effect.forkScoped(
-    sql.withTransaction(
-      Effect.gen(function* () {
-        yield* sql`SELECT pg_advisory_xact_lock(${FOLD_LOCK})`
-        yield* Deferred.succeed(held, undefined)
-        yield* Deferred.await(release)
-      })
-    )
-  )
-  yield* Deferred.await(held)
-  return Deferred.succeed(release, undefined).pipe(Effect.andThen(Fiber.join(holder)), Effect.orDie)
-})
+export const holdFolds = Effect.flatMap(SqlClient.SqlClient, (sql) =>
+  holdInTransaction(sql`SELECT pg_advisory_xact_lock(${FOLD_LOCK})`)
+)
 
 /** An economics row for requests seeded straight into the ledger, where economics is not what is tested. */
 export const seededEconomics = (requestId: string): EconomicsRecord => ({
