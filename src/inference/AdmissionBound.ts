@@ -1,4 +1,4 @@
-import { Context, Duration, Effect, Layer, Metric, type Scope, Semaphore } from "effect"
+import { Context, Duration, Effect, Layer, Metric, Scope, Semaphore } from "effect"
 import { ServiceUnavailable } from "../domain/Errors.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 
@@ -49,6 +49,10 @@ export class AdmissionBound extends Context.Service<
           orElse: () => Effect.andThen(Metric.update(refused, 1), Effect.fail(busy))
         })
       )
+      // Put in the scope as it is (`Scope.addFinalizer`), not through `Effect.addFinalizer`: that one runs
+      // its finalizer in the context it was added in, merged into the closing fiber's, a copy of the whole
+      // service map on every paid request (D535).
+      const releasePermit = permits.release(1)
       const enter: Effect.Effect<void, ServiceUnavailable, Scope.Scope> = Effect.uninterruptibleMask(
         (restore) =>
           Effect.suspend(() => {
@@ -58,7 +62,7 @@ export class AdmissionBound extends Context.Service<
             const free = waitingNow === 0 ? permits.takeIfAvailable(1) : Effect.succeed(false)
             return Effect.flatMap(free, (taken) =>
               taken
-                ? Effect.addFinalizer(() => permits.release(1))
+                ? Effect.flatMap(Effect.scope, (scope) => Scope.addFinalizer(scope, releasePermit))
                 : Effect.andThen(waitingBy(1), restore(queued).pipe(Effect.ensuring(waitingBy(-1))))
             )
           })

@@ -79,6 +79,26 @@ describe("the admission bound (D531)", () => {
     })
   )
 
+  it.effect(
+    "a permit taken at once comes back however its scope closes: success, failure, interruption",
+    () =>
+      Effect.gen(function* () {
+        const bound = yield* AdmissionBound.make({ concurrency: 1, waitSeconds: 5 })
+        for (const exit of [Exit.void, Exit.fail("refused"), Exit.interrupt()]) {
+          const held = yield* hold(bound)
+          const next = yield* Effect.forkChild(Effect.scoped(bound.enter).pipe(Effect.exit))
+          yield* TestClock.adjust("1 second")
+          assert.strictEqual(yield* bound.waiting, 1, "the one permit is held")
+          yield* Scope.close(held, exit)
+          assert.isTrue(Exit.isSuccess(yield* Fiber.join(next)), "the released permit admits the waiter")
+        }
+        // Every permit back: one taken at once, with nobody waiting.
+        const last = yield* hold(bound)
+        assert.strictEqual(yield* bound.waiting, 0)
+        yield* Scope.close(last, Exit.void)
+      })
+  )
+
   it.effect("a waiter that is interrupted or refused takes nothing: every permit comes back", () =>
     Effect.gen(function* () {
       const bound = yield* AdmissionBound.make({ concurrency: 1, waitSeconds: 5 })
