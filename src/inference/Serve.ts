@@ -66,15 +66,16 @@ interface Deps {
 const checkpointer =
   (settle: Settle["Service"], scope: Scope.Scope) =>
   (input: Serving, meter: Meter): Effect.Effect<void> =>
-    Effect.gen(function* () {
-      const now = yield* Clock.currentTimeMillis
+    // Run on every token: a read of the clock and a comparison, no generator, unless a checkpoint is due.
+    Clock.clockWith((clock) => {
+      const now = clock.currentTimeMillisUnsafe()
       // The first one waits a period after the first token too: a short answer costs no write of its own.
       const last = Math.max(meter.checkpointedAt, meter.firstTokenAt)
-      if (meter.checkpointing || now - last < METER_CHECKPOINT_MS) return
+      if (meter.checkpointing || now - last < METER_CHECKPOINT_MS) return Effect.void
       meter.checkpointing = true
       meter.checkpointedAt = now
       const { tokens, charged } = billed(input, meter)
-      yield* settle
+      return settle
         .recordMeter(
           input.requestId,
           meterRecordOf({
@@ -100,7 +101,8 @@ const checkpointer =
               meter.checkpointing = false
             })
           ),
-          Effect.forkIn(scope)
+          Effect.forkIn(scope),
+          Effect.asVoid
         )
     })
 
@@ -148,35 +150,41 @@ const attemptCall = (deps: Deps, input: Serving, meter: Meter, holding: Holding,
         input.request,
         bid.model_class,
         maxTokensOf(input.request),
-        (event) =>
-          Effect.gen(function* () {
-            if (event._tag === "Usage") {
-              meter.usage = event
-              return
-            }
-            if (event._tag === "Finish") {
-              meter.finish = event.reason
-              return
-            }
-            if (event._tag === "Sources") {
-              // Grounding arrives before the first token; it is held until a token
-              // proves this provider is serving (a fallback must not repeat it).
-              if (!meter.delivered) meter.heldSources = event
-              else yield* input.emit({ _tag: "Delta", event })
-              return
-            }
-            if (!meter.delivered) {
+        // Called as each event is delivered (the upstream client runs the returned effect before it calls
+        // again), so the meter is written here. A token after the first, the usual event, makes no generator.
+        (event) => {
+          if (event._tag === "Usage") {
+            meter.usage = event
+            return Effect.void
+          }
+          if (event._tag === "Finish") {
+            meter.finish = event.reason
+            return Effect.void
+          }
+          if (event._tag === "Sources") {
+            // Grounding arrives before the first token; it is held until a token
+            // proves this provider is serving (a fallback must not repeat it).
+            if (meter.delivered) return input.emit({ _tag: "Delta", event })
+            meter.heldSources = event
+            return Effect.void
+          }
+          const content = Effect.suspend(() => {
+            recordContent(meter, event)
+            return Effect.andThen(deps.checkpoint(input, meter), input.emit({ _tag: "Delta", event }))
+          })
+          if (meter.delivered) return content
+          return Effect.andThen(
+            Effect.gen(function* () {
               meter.delivered = true
               meter.firstTokenAt = yield* Clock.currentTimeMillis
               yield* latency.observe(bid.provider_id, bid.model_class, meter.firstTokenAt - sentAt)
               if (meter.heldSources !== undefined)
                 yield* input.emit({ _tag: "Delta", event: meter.heldSources })
               yield* Deferred.succeed(input.started, undefined)
-            }
-            recordContent(meter, event)
-            yield* deps.checkpoint(input, meter)
-            yield* input.emit({ _tag: "Delta", event })
-          })
+            }),
+            content
+          )
+        }
       )
     )
     return Effect.mapError(
