@@ -27,6 +27,11 @@ import { within } from "../process/Within.ts"
  */
 const GRACE = "500 millis"
 const RETENTION_MS = 10 * 60 * 1000
+/**
+ * The longest a read of what a request settled (its receipt, its economics, a rating of its clear) waits for
+ * the settlement of a request this process is still settling (`awaitDone`, D534).
+ */
+export const SETTLED_WAIT_MS = 5_000
 /** Above the largest reply (`max_tokens` ≤ 131,072, about one event per token) with room to spare. */
 const MAX_EVENTS = 300_000
 

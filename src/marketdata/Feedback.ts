@@ -2,7 +2,7 @@ import { Context, Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { Conflict, NotFound, Unauthorized } from "../domain/Errors.ts"
 import type { FeedbackRecorded, FeedbackRequest, TaskFit } from "../domain/MarketData.ts"
-import { LiveStreams } from "../inference/LiveStreams.ts"
+import { LiveStreams, SETTLED_WAIT_MS } from "../inference/LiveStreams.ts"
 import { TaskFitBoard } from "./TaskFitBoard.ts"
 
 /** The task label of a rating that names none. */
@@ -51,7 +51,7 @@ export class Feedback extends Context.Service<
           })
         }
         // The reply can precede the settlement that writes the clear (D534).
-        yield* live.awaitDone(requestId, 5_000)
+        yield* live.awaitDone(requestId, SETTLED_WAIT_MS)
         const cleared = yield* sql<{ model_class: string; provider_id: string }>`
           SELECT model_class, provider_id FROM market_clears WHERE request_id = ${requestId}
         `.pipe(Effect.orDie)

@@ -1,12 +1,9 @@
 import { Effect } from "effect"
 import { HttpServerResponse } from "effect/http"
 import { HttpApiBuilder } from "effect/http-api"
-import { LiveStreams } from "../../inference/LiveStreams.ts"
+import { LiveStreams, SETTLED_WAIT_MS } from "../../inference/LiveStreams.ts"
 import { Receipts } from "../../ledger/Receipts.ts"
 import { Api } from "../Api.ts"
-
-/** The longest a receipt read waits for the settlement of a request this process is still settling. */
-const SETTLED_WAIT_MS = 5_000
 
 export const ReceiptHandlers = HttpApiBuilder.group(
   Api,
