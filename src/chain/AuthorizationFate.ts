@@ -12,7 +12,7 @@ import {
   toHex,
   type Chain as ViemChain
 } from "viem"
-import type { ChainError } from "./ChainError.ts"
+import { type ChainError, unreadable } from "./ChainError.ts"
 import { call } from "./Connection.ts"
 
 const AUTHORIZATION_USED = toEventSelector("AuthorizationUsed(address,bytes32)")
@@ -47,6 +47,18 @@ interface RawLog {
   readonly topics: ReadonlyArray<Hex>
   readonly transactionHash: Hash | null
 }
+
+const isLogList = (value: unknown): value is ReadonlyArray<RawLog> =>
+  Array.isArray(value) &&
+  value.every((log: unknown) => {
+    if (typeof log !== "object" || log === null) return false
+    const { topics, transactionHash } = log as Record<string, unknown>
+    return (
+      Array.isArray(topics) &&
+      topics.every((topic) => typeof topic === "string") &&
+      (transactionHash === null || typeof transactionHash === "string")
+    )
+  })
 
 /**
  * Finds the event that spent `authorizer`'s `nonce` on `token`, reading forward from the first block at or
@@ -90,7 +102,9 @@ export const readAuthorizationFate = (
         continue
       }
       pages++
-      const found = (logs.success as ReadonlyArray<RawLog>).find((log) => log.transactionHash !== null)
+      // A malformed answer is the node's failure (a `ChainError`, so the row is held), never a defect.
+      if (!isLogList(logs.success)) return yield* unreadable("Chain.authorizationFate")
+      const found = logs.success.find((log) => log.transactionHash !== null)
       if (found !== undefined) return yield* fateOf(client, token, authorizer, found)
       fromBlock = toBlock + 1n
     }

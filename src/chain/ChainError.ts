@@ -20,6 +20,10 @@ export class ChainError extends Schema.TaggedError<ChainError>()("ChainError", {
   cause: Schema.optional(Schema.Defect())
 }) {}
 
+/** A node's answer that is not of the shape the method promises (a malformed or partial reply). */
+export const unreadable = (operation: string) =>
+  new ChainError({ reason: "Rpc", message: `${operation} failed: the node's answer is not what was asked` })
+
 /**
  * Classifies a thrown viem error into a `ChainError` whose message names the operation and, for reverts, the
  * reason. viem errors are replaced by a summary (name, short message, node details) in `cause` because their

@@ -1,7 +1,7 @@
 import { Clock, Deferred, Effect, Redacted } from "effect"
 import type { Address, Hash, Hex } from "viem"
 import { privateKeyToAddress } from "viem/accounts"
-import { ChainError, revertReason } from "./ChainError.ts"
+import { ChainError, revertReason, unreadable } from "./ChainError.ts"
 import type { JsonRpcBatch, RpcFailure } from "./JsonRpc.ts"
 import { signEip1559 } from "./TransactionSigning.ts"
 
@@ -122,9 +122,6 @@ const chainError = (operation: string) => (failure: RpcFailure) => {
   }
   return new ChainError({ reason: "Rpc", message: `${operation} failed: ${failure.message}` })
 }
-
-const unreadable = (operation: string) =>
-  new ChainError({ reason: "Rpc", message: `${operation} failed: the node's answer is not what was asked` })
 
 const quantityOf = (operation: string) => (result: unknown) =>
   typeof result === "string" && QUANTITY.test(result)

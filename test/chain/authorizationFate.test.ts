@@ -147,4 +147,23 @@ describe("the look at what spent a nonce (D533)", () => {
         )
       })
   )
+
+  it.effect("a malformed log answer fails the look as the node's failure, not as a defect", () =>
+    Effect.gen(function* () {
+      for (const answer of [
+        null,
+        { logs: [] },
+        [{ transactionHash: txHash }],
+        [{ topics: [1], transactionHash: null }]
+      ]) {
+        const { client } = nodeOf({ head: 100n, at: 50n, cap: 1_000n, receiptLogs: [usedLog] })
+        const malformed = {
+          ...client,
+          request: async () => answer
+        } as unknown as PublicClient<HttpTransport, ViemChain>
+        const failed = yield* Effect.flip(readAuthorizationFate(malformed, token, payer, nonce, 0n))
+        assert.strictEqual(failed._tag, "ChainError", JSON.stringify(answer))
+      }
+    })
+  )
 })
