@@ -48,12 +48,13 @@ export class Receipts extends Context.Service<
        */
       const settled = <A>(requestId: string, read: Effect.Effect<A | undefined>, wait: boolean) =>
         Effect.gen(function* () {
+          const found = yield* read
+          if (found !== undefined || !wait) return found
+          // Each look asks only whether it is still reserved; what it settled is read once, when it is not.
           const deadline = (yield* Clock.currentTimeMillis) + SETTLING_WAIT_MS
           for (let look = SETTLING_FIRST_LOOK_MS; ; look *= 2) {
-            const found = yield* read
-            if (found !== undefined || !wait || (yield* Clock.currentTimeMillis) + look > deadline)
-              return found
             if (!(yield* ledger.reserved(requestId))) return yield* read
+            if ((yield* Clock.currentTimeMillis) + look > deadline) return undefined
             yield* Effect.sleep(look)
           }
         })

@@ -115,6 +115,10 @@ export class Settlement extends Context.Service<
     /**
      * What the transactions ever recorded for this authorization say, whatever their records say (a `void`
      * or `reverted` record is what one look found): one mined successfully paid; one still pooled may yet.
+     * One the node does not know is neither: this is read only once no live record can pay (none is left,
+     * the recovery rebroadcasting a live one the node lost, or the live one reverted), so it is a `void` one,
+     * whose nonce another transaction of ours took, or the reverted one read from a node behind; holding a
+     * row for it would hold it forever (a review's question, D533).
      */
     const attemptsOfOurs = (row: ClaimedAuthorization) =>
       Effect.gen(function* () {

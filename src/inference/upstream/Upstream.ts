@@ -374,7 +374,9 @@ export class Upstream extends Context.Service<
     ) => Stream.Stream<UpstreamEvent, UpstreamError>
     /**
      * The same reply, each event handed to `onEvent` as it arrives, in the calling fiber. The call's
-     * body is read directly (no stream stages held while a reply is open, issue 12 item 5).
+     * body is read directly (no stream stages held while a reply is open, issue 12 item 5). `onEvent` is
+     * called for an event only once the effect it returned for the one before has run, and that effect
+     * runs at once: a handler may record an event when called (`Serve`'s meter does, D536).
      */
     readonly run: (
       target: UpstreamTarget,
