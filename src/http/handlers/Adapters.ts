@@ -27,6 +27,7 @@ import { traced } from "../../Telemetry.ts"
 import { Api } from "../Api.ts"
 import { type Original, PaidCalls } from "../PaidCall.ts"
 import type { FrameEncoder, Reply } from "../Replies.ts"
+import { leanGroup } from "./LeanGroup.ts"
 
 /**
  * `/v1/responses` and `/v1/messages`: decode the harness's dialect, translate it to the chat
@@ -48,10 +49,8 @@ const framesOf =
     }
   }
 
-export const ResponsesHandlers = HttpApiBuilder.group(
-  Api,
-  "responses",
-  Effect.fn(function* (handlers) {
+export const ResponsesHandlers = leanGroup(
+  Effect.gen(function* () {
     const chain = yield* Chain
     const paidCalls = yield* PaidCalls
 
@@ -91,14 +90,14 @@ export const ResponsesHandlers = HttpApiBuilder.group(
       })
     }, traced("Adapters.responses"))
 
-    return handlers.handle("createResponse", ({ payload, request }) => createResponse(payload, request))
+    return HttpApiBuilder.group(Api, "responses", (handlers) =>
+      handlers.handle("createResponse", ({ payload, request }) => createResponse(payload, request))
+    )
   })
 )
 
-export const MessagesHandlers = HttpApiBuilder.group(
-  Api,
-  "messages",
-  Effect.fn(function* (handlers) {
+export const MessagesHandlers = leanGroup(
+  Effect.gen(function* () {
     const chain = yield* Chain
     const paidCalls = yield* PaidCalls
 
@@ -149,8 +148,10 @@ export const MessagesHandlers = HttpApiBuilder.group(
       })
     }, traced("Adapters.messages"))
 
-    return handlers
-      .handle("createMessage", ({ payload, request }) => createMessage(payload, request))
-      .handle("countTokens", ({ payload }) => Effect.fromResult(countMessagesTokens(payload)))
+    return HttpApiBuilder.group(Api, "messages", (handlers) =>
+      handlers
+        .handle("createMessage", ({ payload, request }) => createMessage(payload, request))
+        .handle("countTokens", ({ payload }) => Effect.fromResult(countMessagesTokens(payload)))
+    )
   })
 )

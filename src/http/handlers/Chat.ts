@@ -6,11 +6,10 @@ import { assemble, chatCompletionBody, makeChatEncoder, paidHeaders } from "../.
 import { Api } from "../Api.ts"
 import { type Original, PaidCalls } from "../PaidCall.ts"
 import type { Reply } from "../Replies.ts"
+import { leanGroup } from "./LeanGroup.ts"
 
-export const ChatHandlers = HttpApiBuilder.group(
-  Api,
-  "chat",
-  Effect.fn(function* (handlers) {
+export const ChatHandlers = leanGroup(
+  Effect.gen(function* () {
     const paidCalls = yield* PaidCalls
     const chain = yield* Chain
 
@@ -31,29 +30,31 @@ export const ChatHandlers = HttpApiBuilder.group(
       return header !== undefined && Number.isInteger(id) && id >= 0 ? id : undefined
     }
 
-    return handlers
-      .handle("chatCompletions", ({ payload, request }) =>
-        paidCalls.serve({
-          path: "/v1/chat/completions",
-          dialect: "openai",
-          payload,
-          chat: payload,
-          request,
-          reply
-        })
-      )
-      .handle("resumeStream", ({ params, request }) =>
-        paidCalls.resume(
-          params.id,
-          request.headers["x-stream-token"],
-          lastEventId(request.headers["last-event-id"])
+    return HttpApiBuilder.group(Api, "chat", (handlers) =>
+      handlers
+        .handle("chatCompletions", ({ payload, request }) =>
+          paidCalls.serve({
+            path: "/v1/chat/completions",
+            dialect: "openai",
+            payload,
+            chat: payload,
+            request,
+            reply
+          })
         )
-      )
-      .handle("stopStream", ({ params, request }) =>
-        Effect.as(paidCalls.stop(params.id, request.headers["x-stream-token"]), {
-          id: params.id,
-          stopped: true
-        })
-      )
+        .handle("resumeStream", ({ params, request }) =>
+          paidCalls.resume(
+            params.id,
+            request.headers["x-stream-token"],
+            lastEventId(request.headers["last-event-id"])
+          )
+        )
+        .handle("stopStream", ({ params, request }) =>
+          Effect.as(paidCalls.stop(params.id, request.headers["x-stream-token"]), {
+            id: params.id,
+            stopped: true
+          })
+        )
+    )
   })
 )
