@@ -38,8 +38,9 @@ const infrastructure = Effect.gen(function* () {
   const config = yield* RouterConfig
   yield* Layer.build(DataDirLockLive)
   const url = Redacted.value(yield* databaseUrl)
-  // Migrated once, before any worker starts (the workers find it migrated).
-  yield* Layer.build(databaseFromUrl(url))
+  // Migrated once, before any worker starts (the workers find it migrated), on one connection: the primary
+  // serves no request, and a pool kept open (D538) would hold ten for its life.
+  yield* Layer.build(databaseFromUrl(url, 1))
   const rpcConfigured = external(yield* Config.option(Config.String("RPC_URL")))
   const env: Record<string, string> = {
     DATABASE_URL: url,

@@ -46,8 +46,27 @@ export const databaseUrl = Effect.gen(function* () {
   return Redacted.make(yield* startEmbeddedPostgres({ dataDir, database: "router" }))
 })
 
-const clientFor = (url: Redacted.Redacted) =>
-  PgClient.layer({ url, applicationName, connectTimeout: "10 seconds" })
+/**
+ * The pool's connections, all kept open (D538). The pool's default (up to 10, each closed after 60 s unused)
+ * left a router that went quiet for a minute with the one or two connections its background passes use:
+ * the next burst opened the rest, each a new Postgres backend with cold caches and nothing prepared, and
+ * its calls queued behind them (after 100 s of quiet, 100 calls a second read 4.5 / 128 / 305 ms at
+ * p50 / p90 / p99 against 6.6 / 19.7 / 56.5 after 45 s). A router process holds all ten for its life: with
+ * `WORKERS=N`, N × 10 and the primary's one (it only migrates).
+ */
+export const POOL_CONNECTIONS = 10
+
+const clientFor = (url: Redacted.Redacted, connections = POOL_CONNECTIONS) =>
+  PgClient.layer({
+    url,
+    applicationName,
+    connectTimeout: "10 seconds",
+    minConnections: connections,
+    maxConnections: connections,
+    // Kept connections sit idle through a quiet spell: over TCP (an external `DATABASE_URL`), keepalive
+    // probes hold a NAT's or a balancer's idle mapping open and find a dead peer (a Unix socket has none).
+    keepAlive: "60 seconds"
+  })
 
 /** SqlClient + PgClient with migrations applied. */
 export const DatabaseLive = Layer.provideMerge(
@@ -55,6 +74,8 @@ export const DatabaseLive = Layer.provideMerge(
   Layer.unwrap(Effect.map(databaseUrl, clientFor))
 ).pipe(Layer.provide(NodeServices.layer))
 
-/** A database by URL (tests create one per file), migrated. */
-export const databaseFromUrl = (url: string) =>
-  Layer.provideMerge(MigratorLayer, clientFor(Redacted.make(url))).pipe(Layer.provide(NodeServices.layer))
+/** A database by URL (tests create one per file), migrated; `connections` kept open (D538). */
+export const databaseFromUrl = (url: string, connections = POOL_CONNECTIONS) =>
+  Layer.provideMerge(MigratorLayer, clientFor(Redacted.make(url), connections)).pipe(
+    Layer.provide(NodeServices.layer)
+  )
