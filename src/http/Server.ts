@@ -1,7 +1,8 @@
 import { createServer } from "node:http"
 import { NodeHttpServer } from "@effect/platform-node"
-import { ByteSize, Layer } from "effect"
-import { HttpIncomingMessage, HttpRouter } from "effect/http"
+import { ByteSize, Context, Effect, Layer, type Scope } from "effect"
+import { HttpIncomingMessage, HttpRouter, HttpServer, type HttpServerResponse } from "effect/http"
+import type { HttpServerRequest } from "effect/http/HttpServerRequest"
 import { HttpApiBuilder } from "effect/http-api"
 import { Images } from "../inference/Images.ts"
 import { RouterConfig } from "../RouterConfig.ts"
@@ -87,10 +88,33 @@ const MaxBodySizeLive = Layer.effect(
 /** Connections the kernel may hold for the router before it accepts them (D423). */
 const ACCEPT_BACKLOG = 4096
 
-export const HttpServerLive = HttpRouter.serve(ApiRoutes, {
-  disableListenLog: true,
-  disableLogger: true
-}).pipe(
+/**
+ * The router's own services (their keys are `router/…`) left out of the context the server's request
+ * fibers start from (D539). Every handler took the services it uses when it was built (a lean group,
+ * D537) or is given its group's context by `HttpApiBuilder` on each request; the library's services and
+ * references (the scope, the clock, the tracer, the body limit, the SQL client) stay. A request fiber's
+ * context is flattened once into a copy of its whole service map (the builder's merge reads its size), and
+ * a held stream's request fiber keeps that copy for the stream's life: 15-odd entries instead of 80-odd.
+ */
+const withoutRouterServices = <R>(context: Context.Context<R>): Context.Context<R> =>
+  Context.makeUnsafe(new Map([...context.mapUnsafe].filter(([key]) => !key.startsWith("router/"))))
+
+/**
+ * Serves `handler` (an app's router as one effect, `HttpRouter.toHttpEffect`) with no request logger, its
+ * request fibers started from the context above.
+ */
+export const serveWithoutRouterServices = <E>(
+  handler: Effect.Effect<HttpServerResponse.HttpServerResponse, E, HttpServerRequest | Scope.Scope>
+) =>
+  Layer.effectDiscard(
+    HttpServer.HttpServer.use((server) =>
+      Effect.updateContext(server.serve(handler), withoutRouterServices<Scope.Scope>)
+    )
+  )
+
+export const HttpServerLive = Layer.unwrap(
+  Effect.map(HttpRouter.toHttpEffect(ApiRoutes), serveWithoutRouterServices)
+).pipe(
   Layer.provide(MaxBodySizeLive),
   // The HttpServer stays visible (its `address`): with `PORT=0` the kernel picks the port.
   Layer.provideMerge(
