@@ -176,6 +176,8 @@ const main = async () => {
   chmodSync(dataDir, 0o755)
   const only = new Set((process.env.BENCH_TARGETS ?? "direct,portkey,router").split(","))
   log(`logs and data in ${dataDir}`)
+  if (process.env.BENCH_KEEP === undefined)
+    children.atSignalExit(() => rmSync(dataDir, { recursive: true, force: true }))
   const loadAtStart = loadavg()[0]!
   try {
     // The mock

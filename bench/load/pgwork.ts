@@ -217,6 +217,8 @@ const main = async () => {
   const dataDir = mkdtempSync(join(tmpdir(), "svc-bench-pgwork-"))
   chmodSync(dataDir, 0o755)
   log(`logs and data in ${dataDir}`)
+  if (process.env.BENCH_KEEP === undefined)
+    children.atSignalExit(() => rmSync(dataDir, { recursive: true, force: true }))
   const routerDir = join(dataDir, "router")
   try {
     // The cluster made as the router makes it, then its statistics turned on for the router's start.

@@ -105,6 +105,8 @@ const main = async () => {
   const dataDir = mkdtempSync(join(tmpdir(), "svc-soak-"))
   chmodSync(dataDir, 0o755)
   log(`seed ${SEED}; ${REQUESTS} calls from ${CONCURRENCY} clients; logs and data in ${dataDir}`)
+  if (process.env.SOAK_KEEP === undefined)
+    children.atSignalExit(() => rmSync(dataDir, { recursive: true, force: true }))
   let infra: Infra | undefined
   let left: Array<string> = []
   try {

@@ -79,13 +79,32 @@ export class Children {
     this.planned.add(child)
   }
 
-  /** Ctrl-C or SIGTERM of the run stops the children, and the run 5 s later. */
+  private readonly cleanups: Array<() => void> = []
+
+  /**
+   * Runs `cleanup` when a signal stops the run, once every child has exited (a run's temporary data folder,
+   * which its Postgres writes into until it stops): a signal exits without the run's own `finally`.
+   */
+  atSignalExit(cleanup: () => void) {
+    this.cleanups.push(cleanup)
+  }
+
+  /**
+   * Ctrl-C or SIGTERM of the run stops the children, and the run once they have exited (at most 30 s later),
+   * after its cleanups.
+   */
   stopOnSignals() {
     for (const signal of ["SIGINT", "SIGTERM"] as const) {
-      process.on(signal, () => {
+      process.on(signal, async () => {
         this.stopping = true
         this.signalAll("SIGTERM")
-        setTimeout(() => process.exit(130), 5_000)
+        const exited = () => this.all.every((child) => child.exitCode !== null || child.signalCode !== null)
+        const deadline = Date.now() + 30_000
+        while (!exited() && Date.now() < deadline) await sleep(250)
+        // A child still running (past 30 s) may still write there: its folder is left, and said so.
+        if (exited()) for (const cleanup of this.cleanups) cleanup()
+        else this.log("children still running after 30 s; their data is left in place")
+        process.exit(130)
       })
     }
   }
