@@ -1,3 +1,4 @@
+import { capacitySlots } from "./migrations/capacitySlots.ts"
 import type { Migrations } from "./migrations/Migrations.ts"
 import { marketData } from "./migrations/marketData.ts"
 import { paidPath } from "./migrations/paidPath.ts"
@@ -19,5 +20,6 @@ export const migrations: Migrations = {
   ...reliability,
   ...perRequest,
   ...payoutScan,
-  ...settlementEvidence
+  ...settlementEvidence,
+  ...capacitySlots
 }

@@ -58,9 +58,10 @@ export const leaseRequestOf = (quote: SignedQuote): LeaseRequest => ({
 })
 
 /**
- * The expression that takes a lease (migration `acquire_capacity`): true when taken, false at the
- * ceiling. Its count sees every lease committed before its advisory lock was granted, in a statement
- * of its own or inside a larger one, so the ceiling holds across instances either way.
+ * The expression that takes a lease (`acquire_capacity`, migration 0039): true when taken, false at the
+ * ceiling. The lease holds one of the (provider, class)'s numbered slots below the ceiling, and no two
+ * live leases hold the same slot, in a statement of its own or inside a larger one, so the ceiling holds
+ * across instances either way; takers pass over each other's slots instead of queueing (D541).
  */
 export const acquireCapacity = (sql: SqlClient.SqlClient, lease: LeaseRequest): Statement.Fragment =>
   sql`acquire_capacity(${lease.providerId}, ${lease.modelClass}, ${lease.capacity}, ${lease.leaseId}, ${LEASE_TTL}::interval)`

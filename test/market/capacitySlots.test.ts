@@ -1,0 +1,127 @@
+import { assert, describe, layer } from "@effect/vitest"
+import { Effect } from "effect"
+import { SqlClient } from "effect/sql"
+import { TestDatabase } from "../support/Database.ts"
+import { holdInTransaction } from "../support/Locks.ts"
+
+/**
+ * `acquire_capacity` (migration 0039, D541): a lease holds one numbered slot below the quote's ceiling, and a
+ * taker passes over a slot another taker holds instead of waiting for its commit.
+ */
+const take = (provider: string, capacity: number, lease: string) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const rows = yield* sql<{ granted: boolean }>`
+      SELECT acquire_capacity(${provider}, 'chat-small', ${capacity}, ${lease}, '20 minutes'::interval) AS granted`
+    return rows[0]!.granted
+  })
+
+const leases = (provider: string) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    return yield* sql<{ lease_id: string; slot: number }>`
+      SELECT lease_id, slot FROM capacity_leases WHERE provider_id = ${provider} ORDER BY slot`
+  })
+
+describe("capacity slots (D541)", () => {
+  layer(TestDatabase, { timeout: 60_000 })((it) => {
+    it.effect("a taker does not wait for another taker's commit, and a slot taken in flight counts", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        // The slots are made by the first take (a taker that makes slots is waited for by another making the
+        // same ones at that moment: once per (provider, class) as its concurrency grows).
+        assert.isTrue(yield* take("p-wait", 3, "warm"))
+        yield* sql`DELETE FROM capacity_leases WHERE lease_id = 'warm'`
+        // One taker's transaction stays open with its lease taken (its slot locked, its lease not committed).
+        const release = yield* holdInTransaction(take("p-wait", 3, "held"))
+        // The advisory lock made this wait for that commit; a slot of its own needs no wait.
+        const second = yield* take("p-wait", 3, "second").pipe(Effect.timeout("10 seconds"))
+        assert.isTrue(second)
+        assert.isTrue(yield* take("p-wait", 3, "third"))
+        // Three of three: the held one (not committed yet) is one of them.
+        assert.isFalse(yield* take("p-wait", 3, "fourth").pipe(Effect.timeout("10 seconds")))
+        yield* release
+        const held = yield* leases("p-wait")
+        assert.deepStrictEqual(
+          held.map((l) => l.slot),
+          [0, 1, 2]
+        )
+        assert.sameMembers(
+          held.map((l) => l.lease_id),
+          ["held", "second", "third"]
+        )
+      })
+    )
+
+    it.effect("the ceiling holds under a race of takers, and a released slot is taken again", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        const race = (n: number, prefix: string) =>
+          Effect.all(
+            Array.from({ length: n }, (_, i) => take("p-race", 7, `${prefix}-${i}`)),
+            { concurrency: "unbounded" }
+          )
+        const first = yield* race(30, "a")
+        assert.strictEqual(first.filter(Boolean).length, 7)
+        const held = yield* leases("p-race")
+        assert.deepStrictEqual(
+          held.map((l) => l.slot),
+          [0, 1, 2, 3, 4, 5, 6]
+        )
+        yield* sql`DELETE FROM capacity_leases WHERE provider_id = 'p-race' AND slot IN (1, 4, 5)`
+        const second = yield* race(12, "b")
+        assert.strictEqual(second.filter(Boolean).length, 3)
+        assert.deepStrictEqual(
+          (yield* leases("p-race")).map((l) => l.slot),
+          [0, 1, 2, 3, 4, 5, 6]
+        )
+      })
+    )
+
+    it.effect("a lowered ceiling takes nothing while a lease holds a slot at or above it", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        for (let i = 0; i < 4; i++) assert.isTrue(yield* take("p-lower", 4, `l-${i}`))
+        const drop = (slot: number) =>
+          sql`DELETE FROM capacity_leases WHERE provider_id = 'p-lower' AND slot = ${slot}`
+        // The quote now says 2: four are in flight, so none until it is true again.
+        assert.isFalse(yield* take("p-lower", 2, "x-1"))
+        yield* drop(3)
+        assert.isFalse(yield* take("p-lower", 2, "x-2"))
+        yield* drop(2)
+        // Two in flight on slots 0 and 1: at the ceiling.
+        assert.isFalse(yield* take("p-lower", 2, "x-3"))
+        yield* drop(0)
+        assert.isTrue(yield* take("p-lower", 2, "x-4"))
+        assert.deepStrictEqual(
+          (yield* leases("p-lower")).map((l) => l.slot),
+          [0, 1]
+        )
+      })
+    )
+
+    it.effect(
+      "an expired lease's slot is taken over, and slots are made 64 at a time up to the ceiling",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          assert.isTrue(yield* take("p-expiry", 1, "old"))
+          assert.isFalse(yield* take("p-expiry", 1, "refused"))
+          yield* sql`UPDATE capacity_leases SET expires_at = now() - interval '1 second' WHERE lease_id = 'old'`
+          assert.isTrue(yield* take("p-expiry", 1, "new"))
+          assert.deepStrictEqual(yield* leases("p-expiry"), [{ lease_id: "new", slot: 0 }])
+
+          for (let i = 0; i < 150; i++) assert.isTrue(yield* take("p-many", 150, `m-${i}`))
+          assert.isFalse(yield* take("p-many", 150, "m-150"))
+          const slots = (yield* leases("p-many")).map((l) => l.slot)
+          assert.deepStrictEqual(
+            slots,
+            Array.from({ length: 150 }, (_, i) => i)
+          )
+          const [made] = yield* sql<{ n: number }>`
+          SELECT count(*)::int AS n FROM capacity_slots WHERE provider_id = 'p-many'`
+          assert.strictEqual(made!.n, 150)
+        })
+    )
+  })
+})
