@@ -1,7 +1,10 @@
-import { assert, describe, layer } from "@effect/vitest"
-import { Effect } from "effect"
-import { SqlClient } from "effect/sql"
-import { TestDatabase } from "../support/Database.ts"
+import { NodeServices } from "@effect/platform-node"
+import { PgClient, PgMigrator } from "@effect/sql-pg"
+import { assert, describe, layer, it as plain } from "@effect/vitest"
+import { Effect, Redacted } from "effect"
+import { Migrator, SqlClient } from "effect/sql"
+import { migrations } from "../../src/db/migrations.ts"
+import { freshDatabaseUrl, TestDatabase } from "../support/Database.ts"
 import { holdInTransaction } from "../support/Locks.ts"
 
 /**
@@ -78,21 +81,25 @@ describe("capacity slots (D541)", () => {
       })
     )
 
-    it.effect("a lowered ceiling takes nothing while a lease holds a slot at or above it", () =>
+    it.effect("under a lowered ceiling, leases on the slots above it still count until they end", () =>
       Effect.gen(function* () {
         const sql = yield* SqlClient.SqlClient
         for (let i = 0; i < 4; i++) assert.isTrue(yield* take("p-lower", 4, `l-${i}`))
         const drop = (slot: number) =>
           sql`DELETE FROM capacity_leases WHERE provider_id = 'p-lower' AND slot = ${slot}`
-        // The quote now says 2: four are in flight, so none until it is true again.
+        // The quote now says 2: four are in flight, so none until fewer than two are.
         assert.isFalse(yield* take("p-lower", 2, "x-1"))
-        yield* drop(3)
-        assert.isFalse(yield* take("p-lower", 2, "x-2"))
-        yield* drop(2)
-        // Two in flight on slots 0 and 1: at the ceiling.
-        assert.isFalse(yield* take("p-lower", 2, "x-3"))
         yield* drop(0)
-        assert.isTrue(yield* take("p-lower", 2, "x-4"))
+        yield* drop(1)
+        // Two in flight, both on slots above the new ceiling: at it.
+        assert.isFalse(yield* take("p-lower", 2, "x-2"))
+        yield* drop(3)
+        // One in flight (slot 2): one more may go, on a slot below the ceiling.
+        assert.isTrue(yield* take("p-lower", 2, "x-3"))
+        assert.isFalse(yield* take("p-lower", 2, "x-4"))
+        yield* drop(2)
+        assert.isTrue(yield* take("p-lower", 2, "x-5"))
+        assert.isFalse(yield* take("p-lower", 2, "x-6"))
         assert.deepStrictEqual(
           (yield* leases("p-lower")).map((l) => l.slot),
           [0, 1]
@@ -124,4 +131,34 @@ describe("capacity slots (D541)", () => {
         })
     )
   })
+
+  plain.effect("leases in flight when the migration runs get slots and count against the ceiling", () =>
+    Effect.scoped(
+      Effect.gen(function* () {
+        const url = yield* freshDatabaseUrl
+        const migrate = (record: typeof migrations) =>
+          PgMigrator.run({ loader: Migrator.fromRecord(record) }).pipe(Effect.provide(NodeServices.layer))
+        yield* Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          yield* migrate(Object.fromEntries(Object.entries(migrations).filter(([id]) => id < "0039")))
+          // Three requests in flight under the old function, taken in this order.
+          for (const [i, lease] of ["c", "a", "b"].entries()) {
+            yield* sql`INSERT INTO capacity_leases (lease_id, provider_id, model_class, acquired_at, expires_at)
+                       VALUES (${lease}, 'p-old', 'chat-small', now() - make_interval(secs => ${10 - i}),
+                               now() + interval '20 minutes')`
+          }
+          yield* migrate(migrations)
+          assert.deepStrictEqual(yield* leases("p-old"), [
+            { lease_id: "c", slot: 0 },
+            { lease_id: "a", slot: 1 },
+            { lease_id: "b", slot: 2 }
+          ])
+          assert.isFalse(yield* take("p-old", 3, "refused"))
+          assert.isFalse(yield* take("p-old", 2, "lowered"))
+          assert.isTrue(yield* take("p-old", 4, "d"))
+          assert.strictEqual((yield* leases("p-old")).at(-1)!.slot, 3)
+        }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url) })))
+      })
+    )
+  )
 })
