@@ -107,28 +107,37 @@ describe("capacity slots (D541)", () => {
       })
     )
 
-    it.effect(
-      "an expired lease's slot is taken over, and slots are made 64 at a time up to the ceiling",
-      () =>
-        Effect.gen(function* () {
-          const sql = yield* SqlClient.SqlClient
-          assert.isTrue(yield* take("p-expiry", 1, "old"))
-          assert.isFalse(yield* take("p-expiry", 1, "refused"))
-          yield* sql`UPDATE capacity_leases SET expires_at = now() - interval '1 second' WHERE lease_id = 'old'`
-          assert.isTrue(yield* take("p-expiry", 1, "new"))
-          assert.deepStrictEqual(yield* leases("p-expiry"), [{ lease_id: "new", slot: 0 }])
+    it.effect("an expired lease's slot is taken over, and slots are made as needed up to the ceiling", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        assert.isTrue(yield* take("p-expiry", 1, "old"))
+        assert.isFalse(yield* take("p-expiry", 1, "refused"))
+        yield* sql`UPDATE capacity_leases SET expires_at = now() - interval '1 second' WHERE lease_id = 'old'`
+        assert.isTrue(yield* take("p-expiry", 1, "new"))
+        assert.deepStrictEqual(yield* leases("p-expiry"), [{ lease_id: "new", slot: 0 }])
 
-          for (let i = 0; i < 150; i++) assert.isTrue(yield* take("p-many", 150, `m-${i}`))
-          assert.isFalse(yield* take("p-many", 150, "m-150"))
-          const slots = (yield* leases("p-many")).map((l) => l.slot)
-          assert.deepStrictEqual(
-            slots,
-            Array.from({ length: 150 }, (_, i) => i)
-          )
-          const [made] = yield* sql<{ n: number }>`
+        // With every slot made and held, an expired one among them is taken over.
+        for (let i = 0; i < 20; i++) assert.isTrue(yield* take("p-leak", 20, `k-${i}`))
+        assert.isFalse(yield* take("p-leak", 20, "k-over"))
+        yield* sql`UPDATE capacity_leases SET expires_at = now() - interval '1 second' WHERE lease_id = 'k-7'`
+        assert.isTrue(yield* take("p-leak", 20, "k-20"))
+        const [leak] = yield* sql<{ slots: number; leases: number; leaked: number }>`
+          SELECT (SELECT count(*)::int FROM capacity_slots WHERE provider_id = 'p-leak') AS slots,
+                 (SELECT count(*)::int FROM capacity_leases WHERE provider_id = 'p-leak') AS leases,
+                 (SELECT count(*)::int FROM capacity_leases WHERE lease_id = 'k-7') AS leaked`
+        assert.deepStrictEqual(leak, { slots: 20, leases: 20, leaked: 0 })
+
+        for (let i = 0; i < 150; i++) assert.isTrue(yield* take("p-many", 150, `m-${i}`))
+        assert.isFalse(yield* take("p-many", 150, "m-150"))
+        const slots = (yield* leases("p-many")).map((l) => l.slot)
+        assert.deepStrictEqual(
+          slots,
+          Array.from({ length: 150 }, (_, i) => i)
+        )
+        const [made] = yield* sql<{ n: number }>`
           SELECT count(*)::int AS n FROM capacity_slots WHERE provider_id = 'p-many'`
-          assert.strictEqual(made!.n, 150)
-        })
+        assert.strictEqual(made!.n, 150)
+      })
     )
   })
 
@@ -141,22 +150,32 @@ describe("capacity slots (D541)", () => {
         yield* Effect.gen(function* () {
           const sql = yield* SqlClient.SqlClient
           yield* migrate(Object.fromEntries(Object.entries(migrations).filter(([id]) => id < "0039")))
-          // Three requests in flight under the old function, taken in this order.
-          for (const [i, lease] of ["c", "a", "b"].entries()) {
-            yield* sql`INSERT INTO capacity_leases (lease_id, provider_id, model_class, acquired_at, expires_at)
-                       VALUES (${lease}, 'p-old', 'chat-small', now() - make_interval(secs => ${10 - i}),
-                               now() + interval '20 minutes')`
-          }
+          const lease = (id: string, provider: string, ageSeconds: number, expired = false) =>
+            sql`INSERT INTO capacity_leases (lease_id, provider_id, model_class, acquired_at, expires_at)
+                VALUES (${id}, ${provider}, 'chat-small', now() - make_interval(secs => ${ageSeconds}),
+                        now() + ${expired ? "-1 second" : "20 minutes"}::interval)`
+          // Requests in flight under the old function, taken in this order, one lease of them expired (never
+          // released), and another provider's.
+          yield* lease("x", "p-old", 20, true)
+          yield* lease("c", "p-old", 10)
+          yield* lease("a", "p-old", 9)
+          yield* lease("b", "p-old", 8)
+          yield* lease("o", "p-other", 5)
           yield* migrate(migrations)
+          // The live ones first, in the order taken; the expired one after them.
           assert.deepStrictEqual(yield* leases("p-old"), [
             { lease_id: "c", slot: 0 },
             { lease_id: "a", slot: 1 },
-            { lease_id: "b", slot: 2 }
+            { lease_id: "b", slot: 2 },
+            { lease_id: "x", slot: 3 }
           ])
+          assert.deepStrictEqual(yield* leases("p-other"), [{ lease_id: "o", slot: 0 }])
           assert.isFalse(yield* take("p-old", 3, "refused"))
           assert.isFalse(yield* take("p-old", 2, "lowered"))
+          // A fourth may go: on the expired lease's slot.
           assert.isTrue(yield* take("p-old", 4, "d"))
-          assert.strictEqual((yield* leases("p-old")).at(-1)!.slot, 3)
+          assert.deepStrictEqual((yield* leases("p-old")).at(-1), { lease_id: "d", slot: 3 })
+          assert.isFalse(yield* take("p-old", 4, "e"))
         }).pipe(Effect.provide(PgClient.layer({ url: Redacted.make(url) })))
       })
     )

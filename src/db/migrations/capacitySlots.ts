@@ -12,7 +12,8 @@ export const capacitySlots: Migrations = {
     // Numbered slots of a (provider, class): a lease holds one, and a slot is held by one live lease at a
     // time. A taker locks the slot's row (SKIP LOCKED: a slot another taker holds is passed over, not
     // waited for) and keeps it to its commit. The rows are made as the concurrency in flight needs them
-    // (numbered from 0 without gaps), never at or above the ceiling of the taker that makes them, and stay.
+    // (numbered from 0 without gaps, up to about twice the peak), never at or above the ceiling of the taker
+    // that makes them, and stay.
     yield* sql`
       CREATE TABLE capacity_slots (
         provider_id TEXT NOT NULL,
@@ -25,12 +26,13 @@ export const capacitySlots: Migrations = {
     // the old one answered "how many are held".
     yield* sql`ALTER TABLE capacity_leases ADD COLUMN slot INTEGER`
     // The leases already there (requests in flight while this runs) get slots 0, 1, … per (provider, class),
-    // and those slots are made: they count against the ceiling as every later lease does (one above a
-    // ceiling lower than their number is what the lowered-ceiling rule below is for).
+    // the live ones first, and those slots are made: they count against the ceiling as every later lease
+    // does (one above a ceiling lower than their number is what the lowered-ceiling rule below is for).
     yield* sql`
       UPDATE capacity_leases l SET slot = n.slot
       FROM (SELECT lease_id,
-                   row_number() OVER (PARTITION BY provider_id, model_class ORDER BY acquired_at, lease_id) - 1 AS slot
+                   row_number() OVER (PARTITION BY provider_id, model_class
+                                      ORDER BY expires_at <= now(), acquired_at, lease_id) - 1 AS slot
             FROM capacity_leases) n
       WHERE l.lease_id = n.lease_id
     `
@@ -52,35 +54,62 @@ export const capacitySlots: Migrations = {
       BEGIN
         SELECT s.slot INTO free_slot FROM capacity_slots s
         WHERE s.provider_id = p_provider AND s.model_class = p_class AND s.slot >= lo AND s.slot < hi
-          AND NOT EXISTS (SELECT 1 FROM capacity_leases l
-                          WHERE l.provider_id = p_provider AND l.model_class = p_class AND l.slot = s.slot)
+          -- A scalar subquery, run per slot as one unique-index probe: written NOT EXISTS, the planner may
+          -- make it an anti join that reads every lease of the (provider, class) for each slot it looks at.
+          AND (SELECT l.lease_id FROM capacity_leases l
+               WHERE l.provider_id = p_provider AND l.model_class = p_class AND l.slot = s.slot) IS NULL
         ORDER BY s.slot LIMIT 1
         FOR UPDATE OF s SKIP LOCKED;
         RETURN free_slot;
       END
       $$
     `
+    // The same, among the slots named (random picks), one at a time: each look is two primary-key probes,
+    // whatever the planner knows of the tables (as one join or `slot = ANY`, with no statistics yet it read
+    // every slot of the (provider, class)).
+    yield* sql`
+      CREATE FUNCTION capacity_free_slot_of(p_provider TEXT, p_class TEXT, picks INTEGER[]) RETURNS INTEGER
+      LANGUAGE plpgsql VOLATILE AS $$
+      DECLARE
+        pick INTEGER;
+        free_slot INTEGER;
+      BEGIN
+        FOREACH pick IN ARRAY picks LOOP
+          SELECT s.slot INTO free_slot FROM capacity_slots s
+          WHERE s.provider_id = p_provider AND s.model_class = p_class AND s.slot = pick
+            AND NOT EXISTS (SELECT 1 FROM capacity_leases l
+                            WHERE l.provider_id = p_provider AND l.model_class = p_class AND l.slot = pick)
+          FOR UPDATE SKIP LOCKED;
+          IF free_slot IS NOT NULL THEN
+            RETURN free_slot;
+          END IF;
+        END LOOP;
+        RETURN NULL;
+      END
+      $$
+    `
     // The same contract as migration 0007's (true: taken; false: at the ceiling), without the advisory lock
     // that made every taker of the (provider, class) wait for the one before it to commit. A free slot is a
-    // slot row below the ceiling with no live lease that no other taker has locked (SKIP LOCKED). The look
-    // starts at a random slot among those made and reads at most 128 (wrapping), so it finds a free one in a
-    // few index probes however many are held; only when that window is full and no slot is left to make
-    // does it read them all, to say false truly. With no free slot seen and room below the ceiling, the next
-    // 64 slots are made (only a taker making the same numbers at that moment waits, for the other's commit)
-    // and it looks again. The lease is inserted on the slot; a lease committed there since the look makes the
-    // insert do nothing (a committed row: no wait, no lock) and it looks again with a fresh snapshot. An
-    // expired lease keeps its slot until a taker at the ceiling takes it over (locking both rows with SKIP
-    // LOCKED, so never waiting for a release in progress). While a live lease holds a slot at or above the
-    // ceiling (the quote's ceiling was lowered under it), takers count as 0007 did, one at a time under its
+    // slot row below the ceiling with no lease that no other taker has locked (SKIP LOCKED). A look probes 8
+    // slots picked at random among those made (one index probe each: picks spread the leases evenly, where
+    // a scan from a random start packed them into a run that later scans had to cross); at the ceiling it
+    // then reads them all, to say false truly. With no free slot seen and room below the ceiling, as many
+    // slots again as are made, and 64 more, are made (doubling: after it about half the slots are free, so 8
+    // picks all miss about once in 250 looks; a burst meets a handful of such steps, and only a taker making
+    // the same numbers at that moment waits, for the other's commit) and it looks again. Before making slots (or answering false) an expired lease's slot is taken over,
+    // its lease row and slot row locked with SKIP LOCKED, so a release in progress is never waited for. The
+    // lease is inserted on its slot once a fresh look, with the slot locked, finds no lease there (one
+    // committed since the first look sends it to look again), so the insert never waits. While a live lease
+    // holds a slot at or above the ceiling (the quote's ceiling was lowered under it) or none (one taken by
+    // the old function while this migration ran), takers count as 0007 did, one at a time under its
     // advisory lock, and still take a slot below the ceiling; a taker that saw no such lease needs no count,
-    // as such leases only end.
+    // as no taker under this ceiling makes one.
     yield* sql`
       CREATE OR REPLACE FUNCTION acquire_capacity(p_provider TEXT, p_class TEXT, p_capacity INTEGER, p_lease TEXT,
                                                   p_ttl INTERVAL) RETURNS BOOLEAN
       LANGUAGE plpgsql VOLATILE AS $$
       DECLARE
         top INTEGER;
-        first INTEGER;
         free_slot INTEGER;
         in_use INTEGER;
         taken BOOLEAN;
@@ -88,9 +117,13 @@ export const capacitySlots: Migrations = {
         IF p_capacity <= 0 THEN
           RETURN false;
         END IF;
+        -- Two index range reads, each empty in steady state (one OR of both would read every lease).
         IF EXISTS (SELECT 1 FROM capacity_leases
                    WHERE provider_id = p_provider AND model_class = p_class AND slot >= p_capacity
-                     AND expires_at > now()) THEN
+                     AND expires_at > now())
+           OR EXISTS (SELECT 1 FROM capacity_leases
+                      WHERE provider_id = p_provider AND model_class = p_class AND slot IS NULL
+                        AND expires_at > now()) THEN
           PERFORM pg_advisory_xact_lock(hashtextextended(p_provider || '|' || p_class, 7402));
           SELECT count(*) INTO in_use FROM capacity_leases
           WHERE provider_id = p_provider AND model_class = p_class AND expires_at > now();
@@ -99,42 +132,50 @@ export const capacitySlots: Migrations = {
           END IF;
         END IF;
         FOR attempt IN 1..1000 LOOP
-          SELECT max(slot) INTO top FROM capacity_slots
-          WHERE provider_id = p_provider AND model_class = p_class AND slot < p_capacity;
+          -- The highest slot made below the ceiling: one backward index probe (max() may be read as a scan).
+          SELECT slot INTO top FROM capacity_slots
+          WHERE provider_id = p_provider AND model_class = p_class AND slot < p_capacity
+          ORDER BY slot DESC LIMIT 1;
           free_slot := NULL;
           IF top IS NOT NULL THEN
-            first := floor(random() * (top + 1))::integer;
-            free_slot := capacity_free_slot(p_provider, p_class, first, least(first + 128, top + 1));
-            IF free_slot IS NULL AND first > 0 AND first + 128 > top + 1 THEN
-              free_slot := capacity_free_slot(p_provider, p_class, 0, least(first, first + 128 - (top + 1)));
-            END IF;
+            free_slot := capacity_free_slot_of(p_provider, p_class,
+                                               ARRAY(SELECT floor(random() * (top + 1))::integer
+                                                     FROM generate_series(1, 8)));
+            -- At the ceiling, every slot is read before the answer is false.
             IF free_slot IS NULL AND top + 1 >= p_capacity THEN
-              -- The window read every slot when there are 128 or fewer.
-              IF top + 1 > 128 THEN
-                free_slot := capacity_free_slot(p_provider, p_class, 0, p_capacity);
-              END IF;
-              IF free_slot IS NULL THEN
-                -- At the ceiling: an expired lease's slot, if neither it nor its slot is held by another.
-                SELECT l.slot INTO free_slot FROM capacity_leases l
-                JOIN capacity_slots s
-                  ON s.provider_id = l.provider_id AND s.model_class = l.model_class AND s.slot = l.slot
-                WHERE l.provider_id = p_provider AND l.model_class = p_class AND l.slot < p_capacity
-                  AND l.expires_at <= now()
-                LIMIT 1
-                FOR UPDATE SKIP LOCKED;
-                IF free_slot IS NULL THEN
-                  RETURN false;
-                END IF;
+              free_slot := capacity_free_slot(p_provider, p_class, 0, p_capacity);
+            END IF;
+            IF free_slot IS NULL THEN
+              -- An expired lease's slot (a lease its request never released), before any slot is made, if
+              -- neither the lease nor its slot is held by another.
+              SELECT l.slot INTO free_slot FROM capacity_leases l
+              JOIN capacity_slots s
+                ON s.provider_id = l.provider_id AND s.model_class = l.model_class AND s.slot = l.slot
+              WHERE l.provider_id = p_provider AND l.model_class = p_class AND l.slot < p_capacity
+                AND l.expires_at <= now()
+              LIMIT 1
+              FOR UPDATE SKIP LOCKED;
+              IF free_slot IS NOT NULL THEN
                 DELETE FROM capacity_leases
                 WHERE provider_id = p_provider AND model_class = p_class AND slot = free_slot;
+              ELSIF top + 1 >= p_capacity THEN
+                RETURN false;
               END IF;
             END IF;
           END IF;
           IF free_slot IS NULL THEN
             INSERT INTO capacity_slots (provider_id, model_class, slot)
             SELECT p_provider, p_class, g
-            FROM generate_series(coalesce(top, -1) + 1, least(p_capacity, coalesce(top, -1) + 65) - 1) g
+            FROM generate_series(coalesce(top, -1) + 1,
+                                 least(p_capacity, 2 * (coalesce(top, -1) + 1) + 64) - 1) g
             ON CONFLICT DO NOTHING;
+            CONTINUE;
+          END IF;
+          -- With its slot locked, no other lease can land there, so this fresh look sees every lease on it:
+          -- one committed since the first look (or being released) sends it to look again, and the insert
+          -- meets no row, so it never waits.
+          IF EXISTS (SELECT 1 FROM capacity_leases
+                     WHERE provider_id = p_provider AND model_class = p_class AND slot = free_slot) THEN
             CONTINUE;
           END IF;
           taken := NULL;
