@@ -1,5 +1,8 @@
 import { type ChildProcess, spawn } from "node:child_process"
 import { randomBytes } from "node:crypto"
+import { rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import { Effect } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { freePort } from "../../src/devnet/EmbeddedPostgres.ts"
@@ -14,13 +17,15 @@ import { fundedKey } from "../support/Keys.ts"
 const REQUESTS = 500
 const database = `overspend_${randomBytes(4).toString("hex")}`
 
+const dataDirOf = (port: number) => join(tmpdir(), `svc-overspend-${port}`)
+
 const startRouter = async (port: number, dbUrl: string) => {
   const env: Record<string, string | undefined> = {
     ...process.env,
     PORT: String(port),
     DATABASE_URL: dbUrl,
     OPERATOR_TOKEN: "overspend-test",
-    DATA_DIR: `/tmp/svc-overspend-${port}`
+    DATA_DIR: dataDirOf(port)
   }
   delete env.RPC_URL
   const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
@@ -64,6 +69,7 @@ describe("zero overspend across two router processes", () => {
   afterAll(async () => {
     for (const router of routers) router.kill("SIGTERM")
     await Promise.all(routers.map((r) => new Promise((resolve) => r.once("exit", resolve))))
+    for (const port of ports) rmSync(dataDirOf(port), { recursive: true, force: true })
     await sqlAt(testDatabaseUrl(), `DROP DATABASE IF EXISTS ${database} WITH (FORCE)`).catch(() => undefined)
   }, 60_000)
 

@@ -1,5 +1,4 @@
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
-import { tmpdir } from "node:os"
+import { existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
 import { PgClient } from "@effect/sql-pg"
 import { assert, describe, it } from "@effect/vitest"
@@ -10,12 +9,7 @@ import { socketDirectory, startEmbeddedPostgres } from "../../src/devnet/Embedde
 import { isAlive } from "../../src/process/ChildProcess.ts"
 import { DataDirLockLive } from "../../src/process/DataDirLock.ts"
 import { RouterConfig } from "../../src/RouterConfig.ts"
-
-const scratch = (prefix: string) =>
-  Effect.acquireRelease(
-    Effect.sync(() => mkdtempSync(join(tmpdir(), prefix))),
-    (dir) => Effect.sync(() => rmSync(dir, { recursive: true, force: true }))
-  )
+import { scratchDir } from "../support/Scratch.ts"
 
 const rpc = (url: string, method: string, params: ReadonlyArray<unknown> = []) =>
   Effect.promise(() =>
@@ -41,7 +35,7 @@ describe("what an earlier run left running is found by pid and stopped", () => {
     "an Anvil left running writes its state when stopped, and the next one continues from it",
     () =>
       Effect.gen(function* () {
-        const dir = yield* scratch("svc-anvil-")
+        const dir = yield* scratchDir("svc-anvil-")
         const state = { file: join(dir, "state.json"), intervalSeconds: 60, pidFile: join(dir, "anvil.pid") }
         const left = yield* leftOpen(launchAnvil({ state }))
         yield* rpc(left.value.rpcUrl, "anvil_mine", ["0x7"])
@@ -60,7 +54,7 @@ describe("what an earlier run left running is found by pid and stopped", () => {
     "a Postgres left running on the data folder is stopped, and the next one starts there",
     () =>
       Effect.gen(function* () {
-        const dataDir = yield* scratch("svc-pg-")
+        const dataDir = yield* scratchDir("svc-pg-")
         const left = yield* leftOpen(startEmbeddedPostgres({ dataDir, database: "one", durable: false }))
         const leftPid = Number(
           readFileSync(join(dataDir, "postgres", "postmaster.pid"), "utf8").split("\n")[0]
@@ -104,7 +98,7 @@ describe("the embedded chain's state files", () => {
 
   it.effect("a whole dump is backed up at start", () =>
     Effect.gen(function* () {
-      const dir = yield* scratch("svc-state-")
+      const dir = yield* scratchDir("svc-state-")
       writeFileSync(join(dir, "anvil-state.json"), whole)
       const state = yield* prepareState(dir)
       assert.strictEqual(state.file, join(dir, "anvil-state.json"))
@@ -114,7 +108,7 @@ describe("the embedded chain's state files", () => {
 
   it.effect("a dump cut short is set aside and replaced by the backup", () =>
     Effect.gen(function* () {
-      const dir = yield* scratch("svc-state-")
+      const dir = yield* scratchDir("svc-state-")
       writeFileSync(join(dir, "anvil-state.backup.json"), whole)
       writeFileSync(join(dir, "anvil-state.json"), whole.slice(0, 20))
       yield* prepareState(dir)
@@ -125,7 +119,7 @@ describe("the embedded chain's state files", () => {
 
   it.effect("a dump cut short without a backup is set aside: the chain starts fresh", () =>
     Effect.gen(function* () {
-      const dir = yield* scratch("svc-state-")
+      const dir = yield* scratchDir("svc-state-")
       writeFileSync(join(dir, "anvil-state.json"), "{")
       yield* prepareState(dir)
       assert.isFalse(existsSync(join(dir, "anvil-state.json")))
@@ -145,7 +139,7 @@ describe("one router per DATA_DIR", () => {
 
   it.effect("a DATA_DIR held by a living router is refused; one whose router is gone is taken over", () =>
     Effect.gen(function* () {
-      const dataDir = yield* scratch("svc-lock-")
+      const dataDir = yield* scratchDir("svc-lock-")
       const file = join(dataDir, "router.pid")
 
       // This test's own process stands for a router that is running.

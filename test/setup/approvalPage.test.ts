@@ -1,5 +1,4 @@
-import { mkdtempSync, readFileSync, statSync } from "node:fs"
-import { tmpdir } from "node:os"
+import { readFileSync, statSync } from "node:fs"
 import { join } from "node:path"
 import { assert, describe, layer } from "@effect/vitest"
 import { ConfigProvider, Effect, Layer } from "effect"
@@ -10,6 +9,7 @@ import { errorCode, invite, signedCall } from "../keys/support.ts"
 import { openPage, TestBrowser } from "../support/Browser.ts"
 import { waitForBook } from "../support/Pay.ts"
 import { call, postJson, type Reply, RouterUrl, routerWithFleet } from "../support/Router.ts"
+import { scratchDirForTest } from "../support/Scratch.ts"
 import { printedUserCode, runCli } from "./cli.ts"
 
 /** The router with its fleet, polled every second (the default 5 s would only make the test wait). */
@@ -46,7 +46,7 @@ describe("svc-setup, the approval page in a real browser, and the key it deliver
           const approvedCap = worstCase * 3 + Math.floor(worstCase / 2)
           const usdc = (base: number) => (base / 1_000_000).toFixed(6)
 
-          const configDir = join(mkdtempSync(join(tmpdir(), "svc-setup-")), "config")
+          const configDir = join(scratchDirForTest("svc-setup-"), "config")
           const cli = yield* runCli([
             "--router",
             base,

@@ -1,6 +1,5 @@
 import { execFileSync } from "node:child_process"
-import { mkdirSync, mkdtempSync, statSync } from "node:fs"
-import { tmpdir } from "node:os"
+import { mkdirSync, statSync } from "node:fs"
 import { join } from "node:path"
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
@@ -15,6 +14,7 @@ import { Unreachable, waitForKey } from "../../src/cli/Polling.ts"
 import { renderQr } from "../../src/cli/Qr.ts"
 import { DeviceFlowError, type DeviceFlowErrorCode, HARNESSES } from "../../src/domain/Setup.ts"
 import { newUserCode, normalizeUserCode } from "../../src/setup/DeviceFlow.ts"
+import { scratchDirForTest } from "../support/Scratch.ts"
 
 // A CommonJS package: Node's default import is `module.exports`, which also carries `default`.
 const jsQR = jsQRModule.default
@@ -88,7 +88,7 @@ describe("svc-setup's parts", () => {
   it("every harness: the file, sourced by a shell, carries the URL and key; the printed lines never do", () => {
     const secret = `svc_ck_it's-"quoted"-$HOME-\`x\``
     for (const harness of HARNESSES) {
-      const dir = mkdtempSync(join(tmpdir(), "svc-harness-"))
+      const dir = scratchDirForTest("svc-harness-")
       const config = harnessConfig({
         routerUrl: "http://router.test:8402",
         secret,
@@ -140,7 +140,7 @@ describe("svc-setup's parts", () => {
 
   it.effect("files are owner-only from the start, and never written inside a git work tree", () =>
     Effect.gen(function* () {
-      const root = mkdtempSync(join(tmpdir(), "svc-owner-"))
+      const root = scratchDirForTest("svc-owner-")
       const dir = join(root, "deep", "config")
       const written = yield* writeOwnerOnly(dir, [{ name: "a.env", content: "export A=1\n" }])
       assert.deepStrictEqual(written, [join(dir, "a.env")])

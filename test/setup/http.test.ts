@@ -1,5 +1,4 @@
-import { existsSync, mkdtempSync } from "node:fs"
-import { tmpdir } from "node:os"
+import { existsSync } from "node:fs"
 import { join } from "node:path"
 import { assert, describe, layer } from "@effect/vitest"
 import { ConfigProvider, Effect, Layer } from "effect"
@@ -9,6 +8,7 @@ import { DEVICE_CODE_GRANT } from "../../src/domain/Setup.ts"
 import { balanceWith, errorCode, invite, signedCall } from "../keys/support.ts"
 import { waitFor } from "../support/Pay.ts"
 import { call, postJson, RouterUrl, routerLayer } from "../support/Router.ts"
+import { scratchDirForTest } from "../support/Scratch.ts"
 import { printedUserCode, runCli } from "./cli.ts"
 import { signTypedDataJson } from "./support.ts"
 
@@ -174,7 +174,7 @@ describe("agent setup over HTTP", () => {
       () =>
         Effect.gen(function* () {
           const base = yield* RouterUrl
-          const configDir = join(mkdtempSync(join(tmpdir(), "svc-setup-")), "config")
+          const configDir = join(scratchDirForTest("svc-setup-"), "config")
           const args = ["--router", base, "--harness", "aider", "--config-dir", configDir]
           const bad = yield* runCli([...args, "--budget", "five", "--no-qr"])
           assert.strictEqual(yield* bad.exitCode, 1)
