@@ -44,16 +44,16 @@ export const capacitySlots: Migrations = {
     `
     yield* sql`CREATE UNIQUE INDEX capacity_leases_slot_held ON capacity_leases (provider_id, model_class, slot)`
     yield* sql`DROP INDEX capacity_leases_slot`
-    // The first slot in [lo, hi) with no lease (an expired one still holds its slot until taken over), locked
-    // by this transaction to its commit; NULL when there is none.
+    // The first slot below `ceiling` with no lease (an expired one still holds its slot until taken over),
+    // locked by this transaction to its commit; NULL when there is none.
     yield* sql`
-      CREATE FUNCTION capacity_free_slot(p_provider TEXT, p_class TEXT, lo INTEGER, hi INTEGER) RETURNS INTEGER
+      CREATE FUNCTION capacity_free_slot(p_provider TEXT, p_class TEXT, ceiling INTEGER) RETURNS INTEGER
       LANGUAGE plpgsql VOLATILE AS $$
       DECLARE
         free_slot INTEGER;
       BEGIN
         SELECT s.slot INTO free_slot FROM capacity_slots s
-        WHERE s.provider_id = p_provider AND s.model_class = p_class AND s.slot >= lo AND s.slot < hi
+        WHERE s.provider_id = p_provider AND s.model_class = p_class AND s.slot < ceiling
           -- A scalar subquery, run per slot as one unique-index probe: written NOT EXISTS, the planner may
           -- make it an anti join that reads every lease of the (provider, class) for each slot it looks at.
           AND (SELECT l.lease_id FROM capacity_leases l
@@ -96,8 +96,9 @@ export const capacitySlots: Migrations = {
     // then reads them all, to say false truly. With no free slot seen and room below the ceiling, as many
     // slots again as are made, and 64 more, are made (doubling: after it about half the slots are free, so 8
     // picks all miss about once in 250 looks; a burst meets a handful of such steps, and only a taker making
-    // the same numbers at that moment waits, for the other's commit) and it looks again. Before making slots (or answering false) an expired lease's slot is taken over,
-    // its lease row and slot row locked with SKIP LOCKED, so a release in progress is never waited for. The
+    // the same numbers at that moment waits, for the other's commit) and it looks again. Before making slots
+    // (or answering false) an expired lease's slot is taken over, its lease row and slot row locked with
+    // SKIP LOCKED, so a release in progress is never waited for. The
     // lease is inserted on its slot once a fresh look, with the slot locked, finds no lease there (one
     // committed since the first look sends it to look again), so the insert never waits. While a live lease
     // holds a slot at or above the ceiling (the quote's ceiling was lowered under it) or none (one taken by
@@ -143,7 +144,7 @@ export const capacitySlots: Migrations = {
                                                      FROM generate_series(1, 8)));
             -- At the ceiling, every slot is read before the answer is false.
             IF free_slot IS NULL AND top + 1 >= p_capacity THEN
-              free_slot := capacity_free_slot(p_provider, p_class, 0, p_capacity);
+              free_slot := capacity_free_slot(p_provider, p_class, p_capacity);
             END IF;
             IF free_slot IS NULL THEN
               -- An expired lease's slot (a lease its request never released), before any slot is made, if
