@@ -1,0 +1,128 @@
+import { randomBytes } from "node:crypto"
+import { assert, describe, layer } from "@effect/vitest"
+import { Effect, Layer } from "effect"
+import { SqlClient } from "effect/sql"
+import { databaseFromUrl } from "../../src/db/Database.ts"
+import { makeReservations, type ReservationRecord } from "../../src/ledger/Reserve.ts"
+import { hashSecret } from "../../src/payment/Keys.ts"
+import { freshDatabaseUrl } from "../support/Database.ts"
+import { fundedKey } from "../support/Keys.ts"
+
+/**
+ * D542: a reservation's commit does not wait for the WAL to reach the disk (it is on every paid call's
+ * first-byte path); nothing else's commit changes. One pool connection, so every statement here runs on
+ * one backend and its own WAL writes can be counted.
+ */
+const OneConnection = Layer.unwrap(Effect.map(freshDatabaseUrl, (url) => databaseFromUrl(url, 1)))
+
+const record = (): Omit<ReservationRecord, "payer"> => ({
+  requestId: `req_${randomBytes(8).toString("hex")}`,
+  dialect: "openai",
+  requestedModel: "chat-small",
+  modelClass: "chat-small",
+  providerId: "p-commit",
+  authorized: 1_000,
+  agent: {}
+})
+
+/**
+ * The test server commits asynchronously for speed (`test/support/globalSetup.ts`); this connection's
+ * session waits for the disk as the router's server does.
+ */
+const durableSession = Effect.flatMap(SqlClient.SqlClient, (sql) => sql`SET synchronous_commit = on`)
+
+/** What the three paid reservations (a key's, an x402 authorization's, a session turn's) run, one each. */
+const reservations = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const reserve = makeReservations(sql)
+  const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
+  const payer = `0x${randomBytes(20).toString("hex")}`
+  const named: ReadonlyArray<readonly [string, Effect.Effect<void, unknown>]> = [
+    ["a key's", Effect.asVoid(reserve.reserveCreditKey(record(), hashSecret(key.secret), Date.now()))],
+    [
+      "an x402 authorization's",
+      Effect.asVoid(
+        reserve.reserveX402(
+          { ...record(), payer },
+          {
+            nonce: `0x${randomBytes(32).toString("hex")}`,
+            validAfter: 0n,
+            validBefore: 2n ** 40n,
+            signature: `0x${"11".repeat(65)}`,
+            balance: 1_000_000n
+          }
+        )
+      )
+    ],
+    ["a session turn's", reserve.reserveSessionTurn({ ...record(), payer, sessionId: "sess_commit" })]
+  ]
+  return named
+})
+
+/**
+ * This backend's own WAL writes, where the server counts them per backend (PostgreSQL 18 on): a commit that
+ * waits for the disk writes the WAL out itself (and flushes it, where `fsync` is on; the test server runs
+ * with it off), an asynchronous one leaves that to the WAL writer.
+ */
+const ownWalWrites = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const [{ version }] = yield* sql<{
+    version: number
+  }>`SELECT current_setting('server_version_num')::int AS version`
+  if (version < 180_000) return undefined
+  yield* sql`SELECT pg_stat_force_next_flush()`
+  const rows = yield* sql<{ writes: string }>`
+    SELECT coalesce(sum(writes), 0)::text AS writes FROM pg_stat_get_backend_io(pg_backend_pid()) WHERE object = 'wal'`
+  return Number(rows[0]!.writes)
+})
+
+describe("a reservation's commit (D542)", () => {
+  layer(OneConnection, { timeout: 60_000 })((it) => {
+    it.effect("runs with synchronous_commit off in its own transaction, and only there", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        yield* durableSession
+        for (const [name, reserve] of yield* reservations) {
+          // Inside a transaction the setting the statement made lasts to that transaction's end.
+          const inside = yield* sql.withTransaction(
+            Effect.andThen(
+              reserve,
+              sql<{ setting: string }>`SELECT current_setting('synchronous_commit') AS setting`
+            )
+          )
+          assert.strictEqual(inside[0]!.setting, "off", `${name} reservation`)
+          const after = yield* sql<{
+            setting: string
+          }>`SELECT current_setting('synchronous_commit') AS setting`
+          assert.strictEqual(after[0]!.setting, "on", `after ${name} reservation`)
+        }
+      })
+    )
+
+    it.effect("commits without writing the WAL out, while an ordinary write still does", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        yield* durableSession
+        const started = yield* ownWalWrites
+        if (started === undefined) {
+          // Before PostgreSQL 18 a backend's own WAL writes are not counted apart from the WAL writer's;
+          // the test above still shows the setting in force.
+          return
+        }
+        for (const [name, reserve] of yield* reservations) {
+          const before = (yield* ownWalWrites)!
+          yield* reserve
+          assert.strictEqual(
+            (yield* ownWalWrites)! - before,
+            0,
+            `${name} reservation wrote the WAL out itself`
+          )
+        }
+        // The control: a write of the same connection that is not a reservation waits for the disk.
+        const before = (yield* ownWalWrites)!
+        yield* sql`INSERT INTO wallets (wallet, invited) VALUES (${`0x${randomBytes(20).toString("hex")}`}, false)`
+        assert.isAbove((yield* ownWalWrites)! - before, 0, "an ordinary commit writes the WAL out itself")
+      })
+    )
+  })
+})
