@@ -1,6 +1,7 @@
 import { Clock, Config, Effect } from "effect"
 import type { SqlClient } from "effect/sql"
 import { repeatInBackground } from "../Background.ts"
+import { commitWithoutFlush } from "../db/AsyncCommit.ts"
 
 /** How often captured credit requests are folded into their key's and owner's rows (a test lengthens it). */
 const foldEveryMs = Config.Int("CREDIT_FOLD_EVERY_MS").pipe(Config.withDefault(50))
@@ -28,6 +29,14 @@ export const FOLD_LOCK = 7_403_315
  * count what is not folded yet (migration 0033).
  */
 export const makeCreditFold = (sql: SqlClient.SqlClient) => {
+  /**
+   * A fold's commit does not wait for the disk (D542): lost in a crash of the database server, it takes
+   * the queue rows it deleted with it, so the next fold applies them again, and readers see the same
+   * figures either way (they count the queue). It held a key's row locked through that wait, which every
+   * reservation on the key queued behind.
+   */
+  const flushLater = commitWithoutFlush(sql)
+
   /**
    * One statement: with the lock (`wait`: for it, else only if free) the queue's rows are deleted and
    * their sums applied, keys before balances (the order a reservation locks them in: the balances'
@@ -64,7 +73,7 @@ export const makeCreditFold = (sql: SqlClient.SqlClient) => {
         FROM (SELECT wallet, sum(authorized) AS authorized, sum(charged) AS charged FROM taken GROUP BY wallet) t
         WHERE b.wallet = t.wallet AND (SELECT count(*) FROM keys) >= 0 AND (SELECT * FROM balances_locked) >= 0
       )
-      SELECT count(*)::int AS folded FROM taken
+      SELECT count(*)::int AS folded, ${flushLater} FROM taken
     `.pipe(
       // Keys and balances are locked in whatever order the plan takes them; a transaction of another
       // writer that holds two of them in the other order can meet this one in a deadlock (Postgres

@@ -1,6 +1,7 @@
 import { Effect, Schema } from "effect"
 import type { SqlClient, SqlError, Statement } from "effect/sql"
 import { type Hex, hexToBigInt, toHex } from "viem"
+import { commitWithoutFlush } from "../db/AsyncCommit.ts"
 import { databaseUnavailable, isCheckViolation, pgFault } from "../db/SqlFaults.ts"
 import type { ServiceUnavailable } from "../domain/Errors.ts"
 import { acquireCapacity, type LeaseRequest } from "../market/QuoteBook.ts"
@@ -97,17 +98,13 @@ const isUniqueViolation = (error: SqlError.SqlError) => error.reason._tag === "U
  */
 export const makeReservations = (sql: SqlClient.SqlClient) => {
   /**
-   * A column of a reservation statement's last SELECT that makes its commit not wait for the WAL to reach
-   * the disk (`synchronous_commit` off for this statement's own transaction only, D542). A reservation
-   * is on every paid call's first-byte path, and waiting for the flush was about 0.85 ms of its 2.1 ms
-   * round trip; a key's row stayed locked through it. The commit is visible to every other statement at
-   * once as before (a key's cap and a payer's balance hold across instances); only its durability waits:
-   * the WAL writer flushes it within three `wal_writer_delay`s (600 ms), and any later commit that waits
-   * for the disk (the request's own capture, a transfer's record before its broadcast) flushes it first,
-   * the WAL being one sequence. What a crash of the database inside that window can lose is a reservation
-   * whose request has not been captured: a call served and not charged.
+   * A reservation is on every paid call's first-byte path: its commit does not wait for the disk (D542).
+   * Waiting for the flush was about 0.85 ms of its 2.1 ms round trip at 50 calls a second, with a key's row
+   * locked through it. What a crash of the database server before the flush can lose is a reservation whose
+   * call has not been captured (the capture waits for the disk, and flushes it first): a call served and
+   * not charged.
    */
-  const commitWithoutFlush = sql`set_config('synchronous_commit', 'off', true) AS commit_flush`
+  const flushLater = commitWithoutFlush(sql)
 
   /**
    * The body of a reservation statement's `lease` CTE (D311): the record's capacity lease, taken once
@@ -168,7 +165,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
         RETURNING request_id
       ), lease AS (${leaseOnceWritten(record.lease, "entry")})
       SELECT (SELECT count(*)::int FROM entry) AS reserved, (SELECT granted FROM lease) AS lease_granted,
-             ${commitWithoutFlush}
+             ${flushLater}
     `.pipe(
       Effect.catchTag(
         "SqlError",
@@ -198,7 +195,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
       )
       INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
       SELECT request_id, payer, 'session_reserved', ${record.authorized}, ${record.sessionId ?? null}
-      FROM request, (SELECT ${commitWithoutFlush}) AS quick
+      FROM request, (SELECT ${flushLater}) AS quick
     `.pipe(Effect.catchTag("SqlError", (error) => Effect.fail(databaseUnavailable(error))))
   }, traced("Ledger.reserveSessionTurn"))
 
@@ -269,7 +266,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
                                              WHERE u.key_id = k.key_id) - (k.folded - found.folded))
               FROM k)::text AS remaining, (SELECT granted FROM lease) AS lease_granted,
              CASE WHEN EXISTS (SELECT 1 FROM k) THEN 1 / (SELECT count(*)::int FROM w) END AS guard,
-             ${commitWithoutFlush}
+             ${flushLater}
       FROM found
     `.pipe(
       // Two statements that lock the same key and balance rows can meet in a deadlock (Postgres aborts

@@ -3,6 +3,7 @@ import { assert, describe, layer } from "@effect/vitest"
 import { Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { databaseFromUrl } from "../../src/db/Database.ts"
+import { makeCreditFold } from "../../src/ledger/CreditFold.ts"
 import { makeReservations, type ReservationRecord } from "../../src/ledger/Reserve.ts"
 import { hashSecret } from "../../src/payment/Keys.ts"
 import { freshDatabaseUrl } from "../support/Database.ts"
@@ -10,7 +11,7 @@ import { fundedKey } from "../support/Keys.ts"
 
 /**
  * D542: a reservation's commit does not wait for the WAL to reach the disk (it is on every paid call's
- * first-byte path); nothing else's commit changes. One pool connection, so every statement here runs on
+ * first-byte path), nor does the credit fold's; nothing else's commit changes. One pool connection, so every statement here runs on
  * one backend and its own WAL writes can be counted.
  */
 const OneConnection = Layer.unwrap(Effect.map(freshDatabaseUrl, (url) => databaseFromUrl(url, 1)))
@@ -76,7 +77,7 @@ const ownWalWrites = Effect.gen(function* () {
   return Number(rows[0]!.writes)
 })
 
-describe("a reservation's commit (D542)", () => {
+describe("the commits that do not wait for the disk (D542)", () => {
   layer(OneConnection, { timeout: 60_000 })((it) => {
     it.effect("runs with synchronous_commit off in its own transaction, and only there", () =>
       Effect.gen(function* () {
@@ -99,30 +100,44 @@ describe("a reservation's commit (D542)", () => {
       })
     )
 
-    it.effect("commits without writing the WAL out, while an ordinary write still does", () =>
-      Effect.gen(function* () {
-        const sql = yield* SqlClient.SqlClient
-        yield* durableSession
-        const started = yield* ownWalWrites
-        if (started === undefined) {
-          // Before PostgreSQL 18 a backend's own WAL writes are not counted apart from the WAL writer's;
-          // the test above still shows the setting in force.
-          return
-        }
-        for (const [name, reserve] of yield* reservations) {
+    it.effect(
+      "a reservation or a fold commits without writing the WAL out, while an ordinary write still does",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          yield* durableSession
+          const started = yield* ownWalWrites
+          if (started === undefined) {
+            // Before PostgreSQL 18 a backend's own WAL writes are not counted apart from the WAL writer's;
+            // the test above still shows the setting in force.
+            return
+          }
+          for (const [name, reserve] of yield* reservations) {
+            const before = (yield* ownWalWrites)!
+            yield* reserve
+            assert.strictEqual(
+              (yield* ownWalWrites)! - before,
+              0,
+              `${name} reservation wrote the WAL out itself`
+            )
+          }
+          // The credit fold (a key's reservation of 1,000 captured at 400, queued as a capture queues it).
+          const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
+          const queued = record()
+          yield* makeReservations(sql).reserveCreditKey(queued, hashSecret(key.secret), Date.now())
+          yield* sql`INSERT INTO credit_unfolded (request_id, key_id, wallet, authorized, charged)
+                   VALUES (${queued.requestId}, ${key.keyId}, ${key.wallet}, 1000, 400)`
+          const beforeFold = (yield* ownWalWrites)!
+          assert.strictEqual(yield* makeCreditFold(sql).foldNow, 1)
+          assert.strictEqual((yield* ownWalWrites)! - beforeFold, 0, "the fold wrote the WAL out itself")
+          const [folded] = yield* sql<{ spent: string; reserved: string }>`
+          SELECT spent::text, reserved::text FROM api_keys WHERE key_id = ${key.keyId}`
+          assert.deepStrictEqual(folded, { spent: "400", reserved: "0" })
+          // The control: a write of the same connection that is neither waits for the disk.
           const before = (yield* ownWalWrites)!
-          yield* reserve
-          assert.strictEqual(
-            (yield* ownWalWrites)! - before,
-            0,
-            `${name} reservation wrote the WAL out itself`
-          )
-        }
-        // The control: a write of the same connection that is not a reservation waits for the disk.
-        const before = (yield* ownWalWrites)!
-        yield* sql`INSERT INTO wallets (wallet, invited) VALUES (${`0x${randomBytes(20).toString("hex")}`}, false)`
-        assert.isAbove((yield* ownWalWrites)! - before, 0, "an ordinary commit writes the WAL out itself")
-      })
+          yield* sql`INSERT INTO wallets (wallet, invited) VALUES (${`0x${randomBytes(20).toString("hex")}`}, false)`
+          assert.isAbove((yield* ownWalWrites)! - before, 0, "an ordinary commit writes the WAL out itself")
+        })
     )
   })
 })
