@@ -32,30 +32,43 @@ const record = (): Omit<ReservationRecord, "payer"> => ({
  */
 const durableSession = Effect.flatMap(SqlClient.SqlClient, (sql) => sql`SET synchronous_commit = on`)
 
-/** What the three paid reservations (a key's, an x402 authorization's, a session turn's) run, one each. */
+/**
+ * The three paid reservations (a key's, an x402 authorization's, a session turn's), each as a statement that
+ * reserves a fresh request every time it runs.
+ */
 const reservations = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
   const reserve = makeReservations(sql)
   const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
   const payer = `0x${randomBytes(20).toString("hex")}`
   const named: ReadonlyArray<readonly [string, Effect.Effect<void, unknown>]> = [
-    ["a key's", Effect.asVoid(reserve.reserveCreditKey(record(), hashSecret(key.secret), Date.now()))],
+    [
+      "a key's",
+      Effect.suspend(() =>
+        Effect.asVoid(reserve.reserveCreditKey(record(), hashSecret(key.secret), Date.now()))
+      )
+    ],
     [
       "an x402 authorization's",
-      Effect.asVoid(
-        reserve.reserveX402(
-          { ...record(), payer },
-          {
-            nonce: `0x${randomBytes(32).toString("hex")}`,
-            validAfter: 0n,
-            validBefore: 2n ** 40n,
-            signature: `0x${"11".repeat(65)}`,
-            balance: 1_000_000n
-          }
+      Effect.suspend(() =>
+        Effect.asVoid(
+          reserve.reserveX402(
+            { ...record(), payer },
+            {
+              nonce: `0x${randomBytes(32).toString("hex")}`,
+              validAfter: 0n,
+              validBefore: 2n ** 40n,
+              signature: `0x${"11".repeat(65)}`,
+              balance: 1_000_000n
+            }
+          )
         )
       )
     ],
-    ["a session turn's", reserve.reserveSessionTurn({ ...record(), payer, sessionId: "sess_commit" })]
+    [
+      "a session turn's",
+      Effect.suspend(() => reserve.reserveSessionTurn({ ...record(), payer, sessionId: "sess_commit" }))
+    ]
   ]
   return named
 })
@@ -76,6 +89,39 @@ const ownWalWrites = Effect.gen(function* () {
     SELECT coalesce(sum(writes), 0)::text AS writes FROM pg_stat_get_backend_io(pg_backend_pid()) WHERE object = 'wal'`
   return Number(rows[0]!.writes)
 })
+
+/**
+ * The fewest WAL writes of this backend's own that `run` made, over up to three runs (stopping at one that
+ * made none). A backend also writes the WAL out when the shared WAL buffers are full, which the other test
+ * files' databases and migrations can cause at any moment; a commit that waits writes every time, so a
+ * statement that commits that way never reaches zero.
+ */
+const fewestOwnWalWrites = (
+  run: Effect.Effect<unknown, unknown, SqlClient.SqlClient>,
+  prepare: Effect.Effect<unknown, unknown, SqlClient.SqlClient> = Effect.void
+) =>
+  Effect.gen(function* () {
+    let fewest = Number.POSITIVE_INFINITY
+    for (let attempt = 0; attempt < 3 && fewest > 0; attempt++) {
+      yield* prepare
+      const before = (yield* ownWalWrites)!
+      yield* run
+      fewest = Math.min(fewest, (yield* ownWalWrites)! - before)
+    }
+    return fewest
+  })
+
+/** The most WAL writes of this backend's own that `run` made, over up to three runs (stopping at one that made some). */
+const mostOwnWalWrites = (run: Effect.Effect<unknown, unknown, SqlClient.SqlClient>) =>
+  Effect.gen(function* () {
+    let most = 0
+    for (let attempt = 0; attempt < 3 && most === 0; attempt++) {
+      const before = (yield* ownWalWrites)!
+      yield* run
+      most = Math.max(most, (yield* ownWalWrites)! - before)
+    }
+    return most
+  })
 
 describe("the commits that do not wait for the disk (D542)", () => {
   layer(OneConnection, { timeout: 60_000 })((it) => {
@@ -113,30 +159,35 @@ describe("the commits that do not wait for the disk (D542)", () => {
             return
           }
           for (const [name, reserve] of yield* reservations) {
-            const before = (yield* ownWalWrites)!
-            yield* reserve
             assert.strictEqual(
-              (yield* ownWalWrites)! - before,
+              yield* fewestOwnWalWrites(reserve),
               0,
               `${name} reservation wrote the WAL out itself`
             )
           }
-          // The credit fold (a key's reservation of 1,000 captured at 400, queued as a capture queues it).
+          // The credit fold: each time a key's reservation of 1,000 captured at 400, queued as a capture queues it.
           const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
-          const queued = record()
-          yield* makeReservations(sql).reserveCreditKey(queued, hashSecret(key.secret), Date.now())
-          yield* sql`INSERT INTO credit_unfolded (request_id, key_id, wallet, authorized, charged)
-                   VALUES (${queued.requestId}, ${key.keyId}, ${key.wallet}, 1000, 400)`
-          const beforeFold = (yield* ownWalWrites)!
-          assert.strictEqual(yield* makeCreditFold(sql).foldNow, 1)
-          assert.strictEqual((yield* ownWalWrites)! - beforeFold, 0, "the fold wrote the WAL out itself")
+          const queue = Effect.gen(function* () {
+            const queued = record()
+            yield* makeReservations(sql).reserveCreditKey(queued, hashSecret(key.secret), Date.now())
+            yield* sql`INSERT INTO credit_unfolded (request_id, key_id, wallet, authorized, charged)
+                       VALUES (${queued.requestId}, ${key.keyId}, ${key.wallet}, 1000, 400)`
+          })
+          let folds = 0
+          const fold = Effect.map(makeCreditFold(sql).foldNow, (folded) => {
+            folds++
+            assert.strictEqual(folded, 1)
+          })
+          assert.strictEqual(yield* fewestOwnWalWrites(fold, queue), 0, "the fold wrote the WAL out itself")
           const [folded] = yield* sql<{ spent: string; reserved: string }>`
-          SELECT spent::text, reserved::text FROM api_keys WHERE key_id = ${key.keyId}`
-          assert.deepStrictEqual(folded, { spent: "400", reserved: "0" })
+            SELECT spent::text, reserved::text FROM api_keys WHERE key_id = ${key.keyId}`
+          assert.deepStrictEqual(folded, { spent: String(400 * folds), reserved: "0" })
           // The control: a write of the same connection that is neither waits for the disk.
-          const before = (yield* ownWalWrites)!
-          yield* sql`INSERT INTO wallets (wallet, invited) VALUES (${`0x${randomBytes(20).toString("hex")}`}, false)`
-          assert.isAbove((yield* ownWalWrites)! - before, 0, "an ordinary commit writes the WAL out itself")
+          const ordinary = Effect.suspend(
+            () =>
+              sql`INSERT INTO wallets (wallet, invited) VALUES (${`0x${randomBytes(20).toString("hex")}`}, false)`
+          )
+          assert.isAbove(yield* mostOwnWalWrites(ordinary), 0, "an ordinary commit writes the WAL out itself")
         })
     )
   })
