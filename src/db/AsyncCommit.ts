@@ -8,8 +8,9 @@ import type { SqlClient } from "effect/sql"
  * the disk flushes it first, the WAL being one sequence (D542).
  *
  * Only for a statement whose loss in a crash of the database server leaves the book consistent and costs
- * no one money they are owed: a paid call's reservation (lost with it: a call served and not charged, since
- * its capture, which waits, finds nothing to settle) and the credit fold (lost with it: the queue rows it
+ * no one money they are owed, and that no earlier commit points at: a key's or an x402 authorization's
+ * reservation (lost with it: a call served and not charged, since its capture, which waits, finds nothing to
+ * settle; not a session turn's, whose claim on its session is committed first) and the credit fold (lost with it: the queue rows it
  * deleted, so the next fold applies them again; readers count the queue either way, D316).
  */
 export const commitWithoutFlush = (sql: SqlClient.SqlClient) =>

@@ -102,7 +102,9 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
    * Waiting for the flush was about 0.85 ms of its 2.1 ms round trip at 50 calls a second, with a key's row
    * locked through it. What a crash of the database server before the flush can lose is a reservation whose
    * call has not been captured (the capture waits for the disk, and flushes it first): a call served and
-   * not charged.
+   * not charged. A session turn's reservation waits: the turn's claim on its session (`in_flight`) is
+   * committed before it, and a lost turn would leave the session busy with a request that is nowhere, so
+   * never closed and its budget never let go.
    */
   const flushLater = commitWithoutFlush(sql)
 
@@ -194,8 +196,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
         RETURNING request_id, payer
       )
       INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
-      SELECT request_id, payer, 'session_reserved', ${record.authorized}, ${record.sessionId ?? null}
-      FROM request, (SELECT ${flushLater}) AS quick
+      SELECT request_id, payer, 'session_reserved', ${record.authorized}, ${record.sessionId ?? null} FROM request
     `.pipe(Effect.catchTag("SqlError", (error) => Effect.fail(databaseUnavailable(error))))
   }, traced("Ledger.reserveSessionTurn"))
 

@@ -10,8 +10,8 @@ import { freshDatabaseUrl } from "../support/Database.ts"
 import { fundedKey } from "../support/Keys.ts"
 
 /**
- * D542: a reservation's commit does not wait for the WAL to reach the disk (it is on every paid call's
- * first-byte path), nor does the credit fold's; nothing else's commit changes. One pool connection, so every statement here runs on
+ * D542: a key's or an x402 reservation's commit does not wait for the WAL to reach the disk (it is on every
+ * paid call's first-byte path), nor does the credit fold's; a session turn's and everything else's still do. One pool connection, so every statement here runs on
  * one backend and its own WAL writes can be counted.
  */
 const OneConnection = Layer.unwrap(Effect.map(freshDatabaseUrl, (url) => databaseFromUrl(url, 1)))
@@ -33,8 +33,8 @@ const record = (): Omit<ReservationRecord, "payer"> => ({
 const durableSession = Effect.flatMap(SqlClient.SqlClient, (sql) => sql`SET synchronous_commit = on`)
 
 /**
- * The three paid reservations (a key's, an x402 authorization's, a session turn's), each as a statement that
- * reserves a fresh request every time it runs.
+ * The paid path's two reservations (a key's, an x402 authorization's), each as a statement that reserves a
+ * fresh request every time it runs.
  */
 const reservations = Effect.gen(function* () {
   const sql = yield* SqlClient.SqlClient
@@ -64,14 +64,27 @@ const reservations = Effect.gen(function* () {
           )
         )
       )
-    ],
-    [
-      "a session turn's",
-      Effect.suspend(() => reserve.reserveSessionTurn({ ...record(), payer, sessionId: "sess_commit" }))
     ]
   ]
   return named
 })
+
+/**
+ * A session turn's reservation, which waits for the disk: the turn's claim on its session is committed before
+ * it, and must not point at a reservation a crash could lose.
+ */
+const sessionTurn = Effect.gen(function* () {
+  const reserve = makeReservations(yield* SqlClient.SqlClient)
+  const payer = `0x${randomBytes(20).toString("hex")}`
+  return Effect.suspend(() => reserve.reserveSessionTurn({ ...record(), payer, sessionId: "sess_commit" }))
+})
+
+const currentSetting = Effect.flatMap(SqlClient.SqlClient, (sql) =>
+  Effect.map(
+    sql<{ setting: string }>`SELECT current_setting('synchronous_commit') AS setting`,
+    (rows) => rows[0]!.setting
+  )
+)
 
 /**
  * This backend's own WAL writes, where the server counts them per backend (PostgreSQL 18 on): a commit that
@@ -125,25 +138,25 @@ const mostOwnWalWrites = (run: Effect.Effect<unknown, unknown, SqlClient.SqlClie
 
 describe("the commits that do not wait for the disk (D542)", () => {
   layer(OneConnection, { timeout: 60_000 })((it) => {
-    it.effect("runs with synchronous_commit off in its own transaction, and only there", () =>
-      Effect.gen(function* () {
-        const sql = yield* SqlClient.SqlClient
-        yield* durableSession
-        for (const [name, reserve] of yield* reservations) {
-          // Inside a transaction the setting the statement made lasts to that transaction's end.
-          const inside = yield* sql.withTransaction(
-            Effect.andThen(
-              reserve,
-              sql<{ setting: string }>`SELECT current_setting('synchronous_commit') AS setting`
-            )
+    it.effect(
+      "a paid reservation runs with synchronous_commit off in its own transaction, and only there",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          yield* durableSession
+          for (const [name, reserve] of yield* reservations) {
+            // Inside a transaction the setting the statement made lasts to that transaction's end.
+            const inside = yield* sql.withTransaction(Effect.andThen(reserve, currentSetting))
+            assert.strictEqual(inside, "off", `${name} reservation`)
+            assert.strictEqual(yield* currentSetting, "on", `after ${name} reservation`)
+          }
+          const turn = yield* sessionTurn
+          assert.strictEqual(
+            yield* sql.withTransaction(Effect.andThen(turn, currentSetting)),
+            "on",
+            "a session turn's reservation waits"
           )
-          assert.strictEqual(inside[0]!.setting, "off", `${name} reservation`)
-          const after = yield* sql<{
-            setting: string
-          }>`SELECT current_setting('synchronous_commit') AS setting`
-          assert.strictEqual(after[0]!.setting, "on", `after ${name} reservation`)
-        }
-      })
+        })
     )
 
     it.effect(
@@ -188,6 +201,11 @@ describe("the commits that do not wait for the disk (D542)", () => {
               sql`INSERT INTO wallets (wallet, invited) VALUES (${`0x${randomBytes(20).toString("hex")}`}, false)`
           )
           assert.isAbove(yield* mostOwnWalWrites(ordinary), 0, "an ordinary commit writes the WAL out itself")
+          assert.isAbove(
+            yield* mostOwnWalWrites(yield* sessionTurn),
+            0,
+            "a session turn's reservation writes the WAL out itself"
+          )
         })
     )
   })
