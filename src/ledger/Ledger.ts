@@ -3,6 +3,7 @@ import { SqlClient, type SqlError, type Statement } from "effect/sql"
 import { Chain } from "../chain/Chain.ts"
 import type { ServiceUnavailable } from "../domain/Errors.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
+import type { LeaseRequest } from "../market/QuoteBook.ts"
 import { type CaptureRecord, makeCapture, queuesCredit } from "./Capture.ts"
 import { makeCreditFold } from "./CreditFold.ts"
 import { MeterRecord, makeMeterStore } from "./Metered.ts"
@@ -25,6 +26,7 @@ export {
   type CreditReserved,
   KeyRefused,
   NonceReplay,
+  OVERCOMMITTED,
   permit2NonceOf,
   type ReservationRecord,
   type UptoNonceKey,
@@ -70,6 +72,11 @@ export class Ledger extends Context.Service<
       record: ReservationRecord,
       hold: X402Hold
     ) => Effect.Effect<X402Reserved, NonceReplay | ServiceUnavailable>
+    /**
+     * Takes back an x402 reservation made before the chain's answer, which then refused the payment (D543):
+     * the request, its authorization, its ledger row and its lease, as if never made.
+     */
+    readonly withdrawX402: (requestId: string, lease: LeaseRequest | undefined) => Effect.Effect<void>
     readonly reserveSessionTurn: (record: ReservationRecord) => Effect.Effect<void, ServiceUnavailable>
     /**
      * Reserves the worst case from a funded key's owner balance within the key's cap, in one

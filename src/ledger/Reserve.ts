@@ -13,11 +13,12 @@ export class NonceReplay extends Schema.TaggedError<NonceReplay>()("NonceReplay"
   reason: Schema.optionalKey(Schema.Literals(["nonce_replay", "overcommitted"]))
 }) {
   get refusal() {
-    return this.reason === "overcommitted"
-      ? "the payer's balance is already committed to authorizations not yet settled"
-      : "authorization already used"
+    return this.reason === "overcommitted" ? OVERCOMMITTED : "authorization already used"
   }
 }
+
+/** Why an authorization that would take the payer's unsettled ones beyond the balance is refused. */
+export const OVERCOMMITTED = "the payer's balance is already committed to authorizations not yet settled"
 
 /** A funded key could not cover a reservation: its cap, or its owner's balance. */
 export class CreditRefused extends Schema.TaggedError<CreditRefused>()("CreditRefused", {
@@ -40,6 +41,11 @@ type KeyRef =
 /** An x402 reservation: with a `lease` in the record, whether its statement took it (D311). */
 export interface X402Reserved {
   readonly leaseGranted?: boolean | undefined
+  /**
+   * The payer's authorizations not yet settled, this one included, as the statement left them (base
+   * units): held against the balance the chain reports when the reservation did not wait for it (D543).
+   */
+  readonly outstanding: bigint
 }
 
 /** A reservation on a funded key: whose key, and what it may still spend after it. */
@@ -143,8 +149,8 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
               SELECT ${payer}, ${record.authorized} WHERE ${fits(sql`${record.authorized}`)}
               ON CONFLICT (payer) DO UPDATE SET outstanding = o.outstanding + EXCLUDED.outstanding
               WHERE ${fits(sql`o.outstanding + EXCLUDED.outstanding`)}
-              RETURNING payer`
-    const rows = yield* sql<{ reserved: number; lease_granted: boolean | null }>`
+              RETURNING payer, outstanding`
+    const rows = yield* sql<{ reserved: number; lease_granted: boolean | null; outstanding: string | null }>`
       WITH guard AS (${guard}), request AS (
         INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
                               provider_id, authorized, status, agent, session_id)
@@ -167,7 +173,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
         RETURNING request_id
       ), lease AS (${leaseOnceWritten(record.lease, "entry")})
       SELECT (SELECT count(*)::int FROM entry) AS reserved, (SELECT granted FROM lease) AS lease_granted,
-             ${flushLater}
+             (SELECT outstanding::text FROM guard) AS outstanding, ${flushLater}
     `.pipe(
       Effect.catchTag(
         "SqlError",
@@ -178,8 +184,42 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
       )
     )
     if (rows[0]?.reserved !== 1) return yield* new NonceReplay({ payer, reason: "overcommitted" })
-    return { leaseGranted: rows[0].lease_granted ?? undefined } satisfies X402Reserved
+    return {
+      leaseGranted: rows[0].lease_granted ?? undefined,
+      outstanding: BigInt(rows[0].outstanding ?? record.authorized)
+    } satisfies X402Reserved
   }, traced("Ledger.reserveX402"))
+
+  /**
+   * Takes back an x402 reservation the chain then refused (D543), in one statement: its lease, its
+   * authorization (the payer's outstanding sum goes down by its trigger), its ledger row and its request,
+   * only while nothing else has touched it (still `reserved`). Nothing was served and no money moved: the
+   * book is as it was before the call, as when the chain's answer came first. A failure is logged and
+   * left to the reaper, which releases the request as a call that delivered nothing.
+   */
+  const withdrawX402 = (requestId: string, lease: LeaseRequest | undefined) =>
+    sql`
+      WITH hold AS (
+        DELETE FROM x402_authorizations WHERE request_id = ${requestId} AND status = 'reserved'
+        RETURNING request_id
+      ), entry AS (
+        DELETE FROM ledger_entries
+        WHERE request_id IN (SELECT request_id FROM hold) AND kind = 'authorization_reserved'
+      ), lease AS (
+        DELETE FROM capacity_leases
+        WHERE lease_id = ${lease?.leaseId ?? null} AND EXISTS (SELECT 1 FROM hold)
+      )
+      DELETE FROM requests WHERE request_id IN (SELECT request_id FROM hold) AND status = 'reserved'
+    `.pipe(
+      Effect.asVoid,
+      Effect.catchTag("SqlError", (error) =>
+        Effect.logWarning("an x402 reservation the chain refused was not withdrawn; the reaper releases it", {
+          request_id: requestId,
+          error: pgFault(error)
+        })
+      ),
+      traced("Ledger.withdrawX402")
+    )
 
   /**
    * A session turn takes no money of its own: it holds its session (one turn at a time) and
@@ -319,5 +359,5 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
   const reserveCreditKey = (record: Omit<ReservationRecord, "payer">, keyHash: string, nowMs: number) =>
     reserveWithKey(record, { _tag: "Secret", keyHash, nowMs })
 
-  return { reserveX402, reserveCredit, reserveCreditKey, reserveSessionTurn }
+  return { reserveX402, withdrawX402, reserveCredit, reserveCreditKey, reserveSessionTurn }
 }

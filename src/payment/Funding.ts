@@ -12,6 +12,7 @@ import {
   type CreditReserved,
   type KeyRefused,
   Ledger,
+  OVERCOMMITTED,
   type ReservationRecord
 } from "../ledger/Ledger.ts"
 import type { HeldLease } from "../market/QuoteBook.ts"
@@ -22,6 +23,7 @@ import {
   PaymentVerifier,
   type QuoteInput,
   type SignatureCheck,
+  type UnreadPayment,
   type VerifiedPayment
 } from "./PaymentVerifier.ts"
 import { type SessionRow, Sessions, type TurnRefusal } from "./Sessions.ts"
@@ -45,6 +47,21 @@ export interface Funded {
   /** The capacity lease `reservation.lease` asked for, and whether the reservation's statement took it (D311). */
   readonly lease?: HeldLease | undefined
 }
+
+/** What an x402 reservation holds of a payment; with the balance once the chain has answered (D543). */
+const x402Hold = (payment: UnreadPayment, balance: bigint | undefined) => ({
+  ...(payment.scheme === "exact"
+    ? { nonce: payment.authorization.nonce, validAfter: payment.authorization.validAfter }
+    : {
+        scheme: "upto" as const,
+        nonce: payment.nonceKey,
+        validAfter: payment.authorization.witness.validAfter
+      }),
+  validBefore:
+    payment.scheme === "exact" ? payment.authorization.validBefore : payment.authorization.deadline,
+  signature: payment.signature,
+  balance
+})
 
 export interface FundingInput<E> {
   readonly creditKey: string | undefined
@@ -186,7 +203,7 @@ export class FundingService extends Context.Service<
             } satisfies Funded
           }
           if (input.paymentHeader === undefined) return yield* Effect.fail(quote(input))
-          const payment = yield* verifier.verify({
+          const started = yield* verifier.start({
             header: input.paymentHeader,
             worstCase: input.worstCase,
             resourceUrl: input.resourceUrl,
@@ -194,36 +211,40 @@ export class FundingService extends Context.Service<
             upto: input.upto === true,
             signed: input.signed
           })
+          // The reservation goes out while the chain's reads travel (D543); the chain's verdict is taken
+          // before anything is served. A session opening records its session before it reserves, from a
+          // payment the chain has answered for: it waits for the reads first, and the reservation checks
+          // the balance they read.
+          const beforeReserve = input.beforeReserve
+          const verifiedFirst = beforeReserve === undefined ? undefined : yield* started.onChain
+          const payment: UnreadPayment = verifiedFirst ?? started.payment
           // `upto`: the ceiling is reserved (and committed against the balance); the actual is settled.
           const authorized = Number(payment.value)
-          yield* input.beforeReserve?.(payment.payer, authorized, { _tag: "X402" }) ?? Effect.void
-          const { leaseGranted } = yield* ledger
-            .reserveX402(
-              { ...input.reservation, payer: payment.payer, authorized },
-              payment.scheme === "exact"
-                ? {
-                    nonce: payment.authorization.nonce,
-                    validAfter: payment.authorization.validAfter,
-                    validBefore: payment.authorization.validBefore,
-                    signature: payment.signature,
-                    balance: payment.balance
-                  }
-                : {
-                    scheme: "upto",
-                    nonce: payment.nonceKey,
-                    validAfter: payment.authorization.witness.validAfter,
-                    validBefore: payment.authorization.deadline,
-                    signature: payment.signature,
-                    balance: payment.balance
-                  }
+          yield* beforeReserve?.(payment.payer, authorized, { _tag: "X402" }) ?? Effect.void
+          const reservation = { ...input.reservation, payer: payment.payer, authorized }
+          const reserved = yield* ledger
+            .reserveX402(reservation, x402Hold(payment, verifiedFirst?.balance))
+            .pipe(
+              Effect.tapError(() => started.cancel),
+              Effect.catchTag("NonceReplay", (refused) => refuse("payment_invalid", refused.refusal))
             )
-            .pipe(Effect.catchTag("NonceReplay", (refused) => refuse("payment_invalid", refused.refusal)))
-          return {
-            funding: { _tag: "X402", payment },
-            payer: payment.payer,
-            authorized,
-            lease: leaseOf(leaseGranted)
-          } satisfies Funded
+          const funded = (verified: VerifiedPayment) =>
+            ({
+              funding: { _tag: "X402", payment: verified },
+              payer: verified.payer,
+              authorized,
+              lease: leaseOf(reserved.leaseGranted)
+            }) satisfies Funded
+          if (verifiedFirst !== undefined) return funded(verifiedFirst)
+          // Refused by the chain, or beyond a balance the payer's unsettled authorizations already hold
+          // (the reservation's guard, D327, with the balance known only now): the reservation is withdrawn.
+          const withdraw = ledger.withdrawX402(reservation.requestId, reservation.lease)
+          const verified = yield* started.onChain.pipe(Effect.tapError(() => withdraw))
+          if (reserved.outstanding > verified.balance) {
+            yield* withdraw
+            return yield* refuse("payment_invalid", OVERCOMMITTED)
+          }
+          return funded(verified)
         })
 
       /** Why a turn could not take its session, as the spec answers it. */

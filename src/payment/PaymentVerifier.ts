@@ -51,6 +51,26 @@ export interface VerifiedExact {
   readonly balance: bigint
 }
 
+/** A verified payment before the chain answered: everything but the balance. */
+export type UnreadPayment = VerifiedPayment extends infer P
+  ? P extends unknown
+    ? Omit<P, "balance">
+    : never
+  : never
+
+/**
+ * A payment whose terms and signature passed, with its chain reads (the nonce's state, the payer's funds)
+ * in flight (D543): what a reservation needs now, and the chain's verdict, to be taken before anything is
+ * served.
+ */
+export interface StartedPayment {
+  readonly payment: UnreadPayment
+  /** The chain's answer: the payment verified, with the balance read, or its refusal. */
+  readonly onChain: Effect.Effect<VerifiedPayment, PaymentRequired>
+  /** Stops the reads: the call was refused before their answer was needed. */
+  readonly cancel: Effect.Effect<void>
+}
+
 /**
  * What the one check of a payment header's signature found (`checkPaymentSignature`), carried with the
  * call: the idempotency scope names the payer before the verifier runs, and the verifier takes this
@@ -170,6 +190,11 @@ export class PaymentVerifier extends Context.Service<
     readonly verifyExact: (input: VerifyExactInput) => Effect.Effect<VerifiedExact, PaymentRequired>
     /** `exact`, or `upto` where the surface takes it. */
     readonly verify: (input: VerifyInput) => Effect.Effect<VerifiedPayment, PaymentRequired>
+    /**
+     * As `verify`, answered once the signature and the terms passed, with the chain's reads still in
+     * flight: the paid path reserves while they travel (D543).
+     */
+    readonly start: (input: VerifyInput) => Effect.Effect<StartedPayment, PaymentRequired>
   }
 >()("router/payment/PaymentVerifier") {
   static readonly layer = Layer.effect(
@@ -292,23 +317,19 @@ export class PaymentVerifier extends Context.Service<
             "the signature is not a TransferWithAuthorization signed by authorization.from for this token"
           )
         }
-        const [usedOnChain, balance] = yield* Fiber.join(reads)
-        if (usedOnChain) {
-          return yield* rejectWith("payment_invalid", "authorization already used")
+        const unread = { scheme: "exact", payer: from, value, authorization, signature, network } as const
+        const started: StartedPayment = {
+          payment: unread,
+          onChain: Effect.flatMap(Fiber.join(reads), ([usedOnChain, balance]) =>
+            usedOnChain
+              ? rejectWith("payment_invalid", "authorization already used")
+              : balance < value
+                ? rejectWith("payment_invalid", "insufficient balance")
+                : Effect.succeed({ ...unread, balance } satisfies VerifiedExact)
+          ),
+          cancel: Fiber.interrupt(reads)
         }
-        if (balance < value) {
-          return yield* rejectWith("payment_invalid", "insufficient balance")
-        }
-
-        return {
-          scheme: "exact",
-          payer: from,
-          value,
-          authorization,
-          signature,
-          network,
-          balance
-        } satisfies VerifiedExact
+        return started
       })
 
       /**
@@ -402,33 +423,35 @@ export class PaymentVerifier extends Context.Service<
             "the signature is not a Permit2 PermitWitnessTransferFrom signed by permit2Authorization.from"
           )
         }
-        const [usedOnChain, balance, allowance] = yield* Fiber.join(reads)
-        if (usedOnChain) {
-          return yield* rejectWith("payment_invalid", "authorization already used")
-        }
-        if (balance < ceiling) {
-          return yield* rejectWith("payment_invalid", "insufficient balance")
-        }
-        if (allowance < ceiling) {
-          return yield* rejectWith(
-            "payment_invalid",
-            "the payer's Permit2 allowance is below the ceiling: approve Permit2 for the token once (createPermit2ApprovalTx)"
-          )
-        }
-
-        return {
+        const unread = {
           scheme: "upto",
           payer: from,
           value: ceiling,
           authorization,
           signature,
           network,
-          nonceKey,
-          balance
-        } satisfies VerifiedUpto
+          nonceKey
+        } as const
+        const started: StartedPayment = {
+          payment: unread,
+          onChain: Effect.flatMap(Fiber.join(reads), ([usedOnChain, balance, allowance]) =>
+            usedOnChain
+              ? rejectWith("payment_invalid", "authorization already used")
+              : balance < ceiling
+                ? rejectWith("payment_invalid", "insufficient balance")
+                : allowance < ceiling
+                  ? rejectWith(
+                      "payment_invalid",
+                      "the payer's Permit2 allowance is below the ceiling: approve Permit2 for the token once (createPermit2ApprovalTx)"
+                    )
+                  : Effect.succeed({ ...unread, balance } satisfies VerifiedUpto)
+          ),
+          cancel: Fiber.interrupt(reads)
+        }
+        return started
       })
 
-      const verify = Effect.fnUntraced(function* (input: VerifyInput) {
+      const start = Effect.fnUntraced(function* (input: VerifyInput) {
         const rejectWith = rejecter(input)
         if (input.worstCase > settings.paymentCap) {
           return yield* rejectWith("payment_limit", "worst case above the payment cap")
@@ -445,7 +468,9 @@ export class PaymentVerifier extends Context.Service<
         return payment.scheme === "exact"
           ? yield* checkExact(input, payment)
           : yield* checkUpto(input, payment)
-      }, traced("PaymentVerifier.verify"))
+      }, traced("PaymentVerifier.start"))
+
+      const verify = (input: VerifyInput) => Effect.flatMap(start(input), (started) => started.onChain)
 
       const verifyExact = (input: VerifyExactInput) =>
         verify({ ...input, upto: false }).pipe(
@@ -456,7 +481,7 @@ export class PaymentVerifier extends Context.Service<
           )
         )
 
-      return PaymentVerifier.of({ settings, quote, verify, verifyExact })
+      return PaymentVerifier.of({ settings, quote, verify, start, verifyExact })
     })
   )
 }

@@ -1,6 +1,6 @@
 import { Context, Effect, Layer, Redacted } from "effect"
 import { HttpServer } from "effect/http"
-import { Chain } from "../../src/chain/Chain.ts"
+import { Chain, type ChainShape } from "../../src/chain/Chain.ts"
 import { Fleet } from "../../src/devnet/fleet/Fleet.ts"
 import type { ProviderConfig } from "../../src/devnet/fleet/FleetConfig.ts"
 import { HttpServerLive } from "../../src/http/Server.ts"
@@ -17,12 +17,20 @@ export class RouterUrl extends Context.Service<RouterUrl, string>()("test/Router
  * The real router, in process: its own migrated database, its own Anvil with the project's
  * contracts, the HTTP server on a free loopback port.
  */
-export const routerLayer = (overrides: Partial<RouterSettings> = {}) =>
+export const routerLayer = (
+  overrides: Partial<RouterSettings> = {},
+  /** The chain as the router sees it: the real one, with what a test puts between them (a held answer). */
+  chainSeen?: (chain: ChainShape) => ChainShape
+) =>
   Layer.unwrap(
     Effect.gen(function* () {
       // Port 0: the kernel picks a free port at bind time (no race between test files).
       const config = RouterConfig.layerTest({ port: 0, ...overrides })
-      const infrastructure = Layer.mergeAll(TestDatabase, Chain.layer).pipe(Layer.provideMerge(config))
+      const chain =
+        chainSeen === undefined
+          ? Chain.layer
+          : Layer.effect(Chain, Effect.map(Chain, chainSeen)).pipe(Layer.provide(Chain.layer))
+      const infrastructure = Layer.mergeAll(TestDatabase, chain).pipe(Layer.provideMerge(config))
       const url = Layer.effect(
         RouterUrl,
         Effect.map(Effect.service(HttpServer.HttpServer), (server) => {
@@ -41,11 +49,12 @@ export const routerLayer = (overrides: Partial<RouterSettings> = {}) =>
 /** The router plus the simulated fleet (the default one unless `providers` is given) registered and quoting into it. */
 export const routerWithFleet = (
   overrides: Partial<RouterSettings> = {},
-  providers?: ReadonlyArray<ProviderConfig>
+  providers?: ReadonlyArray<ProviderConfig>,
+  chainSeen?: (chain: ChainShape) => ChainShape
 ) =>
   Layer.unwrap(
     Effect.gen(function* () {
-      const router = routerLayer(overrides)
+      const router = routerLayer(overrides, chainSeen)
       const fleet = Layer.unwrap(
         Effect.map(RouterUrl, (url) =>
           Fleet.layer({

@@ -1,0 +1,216 @@
+import { assert, describe, layer } from "@effect/vitest"
+import { Deferred, Effect, Fiber } from "effect"
+import { SqlClient } from "effect/sql"
+import type { Address } from "viem"
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
+import { Chain, type ChainShape } from "../../src/chain/Chain.ts"
+import { randomAuthorizationNonce } from "../../src/chain/Eip3009.ts"
+import { Ledger, OVERCOMMITTED } from "../../src/ledger/Ledger.ts"
+import { handSignedHeader, payer, providerRequests, waitFor, waitForBook } from "../support/Pay.ts"
+import { postJson, routerWithFleet } from "../support/Router.ts"
+
+/**
+ * An x402 call's reservation goes out while the chain's reads (the nonce's state, the payer's balance)
+ * travel, and the chain's verdict is taken before anything is served (D543). A payment the chain then
+ * refuses, or one beyond what the payer's unsettled authorizations leave of the balance, is a 402 and its
+ * reservation is withdrawn whole: no request, authorization, ledger row, lease or outstanding sum is
+ * left, and no provider is called.
+ */
+
+/** The balance reads of one payer wait for the test's word, after the node answered them. */
+const held = {
+  payer: undefined as Address | undefined,
+  gate: undefined as Deferred.Deferred<void> | undefined
+}
+const holdingBalances = (chain: ChainShape): ChainShape => ({
+  ...chain,
+  balanceOf: (address) =>
+    Effect.tap(chain.balanceOf(address), () =>
+      held.gate !== undefined && held.payer?.toLowerCase() === address.toLowerCase()
+        ? Deferred.await(held.gate)
+        : Effect.void
+    )
+})
+
+/** Holds `who`'s balance reads while `test` runs, and lets them go however it ends. */
+const holdingFor = <A, E, R>(who: Address, test: (gate: Deferred.Deferred<void>) => Effect.Effect<A, E, R>) =>
+  Effect.flatMap(Deferred.make<void>(), (gate) => {
+    held.payer = who
+    held.gate = gate
+    return Effect.ensuring(
+      test(gate),
+      Effect.andThen(
+        Effect.sync(() => {
+          held.gate = undefined
+        }),
+        Deferred.succeed(gate, undefined)
+      )
+    )
+  })
+
+const body = { model: "chat-medium", messages: [{ role: "user", content: "hello" }], max_tokens: 32 }
+
+/** What an x402 call leaves of its payer in the book. */
+const traces = (who: Address) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const payer_ = who.toLowerCase()
+    const [row] = yield* sql<{
+      requests: number
+      authorizations: number
+      entries: number
+      leases: number
+      outstanding: string
+    }>`
+      SELECT (SELECT count(*)::int FROM requests WHERE payer = ${payer_}) AS requests,
+             (SELECT count(*)::int FROM x402_authorizations WHERE payer = ${payer_}) AS authorizations,
+             (SELECT count(*)::int FROM ledger_entries WHERE account = ${payer_}) AS entries,
+             (SELECT count(*)::int FROM capacity_leases) AS leases,
+             (SELECT coalesce(sum(outstanding), 0)::text FROM x402_outstanding WHERE payer = ${payer_}) AS outstanding
+    `
+    return row!
+  }).pipe(Effect.orDie)
+
+const reserved = (who: Address) =>
+  Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const rows = yield* sql<{ request_id: string }>`
+      SELECT request_id FROM requests WHERE payer = ${who.toLowerCase()} AND status = 'reserved'`
+    return rows.length > 0 ? rows[0]!.request_id : undefined
+  }).pipe(Effect.orDie)
+
+/** Every lease of the calls before has ended (their captures run after their replies). */
+const noLeases = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const [row] = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM capacity_leases`
+  return row!.n === 0 ? true : undefined
+}).pipe(Effect.orDie)
+
+const assertRefused = (reply: { status: number; text: string; json: unknown }, error: string) => {
+  assert.strictEqual(reply.status, 402, reply.text.slice(0, 300))
+  const answer = reply.json as { code?: string; error?: string; accepts?: ReadonlyArray<unknown> }
+  assert.strictEqual(answer.code, "payment_invalid")
+  assert.strictEqual(answer.error, error)
+  assert.isAbove(answer.accepts?.length ?? 0, 0, "fresh accepts to sign again")
+}
+
+describe("an x402 call reserves while the chain's reads travel (D543)", () => {
+  layer(routerWithFleet({}, undefined, holdingBalances), { excludeTestServices: true, timeout: 180_000 })(
+    (it) => {
+      it.effect("the reservation is made before the chain answers, and nothing is served until it has", () =>
+        Effect.gen(function* () {
+          yield* waitForBook
+          const { account } = yield* payer(4)
+          const gate = yield* Deferred.make<void>()
+          held.payer = account.address
+          held.gate = gate
+          const providersBefore = yield* providerRequests
+          const header = yield* handSignedHeader(account, { value: 5_000_000n })
+          const call = yield* postJson("/v1/chat/completions", body, { "payment-signature": header }).pipe(
+            Effect.forkChild
+          )
+          // The payer's balance is read and held back: the request is reserved all the same...
+          const requestId = yield* waitFor("the reservation", reserved(account.address))
+          // ...and no provider is called while the chain's verdict is out.
+          yield* Effect.sleep("300 millis")
+          assert.strictEqual(yield* providerRequests, providersBefore, "no provider work before the verdict")
+          assert.isUndefined(call.pollUnsafe(), "the call waits for the chain")
+          yield* Deferred.succeed(gate, undefined)
+          const reply = yield* Fiber.join(call)
+          held.gate = undefined
+          assert.strictEqual(reply.status, 200, reply.text.slice(0, 300))
+          assert.strictEqual(reply.headers.get("x-request-id"), requestId)
+          assert.strictEqual((yield* providerRequests) - providersBefore, 1)
+        })
+      )
+
+      it.effect(
+        "a payer without the funds is refused after its reservation, and the reservation is withdrawn whole",
+        () =>
+          Effect.gen(function* () {
+            yield* waitForBook
+            yield* waitFor("the leases of earlier calls to end", noLeases)
+            const chain = yield* Chain
+            const pauper = privateKeyToAccount(generatePrivateKey())
+            assert.strictEqual(yield* chain.balanceOf(pauper.address), 0n)
+            yield* holdingFor(pauper.address, (gate) =>
+              Effect.gen(function* () {
+                const providersBefore = yield* providerRequests
+                const leasesBefore = 0
+                const header = yield* handSignedHeader(pauper, { value: 5_000_000n })
+                const call = yield* postJson("/v1/chat/completions", body, {
+                  "payment-signature": header
+                }).pipe(Effect.forkChild)
+                // Reserved while the read is held: the withdrawal below has something to take back.
+                yield* waitFor("the reservation", reserved(pauper.address))
+                const during = yield* traces(pauper.address)
+                assert.deepStrictEqual(
+                  { ...during, leases: during.leases - leasesBefore },
+                  { requests: 1, authorizations: 1, entries: 1, leases: 1, outstanding: "5000000" }
+                )
+                yield* Deferred.succeed(gate, undefined)
+                assertRefused(yield* Fiber.join(call), "insufficient balance")
+                assert.deepStrictEqual(yield* traces(pauper.address), {
+                  requests: 0,
+                  authorizations: 0,
+                  entries: 0,
+                  leases: leasesBefore,
+                  outstanding: "0"
+                })
+                assert.strictEqual(yield* providerRequests, providersBefore)
+              })
+            )
+          })
+      )
+
+      it.effect(
+        "an authorization beyond what the payer's unsettled ones leave of the balance is refused and withdrawn",
+        () =>
+          Effect.gen(function* () {
+            yield* waitForBook
+            yield* waitFor("the leases of earlier calls to end", noLeases)
+            const chain = yield* Chain
+            const ledger = yield* Ledger
+            const { account } = yield* payer(5)
+            const balance = yield* chain.balanceOf(account.address)
+            // An earlier authorization of this payer, reserved and not settled, holds all but 1 USDC.
+            const earlier = balance - 1_000_000n
+            yield* ledger.reserveX402(
+              {
+                requestId: `req_earlier_${randomAuthorizationNonce().slice(2, 14)}`,
+                dialect: "openai",
+                payer: account.address,
+                requestedModel: "chat-medium",
+                modelClass: "chat-medium",
+                providerId: "earlier",
+                authorized: Number(earlier),
+                agent: {}
+              },
+              {
+                nonce: randomAuthorizationNonce(),
+                validAfter: 0n,
+                validBefore: 9_999_999_999n,
+                signature: "0x01",
+                balance
+              }
+            )
+            const before = yield* traces(account.address)
+            assert.strictEqual(before.outstanding, earlier.toString())
+            const providersBefore = yield* providerRequests
+            // 5 USDC: the chain finds the balance enough for it alone; with the earlier one it is not.
+            const header = yield* handSignedHeader(account, { value: 5_000_000n })
+            assertRefused(
+              yield* postJson("/v1/chat/completions", body, { "payment-signature": header }),
+              OVERCOMMITTED
+            )
+            assert.deepStrictEqual(yield* traces(account.address), before)
+            assert.strictEqual(yield* providerRequests, providersBefore)
+            // Within what is left, the payer is served.
+            const small = yield* handSignedHeader(account, { value: 500_000n })
+            const reply = yield* postJson("/v1/chat/completions", body, { "payment-signature": small })
+            assert.strictEqual(reply.status, 200, reply.text.slice(0, 300))
+          })
+      )
+    }
+  )
+})
