@@ -76,7 +76,11 @@ export class Ledger extends Context.Service<
      * Takes back an x402 reservation made before the chain's answer, which then refused the payment (D543):
      * the request, its authorization, its ledger row and its lease, as if never made.
      */
-    readonly withdrawX402: (requestId: string, lease: LeaseRequest | undefined) => Effect.Effect<void>
+    readonly withdrawX402: (
+      requestId: string,
+      payer: string,
+      lease: LeaseRequest | undefined
+    ) => Effect.Effect<void>
     readonly reserveSessionTurn: (record: ReservationRecord) => Effect.Effect<void, ServiceUnavailable>
     /**
      * Reserves the worst case from a funded key's owner balance within the key's cap, in one

@@ -1,4 +1,4 @@
-import { Effect, Schema } from "effect"
+import { Effect, Schedule, Schema } from "effect"
 import type { SqlClient, SqlError, Statement } from "effect/sql"
 import { type Hex, hexToBigInt, toHex } from "viem"
 import { commitWithoutFlush } from "../db/AsyncCommit.ts"
@@ -16,6 +16,9 @@ export class NonceReplay extends Schema.TaggedError<NonceReplay>()("NonceReplay"
     return this.reason === "overcommitted" ? OVERCOMMITTED : "authorization already used"
   }
 }
+
+/** A withdrawal's retries (D543): three, 100, 200 and 400 ms apart. */
+const WITHDRAW_RETRY = { schedule: Schedule.exponential("100 millis"), times: 3 }
 
 /** Why an authorization that would take the payer's unsettled ones beyond the balance is refused. */
 export const OVERCOMMITTED = "the payer's balance is already committed to authorizations not yet settled"
@@ -194,13 +197,21 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
    * Takes back an x402 reservation the chain then refused (D543), in one statement: its lease, its
    * authorization (the payer's outstanding sum goes down by its trigger), its ledger row and its request,
    * only while nothing else has touched it (still `reserved`). Nothing was served and no money moved: the
-   * book is as it was before the call, as when the chain's answer came first. A failure is logged and
-   * left to the reaper, which releases the request as a call that delivered nothing.
+   * book is as it was before the call, as when the chain's answer came first. The payer's row is locked
+   * first, as every statement that moves the payer's sum takes it (D513, D519): a reservation of the same
+   * nonce (the guard takes that row, then the nonce's key) waits for this one instead of deadlocking with
+   * it. A database fault is tried again, three times within about a second, then logged and left to the
+   * reaper, which releases the request as a call that delivered nothing.
    */
-  const withdrawX402 = (requestId: string, lease: LeaseRequest | undefined) =>
+  const withdrawX402 = (requestId: string, payer: string, lease: LeaseRequest | undefined) =>
     sql`
-      WITH hold AS (
-        DELETE FROM x402_authorizations WHERE request_id = ${requestId} AND status = 'reserved'
+      WITH payer_locked AS (
+        SELECT count(*) AS n FROM (
+          SELECT 1 FROM x402_outstanding WHERE payer = ${payer.toLowerCase()} FOR UPDATE
+        ) l
+      ), hold AS (
+        DELETE FROM x402_authorizations
+        WHERE request_id = ${requestId} AND status = 'reserved' AND (SELECT n FROM payer_locked) >= 0
         RETURNING request_id
       ), entry AS (
         DELETE FROM ledger_entries
@@ -212,6 +223,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
       DELETE FROM requests WHERE request_id IN (SELECT request_id FROM hold) AND status = 'reserved'
     `.pipe(
       Effect.asVoid,
+      Effect.retry(WITHDRAW_RETRY),
       Effect.catchTag("SqlError", (error) =>
         Effect.logWarning("an x402 reservation the chain refused was not withdrawn; the reaper releases it", {
           request_id: requestId,

@@ -211,12 +211,14 @@ export class FundingService extends Context.Service<
             upto: input.upto === true,
             signed: input.signed
           })
-          // The reservation goes out while the chain's reads travel (D543); the chain's verdict is taken
-          // before anything is served. A session opening records its session before it reserves, from a
-          // payment the chain has answered for: it waits for the reads first, and the reservation checks
-          // the balance they read.
+          // A payer the chain showed funded within the minute reserves while the chain's reads travel
+          // (D543); the chain's verdict is taken before anything is served. Any other payer (one not seen,
+          // one whose funds fell short), and a session opening, which records its session before it
+          // reserves, wait for the reads first, and the reservation checks the balance they read: a
+          // signature over an empty wallet writes nothing and holds no provider's slot.
           const beforeReserve = input.beforeReserve
-          const verifiedFirst = beforeReserve === undefined ? undefined : yield* started.onChain
+          const verifiedFirst =
+            beforeReserve === undefined && started.vouched ? undefined : yield* started.onChain
           const payment: UnreadPayment = verifiedFirst ?? started.payment
           // `upto`: the ceiling is reserved (and committed against the balance); the actual is settled.
           const authorized = Number(payment.value)
@@ -225,7 +227,7 @@ export class FundingService extends Context.Service<
           const reserved = yield* ledger
             .reserveX402(reservation, x402Hold(payment, verifiedFirst?.balance))
             .pipe(
-              Effect.tapError(() => started.cancel),
+              Effect.onError(() => started.cancel),
               Effect.catchTag("NonceReplay", (refused) => refuse("payment_invalid", refused.refusal))
             )
           const funded = (verified: VerifiedPayment) =>
@@ -238,8 +240,8 @@ export class FundingService extends Context.Service<
           if (verifiedFirst !== undefined) return funded(verifiedFirst)
           // Refused by the chain, or beyond a balance the payer's unsettled authorizations already hold
           // (the reservation's guard, D327, with the balance known only now): the reservation is withdrawn.
-          const withdraw = ledger.withdrawX402(reservation.requestId, reservation.lease)
-          const verified = yield* started.onChain.pipe(Effect.tapError(() => withdraw))
+          const withdraw = ledger.withdrawX402(reservation.requestId, payment.payer, reservation.lease)
+          const verified = yield* started.onChain.pipe(Effect.onError(() => withdraw))
           if (reserved.outstanding > verified.balance) {
             yield* withdraw
             return yield* refuse("payment_invalid", OVERCOMMITTED)

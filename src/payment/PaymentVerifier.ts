@@ -69,7 +69,16 @@ export interface StartedPayment {
   readonly onChain: Effect.Effect<VerifiedPayment, PaymentRequired>
   /** Stops the reads: the call was refused before their answer was needed. */
   readonly cancel: Effect.Effect<void>
+  /**
+   * Whether the chain showed this router, within the last minute, funds of this payer covering this
+   * value: only then may a reservation go out before `onChain` answers (D543).
+   */
+  readonly vouched: boolean
 }
+
+/** How long a balance read vouches for its payer's next calls, and how many payers are remembered (D543). */
+const VOUCH_MS = 60_000
+const VOUCHED_PAYERS = 10_000
 
 /**
  * What the one check of a payment header's signature found (`checkPaymentSignature`), carried with the
@@ -250,6 +259,23 @@ export class PaymentVerifier extends Context.Service<
       const nowSeconds = Effect.map(Clock.currentTimeMillis, (ms) => BigInt(Math.floor(ms / 1000)))
       const skew = BigInt(PAYMENT_CLOCK_SKEW_S)
 
+      /**
+       * The funds each payer's last read showed (for `upto`, the least of balance and allowance), by scheme
+       * and payer, oldest first; the oldest goes when the map is full. Only the chain's own answers go in.
+       */
+      const lastRead = new Map<string, { readonly funds: bigint; readonly atMs: number }>()
+      const remember = (key: string, funds: bigint) =>
+        Effect.map(Clock.currentTimeMillis, (atMs) => {
+          lastRead.delete(key)
+          lastRead.set(key, { funds, atMs })
+          if (lastRead.size > VOUCHED_PAYERS) lastRead.delete(lastRead.keys().next().value!)
+        })
+      const vouches = (key: string, value: bigint) =>
+        Effect.map(Clock.currentTimeMillis, (nowMs) => {
+          const read = lastRead.get(key)
+          return read !== undefined && nowMs - read.atMs <= VOUCH_MS && read.funds >= value
+        })
+
       const checkExact = Effect.fnUntraced(function* (input: VerifyInput, payment: ExactPayment) {
         const rejectWith = rejecter(input)
         const { network, authorization, signature } = payment
@@ -318,16 +344,21 @@ export class PaymentVerifier extends Context.Service<
           )
         }
         const unread = { scheme: "exact", payer: from, value, authorization, signature, network } as const
+        const payerKey = `exact:${from.toLowerCase()}`
         const started: StartedPayment = {
           payment: unread,
           onChain: Effect.flatMap(Fiber.join(reads), ([usedOnChain, balance]) =>
-            usedOnChain
-              ? rejectWith("payment_invalid", "authorization already used")
-              : balance < value
-                ? rejectWith("payment_invalid", "insufficient balance")
-                : Effect.succeed({ ...unread, balance } satisfies VerifiedExact)
+            Effect.andThen(
+              remember(payerKey, balance),
+              usedOnChain
+                ? rejectWith("payment_invalid", "authorization already used")
+                : balance < value
+                  ? rejectWith("payment_invalid", "insufficient balance")
+                  : Effect.succeed({ ...unread, balance } satisfies VerifiedExact)
+            )
           ),
-          cancel: Fiber.interrupt(reads)
+          cancel: Fiber.interrupt(reads),
+          vouched: yield* vouches(payerKey, value)
         }
         return started
       })
@@ -432,21 +463,27 @@ export class PaymentVerifier extends Context.Service<
           network,
           nonceKey
         } as const
+        const payerKey = `upto:${from.toLowerCase()}`
         const started: StartedPayment = {
           payment: unread,
           onChain: Effect.flatMap(Fiber.join(reads), ([usedOnChain, balance, allowance]) =>
-            usedOnChain
-              ? rejectWith("payment_invalid", "authorization already used")
-              : balance < ceiling
-                ? rejectWith("payment_invalid", "insufficient balance")
-                : allowance < ceiling
-                  ? rejectWith(
-                      "payment_invalid",
-                      "the payer's Permit2 allowance is below the ceiling: approve Permit2 for the token once (createPermit2ApprovalTx)"
-                    )
-                  : Effect.succeed({ ...unread, balance } satisfies VerifiedUpto)
+            Effect.andThen(
+              // biome-ignore lint/complexity/useMathMinMax: bigints, which Math.min does not take
+              remember(payerKey, balance < allowance ? balance : allowance),
+              usedOnChain
+                ? rejectWith("payment_invalid", "authorization already used")
+                : balance < ceiling
+                  ? rejectWith("payment_invalid", "insufficient balance")
+                  : allowance < ceiling
+                    ? rejectWith(
+                        "payment_invalid",
+                        "the payer's Permit2 allowance is below the ceiling: approve Permit2 for the token once (createPermit2ApprovalTx)"
+                      )
+                    : Effect.succeed({ ...unread, balance } satisfies VerifiedUpto)
+            )
           ),
-          cancel: Fiber.interrupt(reads)
+          cancel: Fiber.interrupt(reads),
+          vouched: yield* vouches(payerKey, ceiling)
         }
         return started
       })

@@ -1,20 +1,29 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Deferred, Effect, Fiber } from "effect"
 import { SqlClient } from "effect/sql"
-import type { Address } from "viem"
-import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
+import { type Address, createWalletClient, http } from "viem"
+import { generatePrivateKey, type PrivateKeyAccount, privateKeyToAccount } from "viem/accounts"
 import { Chain, type ChainShape } from "../../src/chain/Chain.ts"
 import { randomAuthorizationNonce } from "../../src/chain/Eip3009.ts"
+import { paymentSignatureHeader } from "../../src/domain/X402.ts"
 import { Ledger, OVERCOMMITTED } from "../../src/ledger/Ledger.ts"
-import { handSignedHeader, payer, providerRequests, waitFor, waitForBook } from "../support/Pay.ts"
+import {
+  handSignedHeader,
+  payer,
+  providerRequests,
+  signedTransfer,
+  waitFor,
+  waitForBook
+} from "../support/Pay.ts"
 import { postJson, routerWithFleet } from "../support/Router.ts"
 
 /**
- * An x402 call's reservation goes out while the chain's reads (the nonce's state, the payer's balance)
- * travel, and the chain's verdict is taken before anything is served (D543). A payment the chain then
- * refuses, or one beyond what the payer's unsettled authorizations leave of the balance, is a 402 and its
- * reservation is withdrawn whole: no request, authorization, ledger row, lease or outstanding sum is
- * left, and no provider is called.
+ * An x402 call of a payer the chain showed funded within the minute reserves while the chain's reads (the
+ * nonce's state, the payer's balance) travel, and the chain's verdict is taken before anything is served
+ * (D543). A payment the chain then refuses, or one beyond what the payer's unsettled authorizations leave
+ * of the balance, is a 402 and its reservation is withdrawn whole: no request, authorization, ledger row,
+ * lease or outstanding sum is left, and no provider is called. A payer not seen funded waits for the chain
+ * before anything is written.
  */
 
 /** The balance reads of one payer wait for the test's word, after the node answered them. */
@@ -60,13 +69,13 @@ const traces = (who: Address) =>
       authorizations: number
       entries: number
       leases: number
-      outstanding: string
+      outstanding: string | null
     }>`
       SELECT (SELECT count(*)::int FROM requests WHERE payer = ${payer_}) AS requests,
              (SELECT count(*)::int FROM x402_authorizations WHERE payer = ${payer_}) AS authorizations,
              (SELECT count(*)::int FROM ledger_entries WHERE account = ${payer_}) AS entries,
              (SELECT count(*)::int FROM capacity_leases) AS leases,
-             (SELECT coalesce(sum(outstanding), 0)::text FROM x402_outstanding WHERE payer = ${payer_}) AS outstanding
+             (SELECT outstanding::text FROM x402_outstanding WHERE payer = ${payer_}) AS outstanding
     `
     return row!
   }).pipe(Effect.orDie)
@@ -86,7 +95,35 @@ const noLeases = Effect.gen(function* () {
   return row!.n === 0 ? true : undefined
 }).pipe(Effect.orDie)
 
-const assertRefused = (reply: { status: number; text: string; json: unknown }, error: string) => {
+/**
+ * A payment header whose authorization the payer itself already sent to the token (it pays the gas): the
+ * chain says its nonce is used. The call it is sent with is refused, with no money moved by the router.
+ */
+const spentHeader = (account: PrivateKeyAccount, value: bigint) =>
+  Effect.gen(function* () {
+    const chain = yield* Chain
+    const { authorization, signature } = yield* signedTransfer(account, value)
+    const call = chain.calls.transferWithAuthorization({ ...authorization, signature })
+    const wallet = createWalletClient({
+      account,
+      chain: chain.publicClient.chain,
+      transport: http(chain.rpcUrl)
+    })
+    const hash = yield* Effect.promise(() => wallet.sendTransaction({ to: call.to, data: call.data }))
+    const receipt = yield* Effect.promise(() => chain.publicClient.waitForTransactionReceipt({ hash }))
+    assert.strictEqual(receipt.status, "success")
+    assert.isTrue(yield* chain.authorizationState(account.address, authorization.nonce))
+    return paymentSignatureHeader({
+      x402Version: 2,
+      scheme: "exact",
+      network: chain.network,
+      payload: { authorization, signature }
+    })
+  })
+
+type Reply = { readonly status: number; readonly text: string; readonly json: unknown }
+
+const assertRefused = (reply: Reply, error: string) => {
   assert.strictEqual(reply.status, 402, reply.text.slice(0, 300))
   const answer = reply.json as { code?: string; error?: string; accepts?: ReadonlyArray<unknown> }
   assert.strictEqual(answer.code, "payment_invalid")
@@ -94,72 +131,109 @@ const assertRefused = (reply: { status: number; text: string; json: unknown }, e
   assert.isAbove(answer.accepts?.length ?? 0, 0, "fresh accepts to sign again")
 }
 
+const pay = (header: string) => postJson("/v1/chat/completions", body, { "payment-signature": header })
+
 describe("an x402 call reserves while the chain's reads travel (D543)", () => {
   layer(routerWithFleet({}, undefined, holdingBalances), { excludeTestServices: true, timeout: 180_000 })(
     (it) => {
-      it.effect("the reservation is made before the chain answers, and nothing is served until it has", () =>
-        Effect.gen(function* () {
-          yield* waitForBook
-          const { account } = yield* payer(4)
-          const gate = yield* Deferred.make<void>()
-          held.payer = account.address
-          held.gate = gate
-          const providersBefore = yield* providerRequests
-          const header = yield* handSignedHeader(account, { value: 5_000_000n })
-          const call = yield* postJson("/v1/chat/completions", body, { "payment-signature": header }).pipe(
-            Effect.forkChild
-          )
-          // The payer's balance is read and held back: the request is reserved all the same...
-          const requestId = yield* waitFor("the reservation", reserved(account.address))
-          // ...and no provider is called while the chain's verdict is out.
-          yield* Effect.sleep("300 millis")
-          assert.strictEqual(yield* providerRequests, providersBefore, "no provider work before the verdict")
-          assert.isUndefined(call.pollUnsafe(), "the call waits for the chain")
-          yield* Deferred.succeed(gate, undefined)
-          const reply = yield* Fiber.join(call)
-          held.gate = undefined
-          assert.strictEqual(reply.status, 200, reply.text.slice(0, 300))
-          assert.strictEqual(reply.headers.get("x-request-id"), requestId)
-          assert.strictEqual((yield* providerRequests) - providersBefore, 1)
-        })
-      )
-
       it.effect(
-        "a payer without the funds is refused after its reservation, and the reservation is withdrawn whole",
+        "a payer the chain showed funded is reserved before the chain answers, and nothing is served until it has",
         () =>
           Effect.gen(function* () {
             yield* waitForBook
-            yield* waitFor("the leases of earlier calls to end", noLeases)
+            const { account } = yield* payer(4)
+            // Its first call waits for the chain, which shows it funded.
+            const first = yield* pay(yield* handSignedHeader(account, { value: 500_000n }))
+            assert.strictEqual(first.status, 200, first.text.slice(0, 300))
+            yield* waitFor(
+              "the first call's capture",
+              Effect.map(reserved(account.address), (id) => (id === undefined ? true : undefined))
+            )
+            yield* holdingFor(account.address, (gate) =>
+              Effect.gen(function* () {
+                const providersBefore = yield* providerRequests
+                const call = yield* pay(yield* handSignedHeader(account, { value: 5_000_000n })).pipe(
+                  Effect.forkChild
+                )
+                // The payer's balance is read and held back: the request is reserved all the same...
+                const requestId = yield* waitFor("the reservation", reserved(account.address))
+                // ...and no provider is called while the chain's verdict is out.
+                yield* Effect.sleep("300 millis")
+                assert.strictEqual(
+                  yield* providerRequests,
+                  providersBefore,
+                  "no provider work before the verdict"
+                )
+                assert.isUndefined(call.pollUnsafe(), "the call waits for the chain")
+                yield* Deferred.succeed(gate, undefined)
+                const reply = yield* Fiber.join(call)
+                assert.strictEqual(reply.status, 200, reply.text.slice(0, 300))
+                assert.strictEqual(reply.headers.get("x-request-id"), requestId)
+                assert.strictEqual((yield* providerRequests) - providersBefore, 1)
+              })
+            )
+          })
+      )
+
+      it.effect(
+        "a payer not seen funded writes nothing until the chain answers, and nothing when refused",
+        () =>
+          Effect.gen(function* () {
+            yield* waitForBook
             const chain = yield* Chain
             const pauper = privateKeyToAccount(generatePrivateKey())
             assert.strictEqual(yield* chain.balanceOf(pauper.address), 0n)
+            const none = { requests: 0, authorizations: 0, entries: 0, leases: 0, outstanding: null }
+            yield* waitFor("the leases of earlier calls to end", noLeases)
+            const providersBefore = yield* providerRequests
             yield* holdingFor(pauper.address, (gate) =>
               Effect.gen(function* () {
-                const providersBefore = yield* providerRequests
-                const leasesBefore = 0
-                const header = yield* handSignedHeader(pauper, { value: 5_000_000n })
-                const call = yield* postJson("/v1/chat/completions", body, {
-                  "payment-signature": header
-                }).pipe(Effect.forkChild)
-                // Reserved while the read is held: the withdrawal below has something to take back.
-                yield* waitFor("the reservation", reserved(pauper.address))
-                const during = yield* traces(pauper.address)
-                assert.deepStrictEqual(
-                  { ...during, leases: during.leases - leasesBefore },
-                  { requests: 1, authorizations: 1, entries: 1, leases: 1, outstanding: "5000000" }
+                const call = yield* pay(yield* handSignedHeader(pauper, { value: 5_000_000n })).pipe(
+                  Effect.forkChild
                 )
+                // Its balance is read and held back: nothing is reserved meanwhile.
+                yield* Effect.sleep("500 millis")
+                assert.isUndefined(call.pollUnsafe(), "the call waits for the chain")
+                assert.deepStrictEqual(yield* traces(pauper.address), none)
                 yield* Deferred.succeed(gate, undefined)
                 assertRefused(yield* Fiber.join(call), "insufficient balance")
-                assert.deepStrictEqual(yield* traces(pauper.address), {
-                  requests: 0,
-                  authorizations: 0,
-                  entries: 0,
-                  leases: leasesBefore,
-                  outstanding: "0"
-                })
-                assert.strictEqual(yield* providerRequests, providersBefore)
               })
             )
+            assert.deepStrictEqual(yield* traces(pauper.address), none)
+            assert.strictEqual(yield* providerRequests, providersBefore)
+          })
+      )
+
+      it.effect(
+        "a payment the chain refuses after its reservation is refused, and the reservation is withdrawn whole",
+        () =>
+          Effect.gen(function* () {
+            yield* waitForBook
+            const { account } = yield* payer(6)
+            // Seen funded: its first call is refused by the chain (the nonce was spent), after the read.
+            assertRefused(yield* pay(yield* spentHeader(account, 1_000_000n)), "authorization already used")
+            yield* waitFor("the leases of earlier calls to end", noLeases)
+            const before = yield* traces(account.address)
+            const providersBefore = yield* providerRequests
+            const spent = yield* spentHeader(account, 2_000_000n)
+            yield* holdingFor(account.address, (gate) =>
+              Effect.gen(function* () {
+                const call = yield* pay(spent).pipe(Effect.forkChild)
+                // Reserved while the read is held: the withdrawal below has something to take back.
+                yield* waitFor("the reservation", reserved(account.address))
+                assert.deepStrictEqual(yield* traces(account.address), {
+                  requests: before.requests + 1,
+                  authorizations: before.authorizations + 1,
+                  entries: before.entries + 1,
+                  leases: 1,
+                  outstanding: "2000000"
+                })
+                yield* Deferred.succeed(gate, undefined)
+                assertRefused(yield* Fiber.join(call), "authorization already used")
+              })
+            )
+            assert.deepStrictEqual(yield* traces(account.address), { ...before, outstanding: "0" })
+            assert.strictEqual(yield* providerRequests, providersBefore)
           })
       )
 
@@ -168,10 +242,12 @@ describe("an x402 call reserves while the chain's reads travel (D543)", () => {
         () =>
           Effect.gen(function* () {
             yield* waitForBook
-            yield* waitFor("the leases of earlier calls to end", noLeases)
             const chain = yield* Chain
             const ledger = yield* Ledger
             const { account } = yield* payer(5)
+            // Seen funded, with nothing of its own outstanding: a call the chain refuses.
+            assertRefused(yield* pay(yield* spentHeader(account, 1_000_000n)), "authorization already used")
+            yield* waitFor("the leases of earlier calls to end", noLeases)
             const balance = yield* chain.balanceOf(account.address)
             // An earlier authorization of this payer, reserved and not settled, holds all but 1 USDC.
             const earlier = balance - 1_000_000n
@@ -198,16 +274,11 @@ describe("an x402 call reserves while the chain's reads travel (D543)", () => {
             assert.strictEqual(before.outstanding, earlier.toString())
             const providersBefore = yield* providerRequests
             // 5 USDC: the chain finds the balance enough for it alone; with the earlier one it is not.
-            const header = yield* handSignedHeader(account, { value: 5_000_000n })
-            assertRefused(
-              yield* postJson("/v1/chat/completions", body, { "payment-signature": header }),
-              OVERCOMMITTED
-            )
+            assertRefused(yield* pay(yield* handSignedHeader(account, { value: 5_000_000n })), OVERCOMMITTED)
             assert.deepStrictEqual(yield* traces(account.address), before)
             assert.strictEqual(yield* providerRequests, providersBefore)
             // Within what is left, the payer is served.
-            const small = yield* handSignedHeader(account, { value: 500_000n })
-            const reply = yield* postJson("/v1/chat/completions", body, { "payment-signature": small })
+            const reply = yield* pay(yield* handSignedHeader(account, { value: 500_000n }))
             assert.strictEqual(reply.status, 200, reply.text.slice(0, 300))
           })
       )
