@@ -3,11 +3,10 @@ import { randomBytes } from "node:crypto"
 import { rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
-import { Effect } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { freePort } from "../../src/devnet/EmbeddedPostgres.ts"
 import { databaseUrlFor, runAt, sqlAt, testDatabaseUrl } from "../support/Database.ts"
 import { fundedKey } from "../support/Keys.ts"
+import { listenablePort } from "../support/Ports.ts"
 
 /**
  * Zero overspend: 500 concurrent completions at one funded key whose cap covers far fewer,
@@ -60,7 +59,7 @@ describe("zero overspend across two router processes", () => {
     await sqlAt(testDatabaseUrl(), `CREATE DATABASE ${database}`)
     // The first instance migrates the fresh database; the second finds it migrated.
     for (let i = 0; i < 2; i++) {
-      const port = await Effect.runPromise(freePort)
+      const port = await listenablePort()
       ports.push(port)
       routers.push(await startRouter(port, databaseUrlFor(database)))
     }

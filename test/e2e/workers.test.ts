@@ -1,11 +1,10 @@
 import { type ChildProcess, execFileSync, spawn } from "node:child_process"
 import { randomBytes } from "node:crypto"
 import { rmSync } from "node:fs"
-import { Effect } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { freePort } from "../../src/devnet/EmbeddedPostgres.ts"
 import { databaseUrlFor, runAt, sqlAt, testDatabaseUrl } from "../support/Database.ts"
 import { fundedKey } from "../support/Keys.ts"
+import { listenablePort } from "../support/Ports.ts"
 
 /**
  * Issue 12 item 6: `WORKERS=2 npm start` is two router processes behind one port, one database and one
@@ -29,7 +28,7 @@ describe("WORKERS=2: two router processes on one port", () => {
 
   beforeAll(async () => {
     await sqlAt(testDatabaseUrl(), `CREATE DATABASE ${database}`)
-    port = await Effect.runPromise(freePort)
+    port = await listenablePort()
     const env: Record<string, string | undefined> = {
       ...process.env,
       WORKERS: "2",

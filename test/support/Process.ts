@@ -3,8 +3,8 @@ import { existsSync, readdirSync, readFileSync } from "node:fs"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Redacted } from "effect"
 import { inject } from "vitest"
-import { freePort } from "../../src/devnet/EmbeddedPostgres.ts"
 import { isAlive, isRunning } from "../../src/process/ChildProcess.ts"
+import { listenablePort } from "./Ports.ts"
 import { startStopwatch } from "./Stopwatch.ts"
 
 /**
@@ -20,7 +20,7 @@ export interface RouterProcess {
 }
 
 export const startRouterProcess = async (env: Record<string, string | undefined>): Promise<RouterProcess> => {
-  const port = await Effect.runPromise(freePort)
+  const port = await listenablePort()
   const full: Record<string, string | undefined> = {
     ...process.env,
     PORT: String(port),
