@@ -9,7 +9,9 @@
  * with a closed loop at 50 and 500 connections and an open loop at 100 requests per second, and prints
  * one table: requests per second, p50/p99, latency added over the direct call under the same load,
  * the target's own CPU per request (node processes; the router's Postgres beside it) and RSS; then the
- * ratios and the memory figures (idle, per held-open stream, after the load). Asserts nothing.
+ * ratios and the memory figures (idle, per held-open stream, after the load). Asserts nothing. With one
+ * router process and no `--inspect` in BENCH_ROUTER_NODE_ARGS the router listens for an inspector on a free
+ * loopback port, through which the held-stream phase also reads memory after a full collection (D544).
  *
  * Knobs: BENCH_SECONDS (per closed-loop phase, default 8), BENCH_ROUNDS (default 2), BENCH_OPEN_SECONDS
  * (default 8), BENCH_RATE (the open loop's requests per second, default 100), BENCH_STREAMS (held-open
@@ -85,6 +87,29 @@ const heapSnapshot = async (pid: number, router: string, dir: string, name: stri
     last = size
   }
   throw new Error("the router wrote no heap snapshot in 5 minutes")
+}
+
+/**
+ * A full collection of the router's heap through its inspector (`--inspect` on a port of the bench's choosing):
+ * what is alive then, not what the collector has not reached yet, is what a held stream keeps (D544). The
+ * session ends with the call.
+ */
+const collectGarbage = async (inspectPort: number) => {
+  const [target] = (await (
+    await fetch(`http://127.0.0.1:${inspectPort}/json/list`)
+  ).json()) as ReadonlyArray<{
+    readonly webSocketDebuggerUrl: string
+  }>
+  const socket = new WebSocket(target!.webSocketDebuggerUrl)
+  await new Promise((resolve, reject) => {
+    socket.addEventListener("open", resolve)
+    socket.addEventListener("error", reject)
+  })
+  await new Promise<void>((resolve) => {
+    socket.addEventListener("message", () => resolve())
+    socket.send(JSON.stringify({ id: 1, method: "HeapProfiler.collectGarbage" }))
+  })
+  socket.close()
 }
 
 const heapUsed = async (router: string) => {
@@ -200,12 +225,19 @@ const main = async () => {
 
     // The router, as `npm start` runs it
     if (SNAPSHOTS !== undefined) mkdirSync(SNAPSHOTS, { recursive: true })
+    const routerNodeArgs = (process.env.BENCH_ROUTER_NODE_ARGS ?? "").split(" ").filter((arg) => arg !== "")
+    // One router process with no inspector of the caller's: the bench's own, for the collected readings (D544).
+    const inspectPort =
+      Number(process.env.WORKERS ?? 1) <= 1 && !routerNodeArgs.some((arg) => arg.startsWith("--inspect"))
+        ? await freePort()
+        : undefined
     const started = await startRouter(children, {
       nodeArgs: [
         ...(SNAPSHOTS === undefined
           ? []
           : ["--heapsnapshot-signal=SIGUSR2", `--diagnostic-dir=${SNAPSHOTS}`]),
-        ...(process.env.BENCH_ROUTER_NODE_ARGS ?? "").split(" ").filter((arg) => arg !== "")
+        ...(inspectPort === undefined ? [] : [`--inspect=127.0.0.1:${inspectPort}`]),
+        ...routerNodeArgs
       ],
       dataDir: join(dataDir, "router"),
       logFile: join(dataDir, "router.log"),
@@ -354,7 +386,14 @@ const main = async () => {
     const holdBody = chatBody("Hold this stream open [[hold]]", true)
     const perStream: Record<
       string,
-      { perStreamKb: number; heapPerStreamKb: number; held: number; failures: number; openedSeconds: number }
+      {
+        perStreamKb: number
+        heapPerStreamKb: number
+        collected: { readonly rssKb: number; readonly heapKb: number } | undefined
+        held: number
+        failures: number
+        openedSeconds: number
+      }
     > = {}
     // The router only: Portkey cannot stream on this Node (see above).
     for (const name of order.filter((n) => n === "router")) {
@@ -367,10 +406,19 @@ const main = async () => {
         await sleep(3_000)
         await heapSnapshot(pid, router, SNAPSHOTS, "held-0")
       }
+      // After a full collection (D544), then as the process stands (the bench's reading since D222).
+      const collectedReading = async () => {
+        if (inspectPort === undefined) return undefined
+        await collectGarbage(inspectPort)
+        await sleep(500)
+        return { rss: rssBytes(pid), heap: await heapUsed(router) }
+      }
+      const collectedBefore = await collectedReading()
       const before = rssBytes(pid)
       const heapBefore = await heapUsed(router)
       let during = before
       let heapDuring = heapBefore
+      let collectedDuring: { rss: number; heap: number } | undefined
       const { held, failures, openedSeconds } = await holdStreams(
         { ...targets[name]!, body: holdBody },
         STREAMS,
@@ -379,12 +427,20 @@ const main = async () => {
           await sleep(1_000)
           during = rssBytes(pid)
           heapDuring = await heapUsed(router)
+          collectedDuring = await collectedReading()
           if (SNAPSHOTS !== undefined) await heapSnapshot(pid, router, SNAPSHOTS, `held-${STREAMS}`)
         }
       )
       perStream[name] = {
         perStreamKb: (during - before) / 1024 / Math.max(1, held),
         heapPerStreamKb: (heapDuring - heapBefore) / 1024 / Math.max(1, held),
+        collected:
+          collectedBefore === undefined || collectedDuring === undefined
+            ? undefined
+            : {
+                rssKb: (collectedDuring.rss - collectedBefore.rss) / 1024 / Math.max(1, held),
+                heapKb: (collectedDuring.heap - collectedBefore.heap) / 1024 / Math.max(1, held)
+              },
         held,
         failures,
         openedSeconds
@@ -499,10 +555,14 @@ const main = async () => {
         `  idle after warm-up            router ${fmt(idle.rss.node / MB, 0)} MB RSS, ${fmt(idleHeap / MB, 0)} MB heap   Portkey ${fmt(portkeyIdle / MB, 0)} MB RSS`,
         `  ${`idle, quiet ${QUIET_SECONDS} s more`.padEnd(29)} router ${fmt(quietIdle.rss.node / MB, 0)} MB RSS (from /proc, no request meanwhile but the quote refresh: after the idle collection)`,
         `  5 s after the load            router ${fmt(afterLoad.rss.node / MB, 0)} MB RSS (${fmt((afterLoad.rss.node - idle.rss.node) / MB, 0)} MB over idle), ${fmt(afterLoadHeap / MB, 0)} MB heap (${fmt((afterLoadHeap - idleHeap) / MB, 0)} MB over idle)`,
-        ...Object.entries(perStream).map(
-          ([name, s]) =>
-            `  per held-open stream          ${name.padEnd(8)} ${fmt(s.perStreamKb, 1)} KB RSS, ${fmt(s.heapPerStreamKb, 1)} KB heap at ${s.held} streams (${s.failures} failed; all open ${fmt(s.openedSeconds, 1)} s after the last was sent)`
-        ),
+        ...Object.entries(perStream).flatMap(([name, s]) => [
+          `  per held-open stream          ${name.padEnd(8)} ${fmt(s.perStreamKb, 1)} KB RSS, ${fmt(s.heapPerStreamKb, 1)} KB heap at ${s.held} streams (${s.failures} failed; all open ${fmt(s.openedSeconds, 1)} s after the last was sent)`,
+          ...(s.collected === undefined
+            ? []
+            : [
+                `  ... after full collections    ${name.padEnd(8)} ${fmt(s.collected.rssKb, 1)} KB RSS, ${fmt(s.collected.heapKb, 1)} KB heap (both readings after one, D544)`
+              ])
+        ]),
         `  5 s after the streams         router ${fmt(afterStreams.rss.node / MB, 0)} MB RSS (${fmt((afterStreams.rss.node - idle.rss.node) / MB, 0)} MB over idle), ${fmt(afterStreamsHeap / MB, 0)} MB heap (${fmt((afterStreamsHeap - idleHeap) / MB, 0)} MB over idle)`,
         `  ${`${lateSeconds} s after the streams`.padEnd(29)} router ${fmt(lateStreams.rss.node / MB, 0)} MB RSS (${fmt((lateStreams.rss.node - idle.rss.node) / MB, 0)} MB over idle; read from /proc only)`,
         `  router's Postgres RSS         ${fmt(afterStreams.rss.postgres / MB, 0)} MB (all its processes, shared pages counted in each)`,
