@@ -234,6 +234,15 @@ describe("an x402 call reserves while the chain's reads travel (D543)", () => {
             )
             assert.deepStrictEqual(yield* traces(account.address), { ...before, outstanding: "0" })
             assert.strictEqual(yield* providerRequests, providersBefore)
+
+            // The same spent header twice at once: one is reserved and withdrawn, the other refused by the
+            // nonce's key while (or after) the first holds it; the withdrawal takes the payer's row first,
+            // as the reservation does, so neither waits on the other in a cycle.
+            const twice = yield* spentHeader(account, 3_000_000n)
+            const replies = yield* Effect.all([pay(twice), pay(twice)], { concurrency: 2 })
+            for (const reply of replies) assertRefused(reply, "authorization already used")
+            assert.deepStrictEqual(yield* traces(account.address), { ...before, outstanding: "0" })
+            assert.strictEqual(yield* providerRequests, providersBefore)
           })
       )
 
