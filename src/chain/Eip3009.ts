@@ -70,7 +70,7 @@ export const signTransferAuthorization = (
  * Off-chain check that `signature` is `from`'s EOA signature over the authorization. Contract wallets
  * (ERC-1271) and the on-chain conditions (balance, nonce, validity window) need
  * `Chain.simulateTransferWithAuthorization` instead. An x402 call checks its authorization once and
- * carries the answer (`PaymentVerifier.SignatureCheck`); a payer seen before is checked without a
+ * carries the answer (`PaymentSignature.SignatureCheck`); a payer seen before is checked without a
  * public-key recovery (`signedBy`). A digest viem refuses is a rejected promise.
  */
 export const verifyTransferAuthorization = async (

@@ -15,7 +15,7 @@ import type {
 } from "../inference/Paid.ts"
 import { Pipeline } from "../inference/Pipeline.ts"
 import { bodyHash, Idempotency } from "../payment/Idempotency.ts"
-import { checkPaymentSignature } from "../payment/PaymentVerifier.ts"
+import { checkPaymentSignature } from "../payment/PaymentSignature.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { keptReply, keptResponse, type Reply, respondLive, type Writing, writing } from "./Replies.ts"
 

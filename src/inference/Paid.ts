@@ -5,7 +5,7 @@ import type { PaymentSource } from "../ledger/Ledger.ts"
 import type { AuctionCleared } from "../market/Auction.ts"
 import type { HeldLease } from "../market/QuoteBook.ts"
 import type { Funding } from "../payment/Funding.ts"
-import type { SignatureCheck } from "../payment/PaymentVerifier.ts"
+import type { SignatureCheck } from "../payment/PaymentSignature.ts"
 import type { FinishReason, UpstreamEvent } from "./Events.ts"
 import type { LiveStream } from "./LiveStreams.ts"
 

@@ -19,10 +19,10 @@ import type { HeldLease } from "../market/QuoteBook.ts"
 import { traced } from "../Telemetry.ts"
 import { CreditKeys } from "./CreditKeys.ts"
 import { creditKeyRefusal, hashSecret } from "./Keys.ts"
+import type { SignatureCheck } from "./PaymentSignature.ts"
 import {
   PaymentVerifier,
   type QuoteInput,
-  type SignatureCheck,
   type UnreadPayment,
   type VerifiedPayment
 } from "./PaymentVerifier.ts"

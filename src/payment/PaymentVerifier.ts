@@ -1,10 +1,11 @@
 import { Clock, Context, Effect, Fiber, Layer, Result } from "effect"
-import { type Address, type Hex, hexToBigInt, size, slice } from "viem"
-import { Chain, type ChainShape, verifyTransferAuthorization } from "../chain/Chain.ts"
-import { verifyUptoPermitSignature } from "../chain/UptoPermit.ts"
+import type { Address, Hex } from "viem"
+import { Chain, type ChainShape } from "../chain/Chain.ts"
 import type { PaymentRequired, PaymentRequiredCode } from "../domain/X402.ts"
 import { type UptoNonceKey, uptoNonceKey } from "../ledger/Ledger.ts"
 import { traced } from "../Telemetry.ts"
+import { fundsSeen } from "./FundsSeen.ts"
+import { paymentSigned, type SignatureCheck } from "./PaymentSignature.ts"
 import {
   decodePaymentSignature,
   EXACT_MAX_VALIDITY_S,
@@ -52,11 +53,7 @@ export interface VerifiedExact {
 }
 
 /** A verified payment before the chain answered: everything but the balance. */
-export type UnreadPayment = VerifiedPayment extends infer P
-  ? P extends unknown
-    ? Omit<P, "balance">
-    : never
-  : never
+export type UnreadPayment = Omit<VerifiedExact, "balance"> | Omit<VerifiedUpto, "balance">
 
 /**
  * A payment whose terms and signature passed, with its chain reads (the nonce's state, the payer's funds)
@@ -75,71 +72,6 @@ export interface StartedPayment {
    */
   readonly vouched: boolean
 }
-
-/** How long a balance read vouches for its payer's next calls, and how many payers are remembered (D543). */
-const VOUCH_MS = 60_000
-const VOUCHED_PAYERS = 10_000
-
-/**
- * What the one check of a payment header's signature found (`checkPaymentSignature`), carried with the
- * call: the idempotency scope names the payer before the verifier runs, and the verifier takes this
- * answer instead of checking again. It answers only for the very header it was made of.
- */
-export interface SignatureCheck {
-  /** The `PAYMENT-SIGNATURE` header exactly as checked. */
-  readonly header: string
-  /** `authorization.from` (`permit2Authorization.from` for `upto`). */
-  readonly payer: Address
-  /** Whether the signature is the payer's over this authorization (canonical, for `exact`). */
-  readonly valid: boolean
-}
-
-/** The chain facts a payment's signature is checked against (the token's EIP-712 domain, the chain). */
-export type SignatureDomain = Pick<ChainShape, "chainId" | "token" | "tokenDomain">
-
-/**
- * Whether a decoded payment is signed by the wallet it names: for `exact`, a canonical (low-s)
- * TransferWithAuthorization signature over the token's domain; for `upto`, the Permit2 witness
- * signature. CPU only (a known signer's check, else a public-key recovery), never an error.
- */
-export const paymentSigned = (
-  chain: SignatureDomain,
-  payment: ExactPayment | UptoPayment
-): Effect.Effect<boolean> =>
-  payment.scheme === "upto"
-    ? verifyUptoPermitSignature(chain.chainId, { ...payment.authorization, signature: payment.signature })
-    : isCanonicalSignature(payment.signature)
-      ? Effect.tryPromise(() =>
-          verifyTransferAuthorization({
-            token: chain.token,
-            chainId: chain.chainId,
-            domain: chain.tokenDomain,
-            ...payment.authorization,
-            signature: payment.signature
-          })
-        ).pipe(Effect.orElseSucceed(() => false))
-      : Effect.succeed(false)
-
-/** The one signature check of a header, to carry (`SignatureCheck`); none when the header does not decode. */
-export const checkPaymentSignature = (
-  chain: SignatureDomain,
-  header: string
-): Effect.Effect<SignatureCheck | undefined> => {
-  const decoded = decodePaymentSignature(header)
-  if (Result.isFailure(decoded)) return Effect.succeed(undefined)
-  const payment = decoded.success
-  return Effect.map(paymentSigned(chain, payment), (valid) => ({
-    header,
-    payer: payment.authorization.from,
-    valid
-  }))
-}
-
-const SECP256K1_HALF_N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n / 2n
-
-/** The token refuses high-s signatures, so accepting one here would serve a request that can never settle. */
-const isCanonicalSignature = (signature: Hex) =>
-  size(signature) === 65 && hexToBigInt(slice(signature, 32, 64)) <= SECP256K1_HALF_N
 
 export interface VerifyExactInput {
   /** The `PAYMENT-SIGNATURE` header as received. */
@@ -259,22 +191,12 @@ export class PaymentVerifier extends Context.Service<
       const nowSeconds = Effect.map(Clock.currentTimeMillis, (ms) => BigInt(Math.floor(ms / 1000)))
       const skew = BigInt(PAYMENT_CLOCK_SKEW_S)
 
-      /**
-       * The funds each payer's last read showed (for `upto`, the least of balance and allowance), by scheme
-       * and payer, oldest first; the oldest goes when the map is full. Only the chain's own answers go in.
-       */
-      const lastRead = new Map<string, { readonly funds: bigint; readonly atMs: number }>()
+      // What the chain showed of each payer's funds, for `vouched` (D543).
+      const seen = fundsSeen()
       const remember = (key: string, funds: bigint) =>
-        Effect.map(Clock.currentTimeMillis, (atMs) => {
-          lastRead.delete(key)
-          lastRead.set(key, { funds, atMs })
-          if (lastRead.size > VOUCHED_PAYERS) lastRead.delete(lastRead.keys().next().value!)
-        })
+        Effect.map(Clock.currentTimeMillis, (nowMs) => seen.remember(key, funds, nowMs))
       const vouches = (key: string, value: bigint) =>
-        Effect.map(Clock.currentTimeMillis, (nowMs) => {
-          const read = lastRead.get(key)
-          return read !== undefined && nowMs - read.atMs <= VOUCH_MS && read.funds >= value
-        })
+        Effect.map(Clock.currentTimeMillis, (nowMs) => seen.vouches(key, value, nowMs))
 
       const checkExact = Effect.fnUntraced(function* (input: VerifyInput, payment: ExactPayment) {
         const rejectWith = rejecter(input)

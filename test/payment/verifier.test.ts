@@ -16,12 +16,8 @@ import {
   type PaymentRequiredCode,
   paymentRequiredHeader
 } from "../../src/domain/X402.ts"
-import {
-  checkPaymentSignature,
-  PaymentVerifier,
-  type SignatureCheck,
-  type VerifiedPayment
-} from "../../src/payment/PaymentVerifier.ts"
+import { checkPaymentSignature, type SignatureCheck } from "../../src/payment/PaymentSignature.ts"
+import { PaymentVerifier, type VerifiedPayment } from "../../src/payment/PaymentVerifier.ts"
 import { X402Config } from "../../src/payment/X402.ts"
 import { submit } from "../support/ChainSend.ts"
 
