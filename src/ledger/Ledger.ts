@@ -6,6 +6,7 @@ import type { ReceiptBody } from "../domain/Receipt.ts"
 import type { LeaseRequest } from "../market/QuoteBook.ts"
 import { type CaptureRecord, makeCapture, queuesCredit } from "./Capture.ts"
 import { makeCreditFold } from "./CreditFold.ts"
+import { makeKeyReserveBatch } from "./KeyReserveBatch.ts"
 import { MeterRecord, makeMeterStore } from "./Metered.ts"
 import { makeReceiptStore } from "./ReceiptStore.ts"
 import {
@@ -158,7 +159,9 @@ export class Ledger extends Context.Service<
       const sql = yield* SqlClient.SqlClient
       const chain = yield* Chain
       const receipts = yield* makeReceiptStore(sql, chain)
-      const reservations = makeReservations(sql)
+      const { reserveCreditKeys, ...reservations } = makeReservations(sql)
+      // A key's reservations of one turn share a statement (D545).
+      const keyReservations = yield* makeKeyReserveBatch(reserveCreditKeys)
       const fold = makeCreditFold(sql)
       yield* fold.start
       // Made after the fold and the receipt signer: at shutdown its open batches are sent before their last passes.
@@ -214,6 +217,7 @@ export class Ledger extends Context.Service<
 
       return Ledger.of({
         ...reservations,
+        reserveCreditKey: keyReservations.reserve,
         capture,
         release,
         foldCredit: fold.foldNow,

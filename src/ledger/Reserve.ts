@@ -1,10 +1,11 @@
 import { Effect, Schedule, Schema } from "effect"
+import type { NonEmptyReadonlyArray } from "effect/Array"
 import type { SqlClient, SqlError, Statement } from "effect/sql"
 import { type Hex, hexToBigInt, toHex } from "viem"
 import { commitWithoutFlush } from "../db/AsyncCommit.ts"
 import { databaseUnavailable, isCheckViolation, pgFault } from "../db/SqlFaults.ts"
 import type { ServiceUnavailable } from "../domain/Errors.ts"
-import { acquireCapacity, type LeaseRequest } from "../market/QuoteBook.ts"
+import { acquireCapacity, LEASE_TTL, type LeaseRequest } from "../market/QuoteBook.ts"
 import { traced } from "../Telemetry.ts"
 
 /** An x402 authorization that cannot be reserved: its nonce was seen, or the payer's balance is spoken for. */
@@ -254,9 +255,13 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
 
   /**
    * One statement: the key (found, live, able to spend, its owner invited), the key's cap, the owner's
-   * balance, the request row and the ledger row. A key that fails a gate writes nothing and says which
-   * gate (`KeyRefused`); over the cap or the balance, a CHECK constraint fails and nothing is written;
-   * an owner with no balance row trips the division guard. Any number of router instances share it.
+   * balance, and for each record its request row and its ledger row. A key that fails a gate writes nothing
+   * and says which gate (`KeyRefused`); over the cap or the balance, a CHECK constraint fails and nothing is
+   * written; an owner with no balance row trips the division guard. Any number of router instances share it.
+   *
+   * The records are reserved together (the reservations of one key made in one turn, D545): the key's and
+   * the balance's rows are updated once, by their sum, and each record is answered as if reserved alone, one
+   * after another in their order. All of them fit or none is written.
    *
    * The cap and the balance are checked on the rows as folded (D315): captures not folded yet still hold
    * their worst case, so a key near its cap may be refused for up to one fold pass, never let past it.
@@ -265,11 +270,14 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
    * (`folded` moved), which the latest row already counts. Never more than the truth; exact unless a
    * capture commits while this statement waits for the key's row.
    *
-   * With a `lease` in the record, the same statement takes the capacity lease once the request row is
-   * written (after the key's and the balance's row locks, so every such statement locks in one order),
-   * and says whether it was granted; a refused reservation takes none (D311).
+   * A record with a `lease` takes its capacity lease in the same statement once the request rows are written
+   * (after the key's and the balance's row locks, so every such statement locks in one order; leases in
+   * (provider, class) order), and says whether it was granted; a refused reservation takes none (D311).
    */
-  const reserveWithKey = (record: Omit<ReservationRecord, "payer">, key: KeyRef) => {
+  const reserveWithKey = (
+    records: NonEmptyReadonlyArray<Omit<ReservationRecord, "payer">>,
+    key: KeyRef
+  ): Effect.Effect<ReadonlyArray<CreditReserved>, KeyRefused | CreditRefused | ServiceUnavailable> => {
     const found =
       key._tag === "Id"
         ? sql`SELECT key_id, 'credit' AS kind, true AS invited, false AS expired, folded
@@ -280,6 +288,21 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
                      k.folded
               FROM api_keys k LEFT JOIN wallets o ON o.wallet = k.wallet
               WHERE k.key_hash = ${key.keyHash} AND k.revoked_at IS NULL`
+    const batch = records.map((record, ord) => ({
+      ord,
+      request_id: record.requestId,
+      dialect: record.dialect,
+      requested_model: record.requestedModel,
+      model_class: record.modelClass,
+      provider_id: record.providerId,
+      authorized: record.authorized,
+      agent: record.agent,
+      session_id: record.sessionId ?? null,
+      lease_id: record.lease?.leaseId ?? null,
+      lease_provider: record.lease?.providerId ?? null,
+      lease_class: record.lease?.modelClass ?? null,
+      lease_capacity: record.lease?.capacity ?? null
+    }))
     return sql<{
       key_id: string
       kind: string
@@ -288,36 +311,51 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
       wallet: string | null
       remaining: string | null
       guard: number | null
-      lease_granted: boolean | null
+      leases: Record<string, boolean> | null
     }>`
-      WITH found AS (${found}), k AS (
-        UPDATE api_keys SET reserved = reserved + ${record.authorized}, requests = requests + 1
+      WITH batch AS (
+        SELECT * FROM jsonb_to_recordset(${JSON.stringify(batch)}::jsonb) AS b(
+          ord int, request_id text, dialect text, requested_model text, model_class text, provider_id text,
+          authorized bigint, agent jsonb, session_id text, lease_id text, lease_provider text, lease_class text,
+          lease_capacity int
+        )
+      ), total AS (
+        SELECT sum(authorized) AS amount, count(*)::int AS n FROM batch
+      ), found AS (${found}), k AS (
+        UPDATE api_keys SET reserved = reserved + (SELECT amount FROM total), requests = requests + (SELECT n FROM total)
         WHERE key_id = (SELECT key_id FROM found WHERE kind = 'credit' AND invited AND NOT expired)
           AND revoked_at IS NULL
         RETURNING key_id, wallet, budget - spent - reserved AS remaining, folded
       ), w AS (
         UPDATE wallet_balances
-        SET available = available - ${record.authorized}, reserved = reserved + ${record.authorized},
+        SET available = available - (SELECT amount FROM total), reserved = reserved + (SELECT amount FROM total),
             updated_at = now()
         WHERE wallet = (SELECT wallet FROM k)
         RETURNING wallet
       ), request AS (
         INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
                               provider_id, authorized, status, agent, key_id, session_id)
-        SELECT ${record.requestId}, ${record.dialect}, 'credit', w.wallet, ${record.requestedModel},
-               ${record.modelClass}, ${record.providerId}, ${record.authorized}, 'reserved',
-               ${JSON.stringify(record.agent)}::jsonb, k.key_id, ${record.sessionId ?? null}
-        FROM w, k
-        RETURNING request_id, payer
+        SELECT b.request_id, b.dialect, 'credit', w.wallet, b.requested_model, b.model_class, b.provider_id,
+               b.authorized, 'reserved', b.agent, k.key_id, b.session_id
+        FROM batch b, w, k
+        ORDER BY b.ord
+        RETURNING request_id, payer, authorized
       ), entry AS (
         INSERT INTO ledger_entries (request_id, account, kind, amount)
-        SELECT request_id, payer, 'credit_reserved', ${record.authorized} FROM request
-      ), lease AS (${leaseOnceWritten(record.lease, "request")})
+        SELECT request_id, payer, 'credit_reserved', authorized FROM request
+      ), lease AS (
+        SELECT b.request_id,
+               acquire_capacity(b.lease_provider, b.lease_class, b.lease_capacity, b.lease_id, ${LEASE_TTL}::interval)
+                 AS granted
+        FROM batch b JOIN request r ON r.request_id = b.request_id
+        WHERE b.lease_id IS NOT NULL
+        ORDER BY b.lease_provider, b.lease_class, b.ord
+      )
       SELECT found.key_id, found.kind, found.invited, found.expired, (SELECT wallet FROM k) AS wallet,
              (SELECT greatest(k.remaining,
                               k.remaining + (SELECT coalesce(sum(u.authorized - u.charged), 0) FROM credit_unfolded u
                                              WHERE u.key_id = k.key_id) - (k.folded - found.folded))
-              FROM k)::text AS remaining, (SELECT granted FROM lease) AS lease_granted,
+              FROM k)::text AS remaining, (SELECT jsonb_object_agg(request_id, granted) FROM lease) AS leases,
              CASE WHEN EXISTS (SELECT 1 FROM k) THEN 1 / (SELECT count(*)::int FROM w) END AS guard,
              ${flushLater}
       FROM found
@@ -350,26 +388,43 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
         // Found but not updated: revoked by a statement that committed after this one's snapshot (the
         // update skips the row). Nothing was reserved, so nothing may be served.
         if (row.wallet === null) return Effect.fail(new KeyRefused({ reason: "unknown" }))
-        return Effect.succeed({
-          keyId: row.key_id,
-          wallet: row.wallet,
-          keyRemaining: Number(row.remaining ?? 0),
-          leaseGranted: row.lease_granted ?? undefined
-        } satisfies CreditReserved)
+        const { key_id: keyId, wallet, leases } = row
+        // Each record as if reserved alone in its turn: what the key had left after the whole batch, plus
+        // what the records after it took.
+        let after = Number(row.remaining ?? 0)
+        const answers = new Array<CreditReserved>(records.length)
+        for (let i = records.length - 1; i >= 0; i--) {
+          const record = records[i]!
+          answers[i] = {
+            keyId,
+            wallet,
+            keyRemaining: after,
+            leaseGranted: record.lease === undefined ? undefined : leases?.[record.requestId] === true
+          }
+          after += record.authorized
+        }
+        return Effect.succeed(answers)
       })
     )
   }
 
   /** A key resolved before (its id): the reservation alone. */
   const reserveCredit = (record: ReservationRecord, keyId: string) =>
-    reserveWithKey(record, { _tag: "Id", keyId })
+    Effect.map(reserveWithKey([record], { _tag: "Id", keyId }), (answers) => answers[0]!)
 
   /**
-   * The paid path's one statement for a key as sent (`x-credit-key`, by the SHA-256 of its secret):
-   * resolving the key and reserving on it are one round trip.
+   * The paid path's statement for a key as sent (`x-credit-key`, by the SHA-256 of its secret): resolving the
+   * key and reserving on it are one round trip, for one record or for the key's records of one turn (D545).
    */
-  const reserveCreditKey = (record: Omit<ReservationRecord, "payer">, keyHash: string, nowMs: number) =>
-    reserveWithKey(record, { _tag: "Secret", keyHash, nowMs })
+  const reserveCreditKeys = (
+    records: NonEmptyReadonlyArray<Omit<ReservationRecord, "payer">>,
+    keyHash: string,
+    nowMs: number
+  ) => reserveWithKey(records, { _tag: "Secret", keyHash, nowMs })
 
-  return { reserveX402, withdrawX402, reserveCredit, reserveCreditKey, reserveSessionTurn }
+  /** One record on a key as sent, alone. */
+  const reserveCreditKey = (record: Omit<ReservationRecord, "payer">, keyHash: string, nowMs: number) =>
+    Effect.map(reserveCreditKeys([record], keyHash, nowMs), (answers) => answers[0]!)
+
+  return { reserveX402, withdrawX402, reserveCredit, reserveCreditKey, reserveCreditKeys, reserveSessionTurn }
 }

@@ -1,7 +1,8 @@
-import { Deferred, Effect, Metric } from "effect"
+import { Effect, Metric } from "effect"
 import type { SqlClient, SqlError } from "effect/sql"
 import type { EconomicsRecord } from "../domain/Economics.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
+import { makeTurnBatches } from "../process/TurnBatches.ts"
 
 /** A ledger row a settlement writes (only for a positive amount). */
 export interface Entry {
@@ -70,8 +71,6 @@ export const settleBatchFallbacks = Metric.counter("svc_settle_batch_fallbacks_t
  * payer's row before any points row, as a landing takes them (D513).
  */
 export const makeSettleBatch = Effect.fnUntraced(function* (sql: SqlClient.SqlClient) {
-  const scope = yield* Effect.scope
-
   /** One statement over `rows` (distinct requests): the ids of the requests it claimed. */
   const settleAll = (rows: ReadonlyArray<Settlement>) =>
     sql<{ request_id: string }>`
@@ -128,70 +127,47 @@ export const makeSettleBatch = Effect.fnUntraced(function* (sql: SqlClient.SqlCl
 
   const alone = (row: Settlement) => Effect.map(settleAll([row]), (claimed) => claimed.size > 0)
 
-  interface Batch {
-    readonly rows: Map<string, Settlement>
-    /** The ids the statement claimed; undefined when it failed (each is then written alone). */
-    readonly done: Deferred.Deferred<ReadonlySet<string> | undefined>
-  }
-  /** The batch still open for each wallet. */
-  const open = new Map<string, Batch>()
-  let closed = false
-
-  /** Sends `batch` (unless it was sent already): uninterruptible, so a batch taken is a batch answered. */
-  const send = (wallet: string, batch: Batch) =>
-    Effect.suspend(() => {
-      if (open.get(wallet) !== batch) return Effect.void
-      open.delete(wallet)
-      return Metric.update(settleBatchSize, batch.rows.size).pipe(
-        // Built inside the effect: a record that could not be encoded fails the batch (each row then goes
-        // alone) instead of throwing past the answer every caller of the batch waits for.
-        Effect.andThen(Effect.suspend(() => settleAll([...batch.rows.values()]))),
-        Effect.matchCauseEffect({
-          onSuccess: (claimed) => Deferred.succeed(batch.done, claimed),
-          onFailure: (cause) =>
-            Effect.andThen(
-              Effect.logWarning("batched settlement failed; each settlement is written alone", {
-                settlements: batch.rows.size,
-                cause: String(cause)
-              }),
-              Metric.update(settleBatchFallbacks, 1)
-            ).pipe(Effect.andThen(Deferred.succeed(batch.done, undefined)))
-        })
-      )
-    }).pipe(Effect.uninterruptible)
-
-  // At shutdown what is still open is sent before the database goes, and before the fold's and the receipt
-  // signer's last passes (made before this, so closed after it).
-  yield* Effect.addFinalizer(() =>
-    Effect.suspend(() => {
-      closed = true
-      return Effect.forEach([...open], ([wallet, batch]) => send(wallet, batch), { discard: true })
-    })
+  /** One wallet's batch: the ids the statement claimed, or undefined when it failed (each is then written alone). */
+  const batches = yield* makeTurnBatches((_wallet: string, rows: ReadonlyArray<Settlement>) =>
+    Metric.update(settleBatchSize, rows.length).pipe(
+      // Built inside the effect: a record that could not be encoded fails the batch (each row then goes
+      // alone) instead of throwing past the answer every caller of the batch waits for.
+      Effect.andThen(Effect.suspend(() => settleAll(rows))),
+      Effect.matchCauseEffect({
+        onSuccess: (claimed): Effect.Effect<ReadonlySet<string> | undefined> => Effect.succeed(claimed),
+        onFailure: (cause) =>
+          Effect.andThen(
+            Effect.logWarning("batched settlement failed; each settlement is written alone", {
+              settlements: rows.length,
+              cause: String(cause)
+            }),
+            Metric.update(settleBatchFallbacks, 1)
+          ).pipe(Effect.as(undefined))
+      })
+    )
   )
 
-  /** Settles `row` in its wallet's batch of this turn: whether this call claimed the request. */
+  /**
+   * Settles `row` in its wallet's batch of this turn: whether this call claimed the request. At shutdown what
+   * is still open is sent before the database goes, and before the fold's and the receipt signer's last passes
+   * (made before this, so closed after it); later settlements go alone.
+   */
   const settle = (row: Settlement): Effect.Effect<boolean, SqlError.SqlError> =>
     Effect.suspend(() => {
-      if (closed) return alone(row)
       const wallet = row.receipt.wallet
-      const current = open.get(wallet)
+      const current = batches.open(wallet)
       // The same request twice in one turn: the second is written after the batch, alone (and claims nothing).
-      if (current?.rows.has(row.request_id)) return Effect.andThen(Deferred.await(current.done), alone(row))
+      if (current?.items.some((r) => r.request_id === row.request_id)) {
+        return Effect.andThen(current.answered, alone(row))
+      }
       // Nothing charged (a release, or a capture of nothing) moves no points of the wallet: its receipt locks
       // a provider shard and not the wallet's row, so in a batch it could take a shard before the wallet's row
       // while another batch of the wallet holds that row and waits for the shard. It goes alone (D420).
       if (row.charged <= 0) return alone(row)
-      const batch: Batch = current ?? { rows: new Map(), done: Deferred.makeUnsafe() }
-      batch.rows.set(row.request_id, row)
-      const answer = Effect.flatMap(Deferred.await(batch.done), (claimed) =>
-        claimed === undefined ? alone(row) : Effect.succeed(claimed.has(row.request_id))
-      )
-      if (current !== undefined) return answer
-      open.set(wallet, batch)
-      // Sent once the fibers ready in this turn have run (and added theirs).
-      return Effect.andThen(
-        Effect.forkIn(Effect.andThen(Effect.yieldNow, send(wallet, batch)), scope),
-        answer
+      return Effect.flatMap(batches.add(wallet, row), (batched) =>
+        batched === undefined || batched.answer === undefined
+          ? alone(row)
+          : Effect.succeed(batched.answer.has(row.request_id))
       )
     })
 

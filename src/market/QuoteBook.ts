@@ -19,7 +19,7 @@ export const CLOCK_SKEW_S = 5
  * A capacity lease outlives its request only if an instance dies mid-request; it is longer than
  * the serving deadline (15 minutes) so a live request never loses its slot.
  */
-const LEASE_TTL = "20 minutes"
+export const LEASE_TTL = "20 minutes"
 
 export type QuoteRejection = InvalidRequest | Unauthorized | Forbidden | Conflict
 
