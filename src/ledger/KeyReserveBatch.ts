@@ -62,7 +62,11 @@ export const makeKeyReserveBatch = (
     )
 
     /** Reserves `record` on the key whose secret hashes to `keyHash`, in the key's batch of this turn. */
-    const reserve = (record: KeyRecord, keyHash: string, nowMs: number): Effect.Effect<CreditReserved, Refusal> =>
+    const reserve = (
+      record: KeyRecord,
+      keyHash: string,
+      nowMs: number
+    ): Effect.Effect<CreditReserved, Refusal> =>
       Effect.flatMap(batches.add(keyHash, { record, nowMs }), (batched) => {
         if (batched === undefined) return alone(record, keyHash, nowMs)
         const { answer, index } = batched

@@ -64,7 +64,10 @@ export const makeTurnBatches = <K, I, R>(send: (key: K, items: ReadonlyArray<I>)
         const answer = Effect.map(Deferred.await(batch.done), (answer) => ({ answer, index }))
         if (current !== undefined) return answer
         batches.set(key, batch)
-        return Effect.andThen(Effect.forkIn(Effect.andThen(Effect.yieldNow, sendOpen(key, batch)), scope), answer)
+        return Effect.andThen(
+          Effect.forkIn(Effect.andThen(Effect.yieldNow, sendOpen(key, batch)), scope),
+          answer
+        )
       })
 
     const newBatch = (): Batch => {

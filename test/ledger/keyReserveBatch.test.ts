@@ -62,6 +62,12 @@ const reserveAll = (secret: string, records: ReadonlyArray<Omit<ReservationRecor
     )
   })
 
+/** The answer of a call that succeeded. */
+const successOf = <A>(exit: Exit.Exit<A, unknown>): A => {
+  assert.isTrue(Exit.isSuccess(exit), String(exit))
+  return (exit as Exit.Success<A, unknown>).value
+}
+
 /** The typed failure of a call that failed. */
 const failureOf = (exit: Exit.Exit<unknown, unknown>) => {
   assert.isTrue(Exit.isFailure(exit))
@@ -91,113 +97,118 @@ const written = (requestId: string, leaseId: string | undefined) =>
 
 describe("a key's reservations ready in the same turn share one statement (D545)", () => {
   layer(LedgerLayer, { excludeTestServices: true, timeout: 60_000 })((it) => {
-    it.effect("six calls: one statement; each answered as if reserved alone in order, with its own rows", () =>
-      Effect.gen(function* () {
-        yield* holdFolds
-        const budget = 1_000_000
-        const key = yield* fundedKey({ budget, balance: 5_000_000 })
-        const records = [1_000, 2_500, 700, 4_000, 1, 9_999].map((a) => record(a, leaseOn("p-batch-a", 100)))
-        const exits = yield* reserveAll(key.secret, records)
-        assert.strictEqual(reservingStatements(), 1)
-        const answers = exits.map((exit) => {
-          assert.isTrue(Exit.isSuccess(exit), String(exit))
-          return (exit as Exit.Success<{ keyRemaining: number; leaseGranted?: boolean; wallet: string }>).value
-        })
-        // Some order of the calls (the batch's) in which each one's answer is what it would be reserved alone
-        // after the ones before it.
-        const inOrder = records
-          .map((r, i) => ({ authorized: r.authorized, answer: answers[i]! }))
-          .sort((a, b) => b.answer.keyRemaining - a.answer.keyRemaining)
-        let left = budget
-        for (const { authorized, answer } of inOrder) {
-          left -= authorized
-          assert.strictEqual(answer.keyRemaining, left)
-          assert.strictEqual(answer.wallet, key.wallet)
-          assert.isTrue(answer.leaseGranted)
-        }
-        const total = records.reduce((sum, r) => sum + r.authorized, 0)
-        const state = yield* keyState(key.keyId)
-        assert.deepStrictEqual(
-          { reserved: state.reserved, available: state.available, walletReserved: state.walletReserved },
-          { reserved: total, available: 5_000_000 - total, walletReserved: total }
-        )
-        const sql = yield* SqlClient.SqlClient
-        const [{ requests }] = yield* sql<{ requests: number }>`
+    it.effect(
+      "six calls: one statement; each answered as if reserved alone in order, with its own rows",
+      () =>
+        Effect.gen(function* () {
+          yield* holdFolds
+          const budget = 1_000_000
+          const key = yield* fundedKey({ budget, balance: 5_000_000 })
+          const records = [1_000, 2_500, 700, 4_000, 1, 9_999].map((a) =>
+            record(a, leaseOn("p-batch-a", 100))
+          )
+          const exits = yield* reserveAll(key.secret, records)
+          assert.strictEqual(reservingStatements(), 1)
+          const answers = exits.map(successOf)
+          // Some order of the calls (the batch's) in which each one's answer is what it would be reserved alone
+          // after the ones before it.
+          const inOrder = records
+            .map((r, i) => ({ authorized: r.authorized, answer: answers[i]! }))
+            .sort((a, b) => b.answer.keyRemaining - a.answer.keyRemaining)
+          let left = budget
+          for (const { authorized, answer } of inOrder) {
+            left -= authorized
+            assert.strictEqual(answer.keyRemaining, left)
+            assert.strictEqual(answer.wallet, key.wallet)
+            assert.isTrue(answer.leaseGranted)
+          }
+          const total = records.reduce((sum, r) => sum + r.authorized, 0)
+          const state = yield* keyState(key.keyId)
+          assert.deepStrictEqual(
+            { reserved: state.reserved, available: state.available, walletReserved: state.walletReserved },
+            { reserved: total, available: 5_000_000 - total, walletReserved: total }
+          )
+          const sql = yield* SqlClient.SqlClient
+          const [{ requests }] = yield* sql<{ requests: number }>`
           SELECT requests::int FROM api_keys WHERE key_id = ${key.keyId}`
-        assert.strictEqual(requests, records.length)
-        for (const r of records) {
-          assert.deepStrictEqual(yield* written(r.requestId, r.lease?.leaseId), {
-            request: [`reserved ${key.wallet} ${r.authorized} ${key.keyId}`],
-            entries: [`credit_reserved ${key.wallet} ${r.authorized}`],
-            leases: 1
-          })
-        }
-        const [{ agents }] = yield* sql<{ agents: number }>`
+          assert.strictEqual(requests, records.length)
+          for (const r of records) {
+            assert.deepStrictEqual(yield* written(r.requestId, r.lease?.leaseId), {
+              request: [`reserved ${key.wallet} ${r.authorized} ${key.keyId}`],
+              entries: [`credit_reserved ${key.wallet} ${r.authorized}`],
+              leases: 1
+            })
+          }
+          const [{ agents }] = yield* sql<{ agents: number }>`
           SELECT count(*)::int AS agents FROM requests
           WHERE request_id IN ${sql.in(records.map((r) => r.requestId))} AND agent->>'x-agent' = 'batch-test'`
-        assert.strictEqual(agents, records.length)
+          assert.strictEqual(agents, records.length)
 
-        // A lone call: a statement of its own, as before.
-        const [lone] = yield* reserveAll(key.secret, [record(10)])
-        assert.isTrue(Exit.isSuccess(lone!))
-        assert.strictEqual(reservingStatements(), 1)
-      })
+          // A lone call: a statement of its own, as before.
+          const [lone] = yield* reserveAll(key.secret, [record(10)])
+          assert.isTrue(Exit.isSuccess(lone!))
+          assert.strictEqual(reservingStatements(), 1)
+        })
     )
 
-    it.effect("a batch the key's cap or the owner's balance cannot cover whole: refused exactly as alone", () =>
-      Effect.gen(function* () {
-        yield* holdFolds
-        const sql = yield* SqlClient.SqlClient
-        for (const [limit, code] of [
-          [{ budget: 3_500, balance: 1_000_000 }, "key_budget_exhausted"],
-          [{ budget: 1_000_000, balance: 2_500 }, "key_unfunded"]
-        ] as const) {
-          const key = yield* fundedKey(limit)
-          const records = Array.from({ length: 5 }, () => record(1_000))
-          const exits = yield* reserveAll(key.secret, records)
-          // The batch, refused whole, then each call alone.
-          assert.strictEqual(reservingStatements(), 1 + records.length)
-          const fits = Math.floor(Math.min(limit.budget, limit.balance) / 1_000)
-          assert.strictEqual(exits.filter(Exit.isSuccess).length, fits, code)
-          for (const exit of exits) {
-            if (Exit.isFailure(exit)) assert.deepInclude(failureOf(exit), { _tag: "CreditRefused", code })
-          }
-          const state = yield* keyState(key.keyId)
-          assert.strictEqual(state.reserved, fits * 1_000)
-          assert.strictEqual(state.walletReserved, fits * 1_000)
-          const [{ n }] = yield* sql<{ n: number }>`
+    it.effect(
+      "a batch the key's cap or the owner's balance cannot cover whole: refused exactly as alone",
+      () =>
+        Effect.gen(function* () {
+          yield* holdFolds
+          const sql = yield* SqlClient.SqlClient
+          for (const [limit, code] of [
+            [{ budget: 3_500, balance: 1_000_000 }, "key_budget_exhausted"],
+            [{ budget: 1_000_000, balance: 2_500 }, "key_unfunded"]
+          ] as const) {
+            const key = yield* fundedKey(limit)
+            const records = Array.from({ length: 5 }, () => record(1_000))
+            const exits = yield* reserveAll(key.secret, records)
+            // The batch, refused whole, then each call alone.
+            assert.strictEqual(reservingStatements(), 1 + records.length)
+            const fits = Math.floor(Math.min(limit.budget, limit.balance) / 1_000)
+            assert.strictEqual(exits.filter(Exit.isSuccess).length, fits, code)
+            for (const exit of exits) {
+              if (Exit.isFailure(exit)) assert.deepInclude(failureOf(exit), { _tag: "CreditRefused", code })
+            }
+            const state = yield* keyState(key.keyId)
+            assert.strictEqual(state.reserved, fits * 1_000)
+            assert.strictEqual(state.walletReserved, fits * 1_000)
+            const [{ n }] = yield* sql<{ n: number }>`
             SELECT count(*)::int AS n FROM requests WHERE key_id = ${key.keyId}`
-          assert.strictEqual(n, fits)
-          const [{ entries }] = yield* sql<{ entries: number }>`
+            assert.strictEqual(n, fits)
+            const [{ entries }] = yield* sql<{ entries: number }>`
             SELECT count(*)::int AS entries FROM ledger_entries WHERE request_id IN ${sql.in(records.map((r) => r.requestId))}`
-          assert.strictEqual(entries, fits)
-        }
-      })
+            assert.strictEqual(entries, fits)
+          }
+        })
     )
 
-    it.effect("a key that fails a gate fails every call of its batch, in one statement, writing nothing", () =>
-      Effect.gen(function* () {
-        const sql = yield* SqlClient.SqlClient
-        const revoked = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
-        yield* sql`UPDATE api_keys SET revoked_at = now() WHERE key_id = ${revoked.keyId}`
-        const expired = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
-        yield* sql`UPDATE api_keys SET expires_at = now() - interval '1 minute' WHERE key_id = ${expired.keyId}`
-        for (const [key, reason] of [
-          [revoked, "unknown"],
-          [expired, "expired"]
-        ] as const) {
-          const records = Array.from({ length: 4 }, () => record(1_000, leaseOn("p-batch-gate", 10)))
-          const exits = yield* reserveAll(key.secret, records)
-          assert.strictEqual(reservingStatements(), 1, reason)
-          for (const exit of exits) assert.deepInclude(failureOf(exit), { _tag: "KeyRefused", reason })
-          const [{ n }] = yield* sql<{ n: number }>`
+    it.effect(
+      "a key that fails a gate fails every call of its batch, in one statement, writing nothing",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const revoked = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
+          yield* sql`UPDATE api_keys SET revoked_at = now() WHERE key_id = ${revoked.keyId}`
+          const expired = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
+          yield* sql`UPDATE api_keys SET expires_at = now() - interval '1 minute' WHERE key_id = ${expired.keyId}`
+          for (const [key, reason] of [
+            [revoked, "unknown"],
+            [expired, "expired"]
+          ] as const) {
+            const records = Array.from({ length: 4 }, () => record(1_000, leaseOn("p-batch-gate", 10)))
+            const exits = yield* reserveAll(key.secret, records)
+            assert.strictEqual(reservingStatements(), 1, reason)
+            for (const exit of exits) assert.deepInclude(failureOf(exit), { _tag: "KeyRefused", reason })
+            const [{ n }] = yield* sql<{ n: number }>`
             SELECT (SELECT count(*) FROM requests WHERE request_id IN ${sql.in(records.map((r) => r.requestId))})::int
                  + (SELECT count(*) FROM capacity_leases WHERE provider_id = 'p-batch-gate')::int AS n`
-          assert.strictEqual(n, 0)
-          const state = yield* keyState(key.keyId)
-          assert.strictEqual(state.reserved, 0)
-        }
-      })
+            assert.strictEqual(n, 0)
+            const state = yield* keyState(key.keyId)
+            assert.strictEqual(state.reserved, 0)
+          }
+        })
     )
 
     it.effect("leases at a quote's ceiling: the batch takes what is free and says which calls got one", () =>
@@ -211,10 +222,7 @@ describe("a key's reservations ready in the same turn share one statement (D545)
         ]
         const exits = yield* reserveAll(key.secret, records)
         assert.strictEqual(reservingStatements(), 1)
-        const granted = exits.map((exit) => {
-          assert.isTrue(Exit.isSuccess(exit))
-          return (exit as Exit.Success<{ leaseGranted?: boolean }>).value.leaseGranted
-        })
+        const granted = exits.map((exit) => successOf(exit).leaseGranted)
         assert.strictEqual(granted.slice(0, 4).filter((g) => g === true).length, 2)
         assert.strictEqual(granted.slice(0, 4).filter((g) => g === false).length, 2)
         assert.deepStrictEqual(granted.slice(4), [true, true, undefined])
