@@ -13,6 +13,12 @@ export const reserveBatchSize = Metric.histogram("svc_reserve_batch_size", {
   boundaries: [1, 2, 4, 8, 16, 32, 64]
 })
 
+/** Calls reserved alone after their batch's statement failed (a key's cap or balance, or a fault). */
+export const reserveBatchAlone = Metric.counter("svc_reserve_batch_alone_total", {
+  description: "Key reservations made alone after the batched statement they were in failed",
+  incremental: true
+})
+
 /**
  * The reservations on one key as sent that become ready in the same turn of the event loop go to Postgres as
  * one statement (D545): the key's and its owner's balance rows are updated once for all of them, and one round
@@ -21,8 +27,9 @@ export const reserveBatchSize = Metric.histogram("svc_reserve_batch_size", {
  * All of a batch fit or none is written. A batch the key's cap or the owner's balance cannot cover whole, or
  * that fails for any other reason, is written again one record at a time, each answered as alone (the
  * reservations near a key's end are refused exactly as they were, one by one). A key that fails a gate (unknown,
- * expired, read-only, its owner not invited) fails it for every call of the batch, as each would alone. The
- * batch is checked against the latest clock reading among its calls, so an expiring key is never let past it.
+ * revoked, read-only, its owner not invited) fails it for every call of the batch, as each would alone. The
+ * batch is checked against the latest clock reading among its calls, so an expiring key is never let past it;
+ * a call whose own reading is earlier than that, refused as expired, is reserved alone at its own reading.
  */
 export const makeKeyReserveBatch = (
   reserveMany: (
@@ -39,26 +46,26 @@ export const makeKeyReserveBatch = (
     interface Answer {
       readonly exit: Exit.Exit<ReadonlyArray<CreditReserved>, Refusal>
       readonly size: number
+      /** The clock reading the key was checked against: the latest of the batch's calls. */
+      readonly latest: number
     }
     const alone = (record: KeyRecord, keyHash: string, nowMs: number) =>
       Effect.map(reserveMany([record], keyHash, nowMs), (answers) => answers[0]!)
 
     const batches = yield* makeTurnBatches(
-      (keyHash: string, calls: ReadonlyArray<Call>): Effect.Effect<Answer> =>
-        Metric.update(reserveBatchSize, calls.length).pipe(
+      (keyHash: string, calls: ReadonlyArray<Call>): Effect.Effect<Answer> => {
+        const latest = calls.reduce((latest, call) => Math.max(latest, call.nowMs), 0)
+        return Metric.update(reserveBatchSize, calls.length).pipe(
           Effect.andThen(
             Effect.suspend(() => {
               const [first, ...rest] = calls.map((call) => call.record)
-              return reserveMany(
-                [first!, ...rest],
-                keyHash,
-                calls.reduce((latest, call) => Math.max(latest, call.nowMs), 0)
-              )
+              return reserveMany([first!, ...rest], keyHash, latest)
             })
           ),
           Effect.exit,
-          Effect.map((exit) => ({ exit, size: calls.length }))
+          Effect.map((exit) => ({ exit, size: calls.length, latest }))
         )
+      }
     )
 
     /** Reserves `record` on the key whose secret hashes to `keyHash`, in the key's batch of this turn. */
@@ -71,12 +78,15 @@ export const makeKeyReserveBatch = (
         if (batched === undefined) return alone(record, keyHash, nowMs)
         const { answer, index } = batched
         if (Exit.isSuccess(answer.exit)) return Effect.succeed(answer.exit.value[index]!)
-        // Alone, or the key itself refused: the answer is this call's own.
+        // Alone, or the key itself refused: the answer is this call's own. An expiry read at a later call's
+        // clock than this one's is not: this call goes alone, at its own.
         const refused = Cause.findErrorOption(answer.exit.cause)
-        if (answer.size === 1 || (Option.isSome(refused) && refused.value._tag === "KeyRefused")) {
-          return Effect.failCause(answer.exit.cause)
-        }
-        return alone(record, keyHash, nowMs)
+        const keyRefused =
+          Option.isSome(refused) &&
+          refused.value._tag === "KeyRefused" &&
+          !(refused.value.reason === "expired" && nowMs < answer.latest)
+        if (answer.size === 1 || keyRefused) return Effect.failCause(answer.exit.cause)
+        return Effect.andThen(Metric.update(reserveBatchAlone, 1), alone(record, keyHash, nowMs))
       })
 
     return { reserve }

@@ -1,4 +1,4 @@
-import { Deferred, Effect } from "effect"
+import { Deferred, Effect, type Exit } from "effect"
 
 /** A batch still open: its items in the order they came, and its answer once sent. */
 export interface OpenBatch<I, R> {
@@ -9,9 +9,9 @@ export interface OpenBatch<I, R> {
 
 export interface TurnBatches<K, I, R> {
   /**
-   * Adds `item` to its key's batch of this turn, opening one if none is open: the batch's answer and the
-   * item's place in it. `undefined` once the batches are closed (the scope that made them is closing): the
-   * caller then does the item's work alone.
+   * Adds `item` to its key's batch of this turn, opening one if none is open (or the open one is full): the
+   * batch's answer and the item's place in it. `undefined` once the batches are closed (the scope that made
+   * them is closing): the caller then does the item's work alone.
    */
   readonly add: (key: K, item: I) => Effect.Effect<{ readonly answer: R; readonly index: number } | undefined>
   /** The key's batch still open in this turn, if any. */
@@ -20,64 +20,71 @@ export interface TurnBatches<K, I, R> {
 
 /**
  * Work that becomes ready in the same turn of the event loop, grouped by a key and sent as one (the group
- * commit of D370, D545). The first item of a key opens its batch and forks its send, which runs once the
- * fibers ready in this turn have run and added theirs: nothing waits for a timer, so a lone item goes at
- * once and a busy turn's items share one statement. `send` must not fail (it answers every item, failures
- * included, in `R`) and runs uninterruptibly: a batch taken is a batch answered. When the scope that made
- * the batches closes, every batch still open is sent before the close goes on, and items added later get
- * `undefined`.
+ * commit of D370, D545). The first item of a batch opens it and forks its send, which runs once the fibers
+ * ready in this turn have run and added theirs: nothing waits for a timer, so a lone item goes at once and a
+ * busy turn's items share one statement, at most `maxItems` a batch (a full batch is sent as it stands and the
+ * next item opens another). `send` answers every item, failures included, in `R`; it runs uninterruptibly, and
+ * whatever way it ends reaches every caller of its batch (a defect in it is theirs), so a batch taken is a
+ * batch answered. When the scope that made the batches closes, every batch not yet sent is sent before the
+ * close goes on, and items added later get `undefined`.
  */
-export const makeTurnBatches = <K, I, R>(send: (key: K, items: ReadonlyArray<I>) => Effect.Effect<R>) =>
+export const makeTurnBatches = <K, I, R>(
+  send: (key: K, items: ReadonlyArray<I>) => Effect.Effect<R>,
+  maxItems = 64
+) =>
   Effect.gen(function* () {
     const scope = yield* Effect.scope
     interface Batch {
+      readonly key: K
       readonly items: Array<I>
       readonly done: Deferred.Deferred<R>
       readonly view: OpenBatch<I, R>
     }
-    const batches = new Map<K, Batch>()
+    /** The batch each key's next item joins. */
+    const open = new Map<K, Batch>()
+    /** Every batch not sent yet: the open ones and the full ones waiting for their turn's end. */
+    const unsent = new Set<Batch>()
     let closed = false
 
-    const sendOpen = (key: K, batch: Batch) =>
+    const sendOnce = (batch: Batch) =>
       Effect.suspend(() => {
-        if (batches.get(key) !== batch) return Effect.void
-        batches.delete(key)
+        if (!unsent.delete(batch)) return Effect.void
+        if (open.get(batch.key) === batch) open.delete(batch.key)
         return Effect.flatMap(
-          Effect.suspend(() => send(key, batch.items)),
-          (answer) => Deferred.succeed(batch.done, answer)
+          Effect.exit(Effect.suspend(() => send(batch.key, batch.items))),
+          (exit: Exit.Exit<R>) => Deferred.done(batch.done, exit)
         )
       }).pipe(Effect.uninterruptible)
 
     yield* Effect.addFinalizer(() =>
       Effect.suspend(() => {
         closed = true
-        return Effect.forEach([...batches], ([key, batch]) => sendOpen(key, batch), { discard: true })
+        return Effect.forEach([...unsent], sendOnce, { discard: true })
       })
     )
+
+    const newBatch = (key: K): Batch => {
+      const items: Array<I> = []
+      const done = Deferred.makeUnsafe<R>()
+      return { key, items, done, view: { items, answered: Deferred.await(done) } }
+    }
 
     const add = (key: K, item: I) =>
       Effect.suspend(() => {
         if (closed) return Effect.succeed(undefined)
-        const current = batches.get(key)
-        const batch: Batch = current ?? newBatch()
+        const current = open.get(key)
+        const joins = current !== undefined && current.items.length < maxItems
+        const batch: Batch = joins ? current : newBatch(key)
         const index = batch.items.push(item) - 1
         const answer = Effect.map(Deferred.await(batch.done), (answer) => ({ answer, index }))
-        if (current !== undefined) return answer
-        batches.set(key, batch)
-        return Effect.andThen(
-          Effect.forkIn(Effect.andThen(Effect.yieldNow, sendOpen(key, batch)), scope),
-          answer
-        )
+        if (joins) return answer
+        open.set(key, batch)
+        unsent.add(batch)
+        return Effect.andThen(Effect.forkIn(Effect.andThen(Effect.yieldNow, sendOnce(batch)), scope), answer)
       })
-
-    const newBatch = (): Batch => {
-      const items: Array<I> = []
-      const done = Deferred.makeUnsafe<R>()
-      return { items, done, view: { items, answered: Deferred.await(done) } }
-    }
 
     return {
       add,
-      open: (key) => batches.get(key)?.view
+      open: (key) => open.get(key)?.view
     } satisfies TurnBatches<K, I, R>
   })

@@ -110,15 +110,12 @@ describe("a key's reservations ready in the same turn share one statement (D545)
           const exits = yield* reserveAll(key.secret, records)
           assert.strictEqual(reservingStatements(), 1)
           const answers = exits.map(successOf)
-          // Some order of the calls (the batch's) in which each one's answer is what it would be reserved alone
-          // after the ones before it.
-          const inOrder = records
-            .map((r, i) => ({ authorized: r.authorized, answer: answers[i]! }))
-            .sort((a, b) => b.answer.keyRemaining - a.answer.keyRemaining)
+          // The calls in the order they joined the batch, each answered as if reserved alone after the ones
+          // before it.
           let left = budget
-          for (const { authorized, answer } of inOrder) {
-            left -= authorized
-            assert.strictEqual(answer.keyRemaining, left)
+          for (const [i, answer] of answers.entries()) {
+            left -= records[i]!.authorized
+            assert.strictEqual(answer.keyRemaining, left, `call ${i}`)
             assert.strictEqual(answer.wallet, key.wallet)
             assert.isTrue(answer.leaseGranted)
           }
@@ -211,6 +208,33 @@ describe("a key's reservations ready in the same turn share one statement (D545)
         })
     )
 
+    it.effect(
+      "a key expiring between two calls' clock readings in one turn: the earlier call is reserved, the later refused",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const ledger = yield* Ledger
+          const key = yield* fundedKey({ budget: 1_000_000, balance: 1_000_000 })
+          // Expiry is read to the second: the key expires at a whole second a minute from now.
+          const expiresMs = Math.ceil(Date.now() / 1_000) * 1_000 + 60_000
+          yield* sql`UPDATE api_keys SET expires_at = to_timestamp(${expiresMs / 1_000}) WHERE key_id = ${key.keyId}`
+          const [before, after] = [record(1_000), record(1_000)]
+          exporter.reset()
+          const [early, late] = yield* Effect.all(
+            [
+              Effect.exit(ledger.reserveCreditKey(before, hashSecret(key.secret), expiresMs - 1_000)),
+              Effect.exit(ledger.reserveCreditKey(after, hashSecret(key.secret), expiresMs + 1_000))
+            ],
+            { concurrency: "unbounded" }
+          )
+          // The batch, checked at the later reading, then the earlier call alone at its own.
+          assert.strictEqual(reservingStatements(), 2)
+          assert.strictEqual(successOf(early!).keyId, key.keyId)
+          assert.deepInclude(failureOf(late!), { _tag: "KeyRefused", reason: "expired" })
+          assert.strictEqual((yield* keyState(key.keyId)).reserved, 1_000)
+        })
+    )
+
     it.effect("leases at a quote's ceiling: the batch takes what is free and says which calls got one", () =>
       Effect.gen(function* () {
         const sql = yield* SqlClient.SqlClient
@@ -223,8 +247,8 @@ describe("a key's reservations ready in the same turn share one statement (D545)
         const exits = yield* reserveAll(key.secret, records)
         assert.strictEqual(reservingStatements(), 1)
         const granted = exits.map((exit) => successOf(exit).leaseGranted)
-        assert.strictEqual(granted.slice(0, 4).filter((g) => g === true).length, 2)
-        assert.strictEqual(granted.slice(0, 4).filter((g) => g === false).length, 2)
+        // Taken in the calls' order: the first two at the ceiling got the two slots.
+        assert.deepStrictEqual(granted.slice(0, 4), [true, true, false, false])
         assert.deepStrictEqual(granted.slice(4), [true, true, undefined])
         const held = yield* sql<{ lease_id: string }>`
           SELECT lease_id FROM capacity_leases WHERE provider_id IN ('p-batch-ceiling', 'p-batch-other')`
