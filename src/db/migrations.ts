@@ -7,6 +7,7 @@ import { perRequest } from "./migrations/perRequest.ts"
 import { programs } from "./migrations/programs.ts"
 import { reliability } from "./migrations/reliability.ts"
 import { settlementEvidence } from "./migrations/settlementEvidence.ts"
+import { statementPoints } from "./migrations/statementPoints.ts"
 
 /**
  * Numbered, append-only migrations. Each runs once (the migrator records it in
@@ -21,5 +22,6 @@ export const migrations: Migrations = {
   ...perRequest,
   ...payoutScan,
   ...settlementEvidence,
-  ...capacitySlots
+  ...capacitySlots,
+  ...statementPoints
 }

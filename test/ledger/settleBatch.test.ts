@@ -219,6 +219,32 @@ const expected = (request: Reserved, wallet: string, providerId: string, charged
 
 const providerOf = (request: Reserved) => request.settle(0).receipt.provider_id
 
+/** The points of the providers these tests settle for (`p0`..`p2`), summed over their shards. */
+const providerPoints = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  const rows = yield* sql<{
+    provider_id: string
+    settled: string
+    pending: string
+    receipts: string
+    ok: string
+  }>`
+    SELECT provider_id, sum(settled_charged)::text AS settled, sum(pending_charged)::text AS pending,
+           sum(receipts)::text AS receipts, sum(receipts_ok)::text AS ok
+    FROM points_providers WHERE provider_id IN ('p0', 'p1', 'p2') GROUP BY provider_id`
+  return new Map(
+    rows.map((r) => [
+      r.provider_id,
+      {
+        settled: Number(r.settled),
+        pending: Number(r.pending),
+        receipts: Number(r.receipts),
+        ok: Number(r.ok)
+      }
+    ])
+  )
+}).pipe(Effect.orDie)
+
 describe("settlements ready in the same turn are written in one statement", () => {
   layer(LedgerLayer, { excludeTestServices: true, timeout: 60_000 })((it) => {
     it.effect("N settlements of a wallet: one statement, each request claimed once with its own rows", () =>
@@ -239,6 +265,7 @@ describe("settlements ready in the same turn are written in one statement", () =
         const requests = yield* Effect.forEach(paid, (p) => reserve(key, p))
         // Captured at different charges; one of each kind released whole.
         const charges = requests.map((_, i) => (i === 3 || i === 4 ? 0 : CHARGED - 100 * i))
+        const pointsBefore = yield* providerPoints
         exporter.reset()
         const claimed = yield* Effect.forEach(requests, (request, i) => settle(request, charges[i]!), {
           concurrency: "unbounded"
@@ -257,6 +284,49 @@ describe("settlements ready in the same turn are written in one statement", () =
             `request ${i} (${request.paid})`
           )
         }
+
+        // Their points, moved once per wallet and per provider shard by the statement (D546), as receipt by receipt.
+        const expectedPoints = new Map<
+          string,
+          { settled: number; pending: number; receipts: number; ok: number }
+        >()
+        for (const [i, request] of requests.entries()) {
+          const provider = providerOf(request)
+          const was = expectedPoints.get(provider) ?? { settled: 0, pending: 0, receipts: 0, ok: 0 }
+          const charged = charges[i]!
+          expectedPoints.set(provider, {
+            settled: was.settled + (charged > 0 && request.paid === "credit" ? charged : 0),
+            pending: was.pending + (charged > 0 && request.paid === "x402" ? charged : 0),
+            receipts: was.receipts + 1,
+            ok: was.ok + (charged > 0 ? 1 : 0)
+          })
+        }
+        const pointsAfter = yield* providerPoints
+        for (const [provider, expected] of expectedPoints) {
+          const before = pointsBefore.get(provider) ?? { settled: 0, pending: 0, receipts: 0, ok: 0 }
+          const after = pointsAfter.get(provider)!
+          assert.deepStrictEqual(
+            {
+              settled: after.settled - before.settled,
+              pending: after.pending - before.pending,
+              receipts: after.receipts - before.receipts,
+              ok: after.ok - before.ok
+            },
+            expected,
+            provider
+          )
+        }
+        const sql = yield* SqlClient.SqlClient
+        const [wallet] = yield* sql<{ settled: string; pending: string }>`
+          SELECT settled_charged::text AS settled, pending_charged::text AS pending FROM points_wallets
+          WHERE wallet = ${key.wallet}`
+        assert.deepStrictEqual(
+          { settled: Number(wallet!.settled), pending: Number(wallet!.pending) },
+          {
+            settled: [...expectedPoints.values()].reduce((sum, p) => sum + p.settled, 0),
+            pending: [...expectedPoints.values()].reduce((sum, p) => sum + p.pending, 0)
+          }
+        )
 
         // Settled again, together: nothing claimed, nothing written twice.
         exporter.reset()
