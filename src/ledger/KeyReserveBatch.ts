@@ -31,13 +31,20 @@ export const reserveBatchAlone = Metric.counter("svc_reserve_batch_alone_total",
  * batch is checked against the latest clock reading among its calls, so an expiring key is never let past it;
  * a call whose own reading is earlier than that, refused as expired, is reserved alone at its own reading.
  */
-export const makeKeyReserveBatch = (
-  reserveMany: (
+export const makeKeyReserveBatch = (reservations: {
+  /** The statement over one key's records of a turn. */
+  readonly reserveCreditKeys: (
     records: NonEmptyReadonlyArray<KeyRecord>,
     keyHash: string,
     nowMs: number
   ) => Effect.Effect<ReadonlyArray<CreditReserved>, Refusal>
-) =>
+  /** The same statement over one record, alone. */
+  readonly reserveCreditKey: (
+    record: KeyRecord,
+    keyHash: string,
+    nowMs: number
+  ) => Effect.Effect<CreditReserved, Refusal>
+}) =>
   Effect.gen(function* () {
     interface Call {
       readonly record: KeyRecord
@@ -49,8 +56,7 @@ export const makeKeyReserveBatch = (
       /** The clock reading the key was checked against: the latest of the batch's calls. */
       readonly latest: number
     }
-    const alone = (record: KeyRecord, keyHash: string, nowMs: number) =>
-      Effect.map(reserveMany([record], keyHash, nowMs), (answers) => answers[0]!)
+    const alone = reservations.reserveCreditKey
 
     const batches = yield* makeTurnBatches(
       (keyHash: string, calls: ReadonlyArray<Call>): Effect.Effect<Answer> => {
@@ -59,7 +65,7 @@ export const makeKeyReserveBatch = (
           Effect.andThen(
             Effect.suspend(() => {
               const [first, ...rest] = calls.map((call) => call.record)
-              return reserveMany([first!, ...rest], keyHash, latest)
+              return reservations.reserveCreditKeys([first!, ...rest], keyHash, latest)
             })
           ),
           Effect.exit,

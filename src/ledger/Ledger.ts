@@ -161,7 +161,10 @@ export class Ledger extends Context.Service<
       const receipts = yield* makeReceiptStore(sql, chain)
       const { reserveCreditKeys, ...reservations } = makeReservations(sql)
       // A key's reservations of one turn share a statement (D545).
-      const keyReservations = yield* makeKeyReserveBatch(reserveCreditKeys)
+      const keyReservations = yield* makeKeyReserveBatch({
+        reserveCreditKeys,
+        reserveCreditKey: reservations.reserveCreditKey
+      })
       const fold = makeCreditFold(sql)
       yield* fold.start
       // Made after the fold and the receipt signer: at shutdown its open batches are sent before their last passes.
