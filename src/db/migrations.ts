@@ -7,6 +7,7 @@ import { perRequest } from "./migrations/perRequest.ts"
 import { programs } from "./migrations/programs.ts"
 import { reliability } from "./migrations/reliability.ts"
 import { settlementEvidence } from "./migrations/settlementEvidence.ts"
+import { statementClears } from "./migrations/statementClears.ts"
 import { statementPoints } from "./migrations/statementPoints.ts"
 
 /**
@@ -23,5 +24,6 @@ export const migrations: Migrations = {
   ...payoutScan,
   ...settlementEvidence,
   ...capacitySlots,
-  ...statementPoints
+  ...statementPoints,
+  ...statementClears
 }
