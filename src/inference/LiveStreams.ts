@@ -4,6 +4,7 @@ import {
   Cause,
   Channel,
   Clock,
+  Config,
   Context,
   Data,
   Effect,
@@ -16,17 +17,21 @@ import {
 } from "effect"
 import { randomText } from "../domain/RandomText.ts"
 import { within } from "../process/Within.ts"
+import { FinishedStreams, keptBytesOf } from "./FinishedStreams.ts"
 
 /**
  * Served work runs detached from the HTTP connection, in a fiber this registry owns, and
  * publishes its events into a bounded in-memory buffer (the reply is never stored
- * anywhere else, and the buffer is dropped after `RETENTION_MS`). Any number of readers
+ * anywhere else, and the buffer is dropped after `RETENTION_MS`, or sooner once the replies
+ * finished since take more than the replay budget, D548). Any number of readers
  * follow it: the original response, a reconnect from a last event id, an idempotent
  * replay. When the last reader leaves before the work ends, the work is interrupted after
  * a short grace period, so a client that hangs up stops paying for tokens within a second.
  */
 const GRACE = "500 millis"
 const RETENTION_MS = 10 * 60 * 1000
+/** The bytes of finished replies a process keeps for replay (`STREAM_REPLAY_MB`), the oldest let go first (D548). */
+export const DEFAULT_REPLAY_MB = 64
 /**
  * The longest a read of what a request settled (its receipt, its economics, a rating of its clear) waits for
  * the settlement of a request this process is still settling (`awaitDone`, D534).
@@ -241,215 +246,242 @@ export class LiveStreams extends Context.Service<
     readonly verify: <E>(stream: LiveStream<E>, token: string | undefined) => boolean
   }
 >()("router/inference/LiveStreams") {
-  static readonly layer = Layer.effect(
-    LiveStreams,
-    Effect.gen(function* () {
-      const streams = new Map<string, LiveStream<unknown>>()
-      const scope = yield* Effect.scope
-      // What a work runs with: the services the router was built with, shared by every work, not the
-      // context of the request that started it (D460).
-      const detached = inServices(yield* Effect.context<never>())
+  static readonly layer = Layer.unwrap(
+    // A value that is not an integer stops the start, naming the variable.
+    Config.Int("STREAM_REPLAY_MB").pipe(
+      Config.withDefault(DEFAULT_REPLAY_MB),
+      Effect.orDie,
+      Effect.map((megabytes) => LiveStreams.layerWithBudget(Math.max(0, megabytes) * 1024 * 1024))
+    )
+  )
 
-      /** The stream's end, once: its readers are told, then it is compacted to its kept reply. */
-      const finish = <E>(stream: LiveStream<E>) =>
-        Effect.suspend(() => {
-          if (stream.finishedAt !== undefined) return Effect.void
-          return Effect.gen(function* () {
-            stream.finishedAt = yield* Clock.currentTimeMillis
-            // A waiter is told after the compaction below: resumed, it answers with the kept body.
-            let waiters: Array<Waiter> | undefined
-            for (const reader of stream.readers.keys()) {
-              if (!(reader instanceof Waiter)) endReader(reader)
-              else if (waiters === undefined) waiters = [reader]
-              else waiters.push(reader)
-            }
-            stream.readers.clear()
-            // Last, and contained: a keeper that throws leaves a finished stream with its events
-            // (followed as any other), never one left half finished (D352).
-            yield* Effect.sync(() => compact(stream)).pipe(
-              Effect.catchDefect((defect) =>
-                Effect.logError("A finished stream's reply was not kept", defect)
-              )
-            )
-            if (waiters !== undefined) for (const waiter of waiters) waiter.end()
-          })
-        })
+  /** The registry keeping at most `replayBytes` of finished replies (and each at most `RETENTION_MS`). */
+  static readonly layerWithBudget = (replayBytes: number) =>
+    Layer.effect(LiveStreams, makeLiveStreams(replayBytes))
+}
 
-      const start = <E>(
-        id: string,
-        work: (emit: (event: E) => Effect.Effect<void>, end: Effect.Effect<void>) => Effect.Effect<void>
-      ) =>
-        Effect.gen(function* () {
-          const token = randomText(24, "base64url")
-          const stream: LiveStream<E> = {
-            id,
-            tokenHash: hashToken(token),
-            events: [],
-            readers: new Map(),
-            fiber: undefined,
-            finishedAt: undefined,
-            done: false,
-            whenDone: undefined,
-            stopRequested: false,
-            keeper: undefined,
-            kept: undefined
+const makeLiveStreams = (replayBytes: number) =>
+  Effect.gen(function* () {
+    const streams = new Map<string, LiveStream<unknown>>()
+    // Finished streams whose replies are kept, oldest first: past the budget the oldest whose work has ended
+    // leave the registry (D548); the age sweep below takes what is older than `RETENTION_MS` either way.
+    const finished = new FinishedStreams<LiveStream<unknown>>(replayBytes)
+    const isDone = (stream: LiveStream<unknown>) => stream.done
+    const drop = (stream: LiveStream<unknown>) => {
+      if (streams.get(stream.id) === stream) streams.delete(stream.id)
+    }
+    /** Replaces a finished stream's events by its kept reply and counts what it keeps. */
+    const compactAndCount = <E>(stream: LiveStream<E>) => {
+      const counted = stream.kept !== undefined
+      compact(stream)
+      if (counted || stream.kept === undefined || stream.finishedAt === undefined) return
+      finished.add(stream as LiveStream<unknown>, keptBytesOf(stream.kept), stream.finishedAt)
+      finished.trim(isDone, drop)
+    }
+    const scope = yield* Effect.scope
+    // What a work runs with: the services the router was built with, shared by every work, not the
+    // context of the request that started it (D460).
+    const detached = inServices(yield* Effect.context<never>())
+
+    /** The stream's end, once: its readers are told, then it is compacted to its kept reply. */
+    const finish = <E>(stream: LiveStream<E>) =>
+      Effect.suspend(() => {
+        if (stream.finishedAt !== undefined) return Effect.void
+        return Effect.gen(function* () {
+          stream.finishedAt = yield* Clock.currentTimeMillis
+          // A waiter is told after the compaction below: resumed, it answers with the kept body.
+          let waiters: Array<Waiter> | undefined
+          for (const reader of stream.readers.keys()) {
+            if (!(reader instanceof Waiter)) endReader(reader)
+            else if (waiters === undefined) waiters = [reader]
+            else waiters.push(reader)
           }
-          streams.set(id, stream as LiveStream<unknown>)
-          const emit = (event: E) =>
-            Effect.sync(() => {
-              // After the end nothing more is published (the readers were told the end).
-              if (stream.finishedAt !== undefined) return
-              // Past the buffer's bound the event still reaches every live reader (what is metered
-              // is delivered); only a later reconnect would miss it.
-              const indexed = { index: stream.events.length, event }
-              if (stream.events.length < MAX_EVENTS) stream.events.push(event)
-              for (const [reader, map] of stream.readers) {
-                const item = map(indexed)
-                if (item !== undefined && !(reader instanceof Waiter)) offer(reader, item)
-              }
-            })
-          const fiber = yield* work(emit, finish(stream)).pipe(
-            Effect.ensuring(
-              Effect.suspend(() => {
-                // Kept for replay are the events and this record only: the finished fiber holds the
-                // context it was started in (the caller's HTTP request among it) and `work`'s closure.
-                stream.done = true
-                stream.fiber = undefined
-                const whenDone = stream.whenDone
-                stream.whenDone = undefined
-                if (whenDone !== undefined) for (const told of whenDone) told()
-                return finish(stream)
-              })
-            ),
-            // Started at once and uninterruptible until `work` opens its own interruptible
-            // region: a stop that arrives first must still let `work` settle what it holds.
-            Effect.forkIn(scope, { startImmediately: true, uninterruptible: true }),
-            // Forked under the shared services (a fork takes the current context): the request's own
-            // would otherwise be held by the work for the life of the reply (D460).
-            detached
+          stream.readers.clear()
+          // Last, and contained: a keeper that throws leaves a finished stream with its events
+          // (followed as any other), never one left half finished (D352).
+          yield* Effect.sync(() => compactAndCount(stream)).pipe(
+            Effect.catchDefect((defect) => Effect.logError("A finished stream's reply was not kept", defect))
           )
-          if (!stream.done) stream.fiber = fiber
-          return { stream, token }
+          if (waiters !== undefined) for (const waiter of waiters) waiter.end()
         })
+      })
 
-      const stop = <E>(stream: LiveStream<E>) =>
-        Effect.gen(function* () {
-          stream.stopRequested = true
-          if (stream.fiber !== undefined) yield* Fiber.interrupt(stream.fiber)
-        })
+    const start = <E>(
+      id: string,
+      work: (emit: (event: E) => Effect.Effect<void>, end: Effect.Effect<void>) => Effect.Effect<void>
+    ) =>
+      Effect.gen(function* () {
+        const token = randomText(24, "base64url")
+        const stream: LiveStream<E> = {
+          id,
+          tokenHash: hashToken(token),
+          events: [],
+          readers: new Map(),
+          fiber: undefined,
+          finishedAt: undefined,
+          done: false,
+          whenDone: undefined,
+          stopRequested: false,
+          keeper: undefined,
+          kept: undefined
+        }
+        streams.set(id, stream as LiveStream<unknown>)
+        const emit = (event: E) =>
+          Effect.sync(() => {
+            // After the end nothing more is published (the readers were told the end).
+            if (stream.finishedAt !== undefined) return
+            // Past the buffer's bound the event still reaches every live reader (what is metered
+            // is delivered); only a later reconnect would miss it.
+            const indexed = { index: stream.events.length, event }
+            if (stream.events.length < MAX_EVENTS) stream.events.push(event)
+            for (const [reader, map] of stream.readers) {
+              const item = map(indexed)
+              if (item !== undefined && !(reader instanceof Waiter)) offer(reader, item)
+            }
+          })
+        const fiber = yield* work(emit, finish(stream)).pipe(
+          Effect.ensuring(
+            Effect.suspend(() => {
+              // Kept for replay are the events and this record only: the finished fiber holds the
+              // context it was started in (the caller's HTTP request among it) and `work`'s closure.
+              stream.done = true
+              stream.fiber = undefined
+              const whenDone = stream.whenDone
+              stream.whenDone = undefined
+              if (whenDone !== undefined) for (const told of whenDone) told()
+              // An oldest stream whose work was still ending held the budget's trim back.
+              finished.trim(isDone, drop)
+              return finish(stream)
+            })
+          ),
+          // Started at once and uninterruptible until `work` opens its own interruptible
+          // region: a stop that arrives first must still let `work` settle what it holds.
+          Effect.forkIn(scope, { startImmediately: true, uninterruptible: true }),
+          // Forked under the shared services (a fork takes the current context): the request's own
+          // would otherwise be held by the work for the life of the reply (D460).
+          detached
+        )
+        if (!stream.done) stream.fiber = fiber
+        return { stream, token }
+      })
 
-      // The reader joins, and its leaving is added to the reader's scope, in one uninterruptible step;
-      // its pulls take what it was handed. `Stream.callback` would run the registration in a fiber of
-      // its own, one per reply written (D473), and give it a queue (D463).
-      const follow = <E, A>(stream: LiveStream<E>, from: number, reader?: ReaderOptions<E, A>) =>
-        Stream.fromChannel(
-          Channel.fromTransform((_, readerScope) =>
-            Effect.uninterruptible(
-              Effect.suspend(() => {
-                const joined = join(stream, from, reader)
-                return Effect.as(Scope.addFinalizer(readerScope, leave(stream, joined)), pullOf(joined))
-              })
-            )
+    const stop = <E>(stream: LiveStream<E>) =>
+      Effect.gen(function* () {
+        stream.stopRequested = true
+        if (stream.fiber !== undefined) yield* Fiber.interrupt(stream.fiber)
+      })
+
+    // The reader joins, and its leaving is added to the reader's scope, in one uninterruptible step;
+    // its pulls take what it was handed. `Stream.callback` would run the registration in a fiber of
+    // its own, one per reply written (D473), and give it a queue (D463).
+    const follow = <E, A>(stream: LiveStream<E>, from: number, reader?: ReaderOptions<E, A>) =>
+      Stream.fromChannel(
+        Channel.fromTransform((_, readerScope) =>
+          Effect.uninterruptible(
+            Effect.suspend(() => {
+              const joined = join(stream, from, reader)
+              return Effect.as(Scope.addFinalizer(readerScope, leave(stream, joined)), pullOf(joined))
+            })
           )
         )
+      )
 
-      /** What the reader reads so far is handed to it, and it is registered for the rest. */
-      const join = <E, A>(stream: LiveStream<E>, from: number, reader: ReaderOptions<E, A> | undefined) => {
-        const joined: Buffered = { pending: [], ended: false, failure: undefined, wake: undefined }
-        // Checked in the same step that reads the events: nothing can compact in between.
-        if (stream.kept !== undefined) {
-          if (reader?.compacted === undefined) joined.failure = new Compacted()
-          else {
-            joined.pending.push(...reader.compacted(stream.kept))
-            joined.ended = true
-          }
-          return joined
+    /** What the reader reads so far is handed to it, and it is registered for the rest. */
+    const join = <E, A>(stream: LiveStream<E>, from: number, reader: ReaderOptions<E, A> | undefined) => {
+      const joined: Buffered = { pending: [], ended: false, failure: undefined, wake: undefined }
+      // Checked in the same step that reads the events: nothing can compact in between.
+      if (stream.kept !== undefined) {
+        if (reader?.compacted === undefined) joined.failure = new Compacted()
+        else {
+          joined.pending.push(...reader.compacted(stream.kept))
+          joined.ended = true
         }
-        const map: ReaderMap<E> = reader?.map ?? asIndexed
-        if (reader?.opening !== undefined) joined.pending.push(...reader.opening)
-        for (let i = Math.max(0, from); i < stream.events.length; i++) {
-          const item = map({ index: i, event: stream.events[i]! })
-          if (item !== undefined) joined.pending.push(item)
-        }
-        if (stream.finishedAt !== undefined) joined.ended = true
-        else stream.readers.set(joined, map)
         return joined
       }
+      const map: ReaderMap<E> = reader?.map ?? asIndexed
+      if (reader?.opening !== undefined) joined.pending.push(...reader.opening)
+      for (let i = Math.max(0, from); i < stream.events.length; i++) {
+        const item = map({ index: i, event: stream.events[i]! })
+        if (item !== undefined) joined.pending.push(item)
+      }
+      if (stream.finishedAt !== undefined) joined.ended = true
+      else stream.readers.set(joined, map)
+      return joined
+    }
 
-      /** A reader leaves; the last one to leave mid-work stops it unless someone reconnects in time. */
-      const leave = <E>(stream: LiveStream<E>, reader: Reader) =>
-        Effect.suspend(() => {
-          stream.readers.delete(reader)
-          if (stream.readers.size > 0 || stream.finishedAt !== undefined) return Effect.void
-          return Effect.sleep(GRACE).pipe(
-            Effect.andThen(
-              Effect.suspend(() =>
-                stream.readers.size === 0 && stream.finishedAt === undefined ? stop(stream) : Effect.void
-              )
-            ),
-            Effect.forkIn(scope),
-            Effect.asVoid
-          )
-        })
-
-      const awaitEnd = <E>(stream: LiveStream<E>) =>
-        Effect.callback<void>((resume) => {
-          if (stream.finishedAt !== undefined) return resume(Effect.void)
-          const waiter = new Waiter(() => resume(Effect.void))
-          stream.readers.set(waiter, takesNothing)
-          // Interrupted while waiting (the caller hung up): it leaves as any reader does.
-          return leave(stream, waiter)
-        })
-
-      yield* Effect.gen(function* () {
-        const now = yield* Clock.currentTimeMillis
-        for (const [id, stream] of streams) {
-          if (stream.done && stream.finishedAt !== undefined && now - stream.finishedAt > RETENTION_MS) {
-            streams.delete(id)
-          }
-        }
-      }).pipe(Effect.repeat(Schedule.spaced("30 seconds")), Effect.forkScoped)
-
-      const unfinished = () => [...streams.values()].filter((stream) => !stream.done)
-
-      const awaitDone = (id: string, millis: number) =>
-        Effect.suspend(() => {
-          const stream = streams.get(id)
-          // Still serving: there is nothing settled to wait for yet.
-          if (stream === undefined || stream.done || stream.finishedAt === undefined) return Effect.void
-          return within(
-            Effect.callback<void>((resume) => {
-              // It may have ended since the look above.
-              if (stream.done) return resume(Effect.void)
-              const told = () => resume(Effect.void)
-              stream.whenDone ??= []
-              stream.whenDone.push(told)
-              return Effect.sync(() => {
-                const index = stream.whenDone?.indexOf(told) ?? -1
-                if (index >= 0) stream.whenDone!.splice(index, 1)
-              })
-            }),
-            millis
-          ).pipe(Effect.catch(() => Effect.void))
-        })
-
-      return LiveStreams.of({
-        start,
-        get: <E>(id: string) => streams.get(id) as LiveStream<E> | undefined,
-        follow: follow as LiveStreams["Service"]["follow"],
-        awaitEnd,
-        awaitDone,
-        keep: (stream, keeper) => {
-          stream.keeper = keeper
-          compact(stream)
-        },
-        stop,
-        running: Effect.sync(() => unfinished().length),
-        stopAll: Effect.suspend(() =>
-          Effect.forEach(unfinished(), stop, { concurrency: "unbounded", discard: true })
-        ),
-        verify: (stream, token) => token !== undefined && hashToken(token) === stream.tokenHash
+    /** A reader leaves; the last one to leave mid-work stops it unless someone reconnects in time. */
+    const leave = <E>(stream: LiveStream<E>, reader: Reader) =>
+      Effect.suspend(() => {
+        stream.readers.delete(reader)
+        if (stream.readers.size > 0 || stream.finishedAt !== undefined) return Effect.void
+        return Effect.sleep(GRACE).pipe(
+          Effect.andThen(
+            Effect.suspend(() =>
+              stream.readers.size === 0 && stream.finishedAt === undefined ? stop(stream) : Effect.void
+            )
+          ),
+          Effect.forkIn(scope),
+          Effect.asVoid
+        )
       })
+
+    const awaitEnd = <E>(stream: LiveStream<E>) =>
+      Effect.callback<void>((resume) => {
+        if (stream.finishedAt !== undefined) return resume(Effect.void)
+        const waiter = new Waiter(() => resume(Effect.void))
+        stream.readers.set(waiter, takesNothing)
+        // Interrupted while waiting (the caller hung up): it leaves as any reader does.
+        return leave(stream, waiter)
+      })
+
+    yield* Effect.gen(function* () {
+      const now = yield* Clock.currentTimeMillis
+      finished.trim(isDone, drop, now - RETENTION_MS)
+      for (const [id, stream] of streams) {
+        if (stream.done && stream.finishedAt !== undefined && now - stream.finishedAt > RETENTION_MS) {
+          streams.delete(id)
+        }
+      }
+    }).pipe(Effect.repeat(Schedule.spaced("30 seconds")), Effect.forkScoped)
+
+    const unfinished = () => [...streams.values()].filter((stream) => !stream.done)
+
+    const awaitDone = (id: string, millis: number) =>
+      Effect.suspend(() => {
+        const stream = streams.get(id)
+        // Still serving: there is nothing settled to wait for yet.
+        if (stream === undefined || stream.done || stream.finishedAt === undefined) return Effect.void
+        return within(
+          Effect.callback<void>((resume) => {
+            // It may have ended since the look above.
+            if (stream.done) return resume(Effect.void)
+            const told = () => resume(Effect.void)
+            stream.whenDone ??= []
+            stream.whenDone.push(told)
+            return Effect.sync(() => {
+              const index = stream.whenDone?.indexOf(told) ?? -1
+              if (index >= 0) stream.whenDone!.splice(index, 1)
+            })
+          }),
+          millis
+        ).pipe(Effect.catch(() => Effect.void))
+      })
+
+    return LiveStreams.of({
+      start,
+      get: <E>(id: string) => streams.get(id) as LiveStream<E> | undefined,
+      follow: follow as LiveStreams["Service"]["follow"],
+      awaitEnd,
+      awaitDone,
+      keep: (stream, keeper) => {
+        stream.keeper = keeper
+        compactAndCount(stream)
+      },
+      stop,
+      running: Effect.sync(() => unfinished().length),
+      stopAll: Effect.suspend(() =>
+        Effect.forEach(unfinished(), stop, { concurrency: "unbounded", discard: true })
+      ),
+      verify: (stream, token) => token !== undefined && hashToken(token) === stream.tokenHash
     })
-  )
-}
+  })
