@@ -85,7 +85,7 @@ describe("the finished streams kept for replay", () => {
         const live = yield* LiveStreams
         // The first stream's work goes on after its end (its settlement in flight).
         const settled = yield* Deferred.make<void>()
-        const first = yield* live.start<string>("req_0", (emit, end) =>
+        const first = yield* live.start<string>("req_0", (_emit, end) =>
           Effect.andThen(end, Deferred.await(settled))
         )
         live.keep(first.stream, () => reply(4_000))
