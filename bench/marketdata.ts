@@ -7,7 +7,7 @@
  * under 100 ms.
  *
  * The clears are written the way the paid path writes them (a request, its receipt and its economics;
- * the migration's trigger derives the clearing record at commit). With DATABASE_URL it creates (and
+ * the settling statement's trigger derives the clearing record, D547). With DATABASE_URL it creates (and
  * drops) a database of its own beside it; else an embedded Postgres. The subscribers run in a child
  * process (`bench/marketdataClients.ts`), so the router's process does only the router's work.
  */
