@@ -147,10 +147,11 @@ describe("a settling statement's market clears", () => {
             const pg = yield* PgClient.PgClient
             const key = yield* fundedKey({ budget: 10 ** 12, balance: 10 ** 12 })
             const base = Math.floor(Date.now() / HOUR) * HOUR
-            // Two providers, two hours, token counts that give each clear its own price per token.
-            const specs: ReadonlyArray<Spec> = Array.from({ length: 12 }, (_, i) => ({
-              providerId: i % 2 === 0 ? "pa" : "pb",
-              at: base - (i % 3 === 0 ? HOUR : 0) + i,
+            // Two providers, two hours, token counts that give each clear its own price per token; the first nine
+            // of one provider and hour, so that (eight shards) at least two share a rollup row.
+            const specs: ReadonlyArray<Spec> = Array.from({ length: 14 }, (_, i) => ({
+              providerId: i < 9 || i % 2 === 0 ? "pa" : "pb",
+              at: base - (i >= 9 && i % 3 === 0 ? HOUR : 0) + i,
               input: 50 + 7 * i,
               output: i === 5 ? 0 : 10 + 3 * i,
               ttftMs: 20 + i
