@@ -12,7 +12,7 @@ import type {
 import { Providers } from "../market/Providers.ts"
 import { QuoteBook } from "../market/QuoteBook.ts"
 import { MarketData, STATS_WINDOW_MS } from "./MarketData.ts"
-import { hhi, PRICE_UNIT, quantile, roundDiv } from "./Series.ts"
+import { hhi, PRICE_UNIT, roundDiv } from "./Series.ts"
 
 const HOUR_MS = 3_600_000
 /** Rollups are kept 90 days (spec 8); no analytics window reaches further. */
@@ -296,11 +296,11 @@ export class Analytics extends Context.Service<
         }
         const now = yield* Clock.currentTimeMillis
         const held = yield* market.window
-        const day = held.range(now - STATS_WINDOW_MS, Number.POSITIVE_INFINITY)
-        const own = day.filter((c) => c.provider === id)
-        const classes = new Set(own.map((c) => c.modelClass))
-        const inClasses = day.filter((c) => classes.has(c.modelClass)).length
-        const ttfts = own.map((c) => c.ttftMs).sort((a, b) => a - b)
+        held.roll(now)
+        const own = held.provider(id)
+        // Every clear of the classes it cleared in, over the same whole minutes of the stats window.
+        const inClasses = own === undefined ? 0 : held.stats(own.classes).reduce((n, c) => n + c.count, 0)
+        const ttft = (q: number) => own?.ttftQuantile(q) ?? null
         const outcomes = yield* sql<{ status: string; n: string; failovers: string }>`
           SELECT r.status, count(*)::text AS n,
                  count(*) FILTER (WHERE rc.body->>'provider_id' IS DISTINCT FROM r.provider_id)::text AS failovers
@@ -322,18 +322,18 @@ export class Analytics extends Context.Service<
           object: "analytics.provider" as const,
           provider: id,
           window_ms: STATS_WINDOW_MS,
-          clears: own.length,
-          volume: own.reduce((s, c) => s + c.charged, 0),
-          volume_tokens: own.reduce((s, c) => s + c.tokensIn + c.tokensOut, 0),
-          win_share: inClasses > 0 ? own.length / inClasses : null,
+          clears: own?.clears ?? 0,
+          volume: own?.volume ?? 0,
+          volume_tokens: own?.tokens ?? 0,
+          win_share: own !== undefined && inClasses > 0 ? own.clears / inClasses : null,
           requests,
           released,
           partial: partialCount,
           failovers: outcomes.reduce((s, o) => s + Number(o.failovers), 0),
           error_rate: requests > 0 ? (released + partialCount) / requests : null,
-          ttft_p50_ms: quantile(ttfts, 0.5),
-          ttft_p90_ms: quantile(ttfts, 0.9),
-          ttft_p99_ms: quantile(ttfts, 0.99),
+          ttft_p50_ms: ttft(0.5),
+          ttft_p90_ms: ttft(0.9),
+          ttft_p99_ms: ttft(0.99),
           quotes: live
             .filter((q) => q.quote.provider_id === id)
             .map(({ quote }) => ({

@@ -158,7 +158,13 @@ export class MarketData extends Context.Service<
       const drain = yield* Drain
       const classIds = catalog.classes.map((c) => c.id)
 
-      const held = new ClearWindow(STATS_WINDOW_MS, STATS_WINDOW_MS + SERIES_BOUNDS.maxWindowMs / 24)
+      // Minutes for the longest series window and a bucket; raw clears for the longest window of sub-minute
+      // buckets (an hour) and a minute (D549).
+      const held = new ClearWindow(
+        STATS_WINDOW_MS,
+        STATS_WINDOW_MS + SERIES_BOUNDS.maxWindowMs / 24,
+        SERIES_BOUNDS.minuteBucketsAboveMs + MINUTE_MS
+      )
 
       const load = (rows: ReadonlyArray<Record<string, unknown>>) => {
         let added = false
@@ -356,14 +362,18 @@ export class MarketData extends Context.Service<
           held.version,
           (): Candles => {
             const classes = modelClass === null ? held.classes() : [modelClass]
-            const rows = held.range(grid.from, grid.to)
+            const sub = () => {
+              const rows = held.range(grid.from, grid.to)
+              return candles(
+                modelClass === null ? rows : rows.filter((c) => c.modelClass === modelClass),
+                grid
+              )
+            }
             return {
               object: "market.candles",
               model_class: modelClass,
               ...seriesFields(grid),
-              candles: inMinutes(grid)
-                ? held.candlesByMinutes(classes, grid)
-                : candles(modelClass === null ? rows : rows.filter((c) => c.modelClass === modelClass), grid)
+              candles: inMinutes(grid) ? held.candlesByMinutes(classes, grid) : sub()
             }
           },
           encodeCandles

@@ -322,14 +322,14 @@ export const classStats = (modelClass: string, clears: ReadonlyArray<ClearRecord
     ttfts.push(c.ttftMs)
   }
   ttfts.sort((a, b) => a - b)
-  return statsOf(modelClass, agg, ttfts)
+  return statsOf(modelClass, agg, (q) => quantile(ttfts, q))
 }
 
-/** A class's summary from its aggregate and its TTFTs, sorted. */
+/** A class's summary from its aggregate and the quantiles of its TTFTs. */
 export const statsOf = (
   modelClass: string,
   agg: Aggregate,
-  sortedTtfts: ReadonlyArray<number>
+  ttftQuantile: (q: number) => number | null
 ): ClassStats => {
   const change = agg.open === null || agg.close === null ? null : agg.close - agg.open
   return {
@@ -344,8 +344,8 @@ export const statsOf = (
     last: agg.close,
     change,
     change_bps: change === null || !agg.open ? null : Math.round((change * 10_000) / agg.open),
-    ttft_p50_ms: quantile(sortedTtfts, 0.5),
-    ttft_p90_ms: quantile(sortedTtfts, 0.9)
+    ttft_p50_ms: ttftQuantile(0.5),
+    ttft_p90_ms: ttftQuantile(0.9)
   }
 }
 

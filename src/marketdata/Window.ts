@@ -1,5 +1,13 @@
 import type { Candle, ClassStats } from "../domain/MarketData.ts"
 import {
+  addProviderClear,
+  type ByMinute,
+  emptyProviderFigures,
+  minuteEntry,
+  type ProviderFigures,
+  subtractProviderFigures
+} from "./MinuteFigures.ts"
+import {
   type Aggregate,
   addClear,
   byTime,
@@ -11,8 +19,10 @@ import {
   type IndexResult,
   MINUTE_MS,
   mergeAggregate,
-  statsOf
+  statsOf,
+  tokensOf
 } from "./Series.ts"
+import { TtftHours } from "./TtftHours.ts"
 
 /** The start of the minute holding `at`. */
 const HOUR_MS = 60 * MINUTE_MS
@@ -31,50 +41,66 @@ export const lowerBound = (clears: ReadonlyArray<ClearRecord>, at: number) => {
   return lo
 }
 
-/** Index of the first value not below `value` in a sorted array. */
-const sortedIndex = (values: ReadonlyArray<number>, value: number) => {
-  let lo = 0
-  let hi = values.length
-  while (lo < hi) {
-    const mid = (lo + hi) >>> 1
-    if (values[mid]! < value) lo = mid + 1
-    else hi = mid
-  }
-  return lo
+/** Ids remembered to know a clear seen before (a catch-up re-reads the last 1,000; D549): the newest this many. */
+export const SEEN_IDS = 100_000
+
+/** A provider's clears over the stats window. */
+export interface ProviderDay {
+  readonly clears: number
+  readonly volume: number
+  readonly tokens: number
+  /** The classes it cleared in. */
+  readonly classes: ReadonlyArray<string>
+  readonly ttftQuantile: (q: number) => number | null
 }
 
 /**
- * The clears of a rolling window, kept so that no read costs a pass over them (D124, D231): raw clears
- * sorted by time (for sub-minute candles of a short window and the tape), one aggregate per class and
- * minute over everything kept (candles, the index and stats in whole minutes read these), and for the
- * stats window (the whole minutes since `now - statsMs`) each class's TTFTs, sorted. A clear is added
- * once (by id), in any order; `roll` moves the windows forward. `version` changes whenever what a read
- * could answer changes (a clear added, a window moved), so answers can be cached by it.
+ * The clears of a rolling window, kept so that no read costs a pass over them (D124, D231) and so that what
+ * is kept does not grow with the number of clears (D549): one aggregate per class and minute over the series
+ * windows (candles, the index and stats in whole minutes read these); for the stats window (the whole minutes
+ * since `now - statsMs`) each class's TTFTs and each provider's figures, counted per minute and summed; the
+ * raw clears, sorted by time, only for `rawMs` (sub-minute candles of a window of at most an hour, and the
+ * tape). A clear is added once (by id), in any order; `roll` moves the windows forward. `version` changes
+ * whenever what a read could answer changes (a clear added, a window moved), so answers can be cached by it.
  */
 export class ClearWindow {
   private clears: Array<ClearRecord> = []
+  /** The newest `SEEN_IDS` ids added, and the same in the order added (a ring: the oldest is overwritten). */
   private readonly ids = new Set<number>()
+  private readonly idRing = new Float64Array(SEEN_IDS)
+  private idCount = 0
   private readonly minutes = new Map<string, Map<number, Aggregate>>()
   /** Each class's hours merged from its minutes, computed when read and forgotten when one changes. */
   private readonly hours = new Map<string, Map<number, Aggregate>>()
-  private readonly ttfts = new Map<string, Array<number>>()
+  /** Each class's and each provider's TTFTs over the hours that overlap the stats window. */
+  private readonly classTtfts = new TtftHours()
+  private readonly providerTtfts = new TtftHours()
+  /** Each provider's figures in the stats window, by minute and summed. */
+  private readonly providerMinutes: ByMinute<ProviderFigures> = new Map()
+  private readonly providers = new Map<string, ProviderFigures>()
   /** Clears at or after this are in the stats (a whole minute). */
   private statsFrom = Number.NEGATIVE_INFINITY
-  /** Raw clears and minutes at or after this are kept (a whole minute). */
+  /** Minutes at or after this are kept (a whole minute). */
   private keepFrom = Number.NEGATIVE_INFINITY
+  /** Raw clears at or after this are kept (a whole minute). */
+  private rawFrom = Number.NEGATIVE_INFINITY
   maxId = 0
   version = 0
 
   /** The stats window (24 h). */
   private readonly statsMs: number
-  /** How long raw clears are kept (at least the longest series window plus a bucket). */
+  /** How long the minutes are kept (at least the longest series window plus a bucket). */
   private readonly keepMs: number
+  /** How long the raw clears are kept (at least the longest window of sub-minute buckets plus a bucket). */
+  private readonly rawMs: number
 
-  constructor(statsMs: number, keepMs: number) {
+  constructor(statsMs: number, keepMs: number, rawMs = keepMs) {
     this.statsMs = statsMs
     this.keepMs = keepMs
+    this.rawMs = Math.min(rawMs, keepMs)
   }
 
+  /** How many raw clears are held. */
   get size() {
     return this.clears.length
   }
@@ -82,14 +108,22 @@ export class ClearWindow {
   /** Adds a clear unless it is known or older than what is kept; says whether anything changed. */
   add(c: ClearRecord): boolean {
     if (this.ids.has(c.id) || c.at < this.keepFrom) return false
+    // Not the Set's own first entry: a Set emptied from its front keeps its holes until it grows again, and
+    // each look for the first entry would walk them.
+    const slot = this.idCount % SEEN_IDS
+    if (this.idCount >= SEEN_IDS) this.ids.delete(this.idRing[slot]!)
+    this.idRing[slot] = c.id
+    this.idCount += 1
     this.ids.add(c.id)
     if (c.id > this.maxId) this.maxId = c.id
-    const last = this.clears[this.clears.length - 1]
-    if (last === undefined || byTime(last, c) <= 0) this.clears.push(c)
-    else {
-      let i = this.clears.length
-      while (i > 0 && byTime(this.clears[i - 1]!, c) > 0) i -= 1
-      this.clears.splice(i, 0, c)
+    if (c.at >= this.rawFrom) {
+      const last = this.clears[this.clears.length - 1]
+      if (last === undefined || byTime(last, c) <= 0) this.clears.push(c)
+      else {
+        let i = this.clears.length
+        while (i > 0 && byTime(this.clears[i - 1]!, c) > 0) i -= 1
+        this.clears.splice(i, 0, c)
+      }
     }
     this.count(c)
     this.version += 1
@@ -98,46 +132,51 @@ export class ClearWindow {
 
   private count(c: ClearRecord) {
     const minute = minuteOf(c.at)
-    let byMinute = this.minutes.get(c.modelClass)
-    if (byMinute === undefined) {
-      byMinute = new Map()
-      this.minutes.set(c.modelClass, byMinute)
-    }
-    let agg = byMinute.get(minute)
-    if (agg === undefined) {
-      agg = emptyAggregate()
-      byMinute.set(minute, agg)
-    }
-    addClear(agg, c)
+    addClear(minuteEntry(this.minutes, c.modelClass, minute, emptyAggregate), c)
     this.hours.get(c.modelClass)?.delete(minute - (minute % HOUR_MS))
     if (c.at < this.statsFrom) return
-    let ttfts = this.ttfts.get(c.modelClass)
-    if (ttfts === undefined) {
-      ttfts = []
-      this.ttfts.set(c.modelClass, ttfts)
+    this.classTtfts.add(c.modelClass, c.at, c.ttftMs)
+    this.providerTtfts.add(c.provider, c.at, c.ttftMs)
+    const one = { modelClass: c.modelClass, charged: c.charged, tokens: tokensOf(c) }
+    addProviderClear(minuteEntry(this.providerMinutes, c.provider, minute, emptyProviderFigures), one)
+    let day = this.providers.get(c.provider)
+    if (day === undefined) {
+      day = emptyProviderFigures()
+      this.providers.set(c.provider, day)
     }
-    ttfts.splice(sortedIndex(ttfts, c.ttftMs), 0, c.ttftMs)
+    addProviderClear(day, one)
   }
 
-  /** Moves both windows to `now`: what falls out of the stats leaves them, what falls out of keeping goes. */
+  /** Moves the windows to `now`: what falls out of the stats leaves them, what falls out of keeping goes. */
   roll(now: number) {
     const statsFrom = Math.floor((now - this.statsMs) / MINUTE_MS) * MINUTE_MS
     if (statsFrom > this.statsFrom) {
-      const first = lowerBound(this.clears, this.statsFrom)
-      const end = lowerBound(this.clears, statsFrom)
-      for (let i = first; i < end; i++) {
-        const c = this.clears[i]!
-        const ttfts = this.ttfts.get(c.modelClass)
-        if (ttfts !== undefined) ttfts.splice(sortedIndex(ttfts, c.ttftMs), 1)
+      this.classTtfts.roll(statsFrom)
+      this.providerTtfts.roll(statsFrom)
+      for (const [provider, byMinute] of this.providerMinutes) {
+        const day = this.providers.get(provider)!
+        for (const [minute, figures] of byMinute) {
+          if (minute >= statsFrom) continue
+          subtractProviderFigures(day, figures)
+          byMinute.delete(minute)
+        }
+        if (day.count === 0) {
+          this.providers.delete(provider)
+          this.providerMinutes.delete(provider)
+        }
       }
       this.statsFrom = statsFrom
       this.version += 1
     }
     const keepFrom = minuteOf(Math.min(statsFrom, now - this.keepMs))
-    if (keepFrom > this.keepFrom) {
-      const cut = lowerBound(this.clears, keepFrom)
-      for (let i = 0; i < cut; i++) this.ids.delete(this.clears[i]!.id)
+    const rawFrom = Math.max(keepFrom, minuteOf(now - this.rawMs))
+    if (rawFrom > this.rawFrom) {
+      const cut = lowerBound(this.clears, rawFrom)
       if (cut > 0) this.clears = this.clears.slice(cut)
+      this.rawFrom = rawFrom
+      this.version += 1
+    }
+    if (keepFrom > this.keepFrom) {
       for (const byMinute of this.minutes.values()) {
         for (const minute of byMinute.keys()) if (minute < keepFrom) byMinute.delete(minute)
       }
@@ -146,6 +185,19 @@ export class ClearWindow {
       }
       this.keepFrom = keepFrom
       this.version += 1
+    }
+  }
+
+  /** A provider's clears over the stats window; undefined when it cleared none there. */
+  provider(id: string): ProviderDay | undefined {
+    const day = this.providers.get(id)
+    if (day === undefined || day.count === 0) return undefined
+    return {
+      clears: day.count,
+      volume: day.volume,
+      tokens: day.tokens,
+      classes: [...day.classes.keys()],
+      ttftQuantile: (q) => this.providerTtfts.quantile(id, q)
     }
   }
 
@@ -208,7 +260,7 @@ export class ClearWindow {
         for (const minute of byMinute.keys()) if (minute > last) last = minute
         this.mergeSpan(agg, modelClass, this.statsFrom, last + MINUTE_MS)
       }
-      return statsOf(modelClass, agg, this.ttfts.get(modelClass) ?? [])
+      return statsOf(modelClass, agg, (q) => this.classTtfts.quantile(modelClass, q))
     })
   }
 
