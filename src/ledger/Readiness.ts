@@ -121,11 +121,20 @@ export class Readiness extends Context.Service<
         }
       }).pipe(Effect.withSpan("Readiness.check"))
 
+      // The gauges say what the last finished run found: a run in progress (every few minutes, for as long as it
+      // reads the chain) does not turn them to 0, which a monitor would take for a failed reconciliation.
+      const lastFinished = sql<{ status: string; finished_at: number | null }>`
+        SELECT status, extract(epoch from finished_at)::float8 AS finished_at
+        FROM reconciliation_runs WHERE status <> 'running' ORDER BY id DESC LIMIT 1
+      `
       const refreshGauges = Effect.gen(function* () {
-        const recon = yield* reconciliation
-        yield* Metric.update(reconciliationOk, recon.status === "ok" ? 1 : 0)
-        yield* Metric.update(reconciliationTimestamp, recon.last_run_at ?? 0)
-      }).pipe(Effect.catchCause(() => Effect.void))
+        const [last] = yield* lastFinished
+        yield* Metric.update(reconciliationOk, last?.status === "ok" ? 1 : 0)
+        yield* Metric.update(reconciliationTimestamp, last?.finished_at ?? 0)
+      }).pipe(
+        Effect.catchCause(() => Effect.void),
+        bounded(() => undefined)
+      )
 
       return Readiness.of({ check, refreshGauges })
     })

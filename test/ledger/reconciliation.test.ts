@@ -76,7 +76,31 @@ describe("reconciliation against the chain (MAINNET=false)", () => {
           assert.strictEqual(ok.body.reconciliation.status, "ok")
           assert.isAbove(ok.body.reconciliation.last_run_at!, Date.now() / 1000 - 60)
           assert.strictEqual(yield* gauge("svc_reconciliation_ok"), 1)
-          assert.isAbove(yield* gauge("svc_reconciliation_last_run_timestamp_seconds"), 0)
+          const finishedAt = yield* gauge("svc_reconciliation_last_run_timestamp_seconds")
+          assert.isAbove(finishedAt, 0)
+
+          // The next run in progress: /ready says so, and the gauges keep what the last finished run found.
+          const again = yield* Deferred.make<void>()
+          const held = yield* Deferred.make<void>()
+          const next = yield* Effect.forkChild(
+            Reconciliation.make.pipe(
+              Effect.provideService(Chain, {
+                ...chain,
+                anchoredRoot: (epoch) =>
+                  Effect.andThen(
+                    Effect.andThen(Deferred.succeed(again, undefined), Deferred.await(held)),
+                    chain.anchoredRoot(epoch)
+                  )
+              }),
+              Effect.flatMap((r) => r.runOnce)
+            )
+          )
+          yield* Deferred.await(again)
+          assert.strictEqual((yield* ready).body.reconciliation.status, "running")
+          assert.strictEqual(yield* gauge("svc_reconciliation_ok"), 1)
+          assert.strictEqual(yield* gauge("svc_reconciliation_last_run_timestamp_seconds"), finishedAt)
+          yield* Deferred.succeed(held, undefined)
+          assert.strictEqual((yield* Fiber.join(next)).status, "ok")
 
           // 1. A landed authorization's value no longer matches its transfer on chain.
           const [auth] = yield* sql<{ request_id: string; value: string; tx_hash: string }>`
