@@ -203,7 +203,9 @@ const main = async () => {
     )
     const market = await runtime.runPromise(Effect.service(MarketData))
     const startMs = performance.now() - startAt
-    const held = await runtime.runPromise(Effect.map(market.window, (w) => w.size))
+    const held = await runtime.runPromise(
+      Effect.map(market.window, (w) => w.stats(w.classes()).reduce((n, c) => n + c.count, 0))
+    )
 
     const time = async (path: string) => {
       const xs: Array<number> = []

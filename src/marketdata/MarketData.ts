@@ -11,8 +11,6 @@ import { Drain } from "../process/Drain.ts"
 import { type Fanout, makeFanout } from "./Fanout.ts"
 import {
   type ClearRecord,
-  candles,
-  compositeIndex,
   type Grid,
   MINUTE_MS,
   PRICE_UNIT,
@@ -158,8 +156,8 @@ export class MarketData extends Context.Service<
       const drain = yield* Drain
       const classIds = catalog.classes.map((c) => c.id)
 
-      // Minutes for the longest series window and a bucket; raw clears for the longest window of sub-minute
-      // buckets (an hour) and a minute (D549).
+      // Minutes for the longest series window and a bucket; seconds for the longest window of sub-minute
+      // buckets (an hour) and a minute (D549, D551).
       const held = new ClearWindow(
         STATS_WINDOW_MS,
         STATS_WINDOW_MS + SERIES_BOUNDS.maxWindowMs / 24,
@@ -209,7 +207,7 @@ export class MarketData extends Context.Service<
           to,
           points: STATS_WINDOW_MS / SNAPSHOT_INDEX_BUCKET_MS
         }
-        const index = held.indexByMinutes(classIds, grid)
+        const index = held.index(classIds, grid)
         return {
           last_clears: held.latest(TAPE_LENGTH).map(tapeEntry),
           index: { value: index.value, components: index.components },
@@ -349,7 +347,6 @@ export class MarketData extends Context.Service<
       // A series answer is a function of its grid, its classes and what the window holds: kept until
       // the window changes (a clear, a roll), so a burst of readers of one chart computes it once.
       const answers = new SeriesCache(64)
-      const inMinutes = (grid: Grid) => grid.bucketMs % MINUTE_MS === 0
 
       const candlesOf = Effect.fn("MarketData.candles")(function* (
         query: SeriesQuery & { readonly model_class?: string | undefined }
@@ -362,18 +359,11 @@ export class MarketData extends Context.Service<
           held.version,
           (): Candles => {
             const classes = modelClass === null ? held.classes() : [modelClass]
-            const sub = () => {
-              const rows = held.range(grid.from, grid.to)
-              return candles(
-                modelClass === null ? rows : rows.filter((c) => c.modelClass === modelClass),
-                grid
-              )
-            }
             return {
               object: "market.candles",
               model_class: modelClass,
               ...seriesFields(grid),
-              candles: inMinutes(grid) ? held.candlesByMinutes(classes, grid) : sub()
+              candles: held.candles(classes, grid)
             }
           },
           encodeCandles
@@ -394,9 +384,7 @@ export class MarketData extends Context.Service<
           key,
           held.version,
           (): MarketIndex => {
-            const result = inMinutes(grid)
-              ? held.indexByMinutes(basket, grid)
-              : compositeIndex(held.range(grid.from, grid.to), basket, grid)
+            const result = held.index(basket, grid)
             return {
               object: "market.index",
               classes: basket,

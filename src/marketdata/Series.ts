@@ -180,8 +180,8 @@ export type GridError = { readonly param: "window_ms" | "bucket_ms"; readonly me
 /**
  * The grid a request asks for: a window outside (0, max] is refused; the bucket is clamped into
  * [max(minimum, window / maxPoints), window], then a bucket of a minute or more, and any bucket of a
- * window longer than `minuteBucketsAboveMs`, is rounded down to whole minutes (at least one; D231), and
- * the grid ends with the bucket holding `now`.
+ * window longer than `minuteBucketsAboveMs`, is rounded down to whole minutes (at least one; D231), any
+ * other to whole seconds (at least one; D551), and the grid ends with the bucket holding `now`.
  */
 export const resolveGrid = (
   now: number,
@@ -213,7 +213,7 @@ export const resolveGrid = (
   const bucket =
     clamped >= MINUTE_MS || window > bounds.minuteBucketsAboveMs
       ? Math.max(MINUTE_MS, Math.floor(clamped / MINUTE_MS) * MINUTE_MS)
-      : clamped
+      : Math.max(1_000, Math.floor(clamped / 1_000) * 1_000)
   const points = Math.ceil(window / bucket)
   const to = (Math.floor(now / bucket) + 1) * bucket
   return {

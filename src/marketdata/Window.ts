@@ -28,6 +28,11 @@ import { TtftHours } from "./TtftHours.ts"
 const HOUR_MS = 60 * MINUTE_MS
 
 const minuteOf = (at: number) => at - (((at % MINUTE_MS) + MINUTE_MS) % MINUTE_MS)
+const SECOND_MS = 1_000
+const secondOf = (at: number) => at - (((at % SECOND_MS) + SECOND_MS) % SECOND_MS)
+
+/** The clears on the tape: the snapshot shows 25 (`TAPE_LENGTH`). */
+export const TAPE_KEEP = 100
 
 /** First index whose clear is not before `at` (clears sorted `byTime`). */
 export const lowerBound = (clears: ReadonlyArray<ClearRecord>, at: number) => {
@@ -64,7 +69,10 @@ export interface ProviderDay {
  * whenever what a read could answer changes (a clear added, a window moved), so answers can be cached by it.
  */
 export class ClearWindow {
-  private clears: Array<ClearRecord> = []
+  /** The newest `TAPE_KEEP` clears, by time: the tape. */
+  private tape: Array<ClearRecord> = []
+  /** Each class's aggregate per whole second of the raw window: sub-minute candles and the index (D551). */
+  private readonly seconds = new Map<string, Map<number, Aggregate>>()
   /** The newest `SEEN_IDS` ids added, and the same in the order added (a ring: the oldest is overwritten). */
   private readonly ids = new Set<number>()
   private readonly idRing = new Float64Array(SEEN_IDS)
@@ -100,9 +108,11 @@ export class ClearWindow {
     this.rawMs = Math.min(rawMs, keepMs)
   }
 
-  /** How many raw clears are held. */
-  get size() {
-    return this.clears.length
+  /** How many per-second aggregates are held (at most the raw window's seconds for each class). */
+  get heldSeconds() {
+    let n = 0
+    for (const bySecond of this.seconds.values()) n += bySecond.size
+    return n
   }
 
   /** Adds a clear unless it is known or older than what is kept; says whether anything changed. */
@@ -116,18 +126,22 @@ export class ClearWindow {
     this.idCount += 1
     this.ids.add(c.id)
     if (c.id > this.maxId) this.maxId = c.id
-    if (c.at >= this.rawFrom) {
-      const last = this.clears[this.clears.length - 1]
-      if (last === undefined || byTime(last, c) <= 0) this.clears.push(c)
-      else {
-        let i = this.clears.length
-        while (i > 0 && byTime(this.clears[i - 1]!, c) > 0) i -= 1
-        this.clears.splice(i, 0, c)
-      }
-    }
+    if (c.at >= this.rawFrom)
+      addClear(minuteEntry(this.seconds, c.modelClass, secondOf(c.at), emptyAggregate), c)
+    this.onTape(c)
     this.count(c)
     this.version += 1
     return true
+  }
+
+  /** Keeps `c` on the tape when it is among the newest `TAPE_KEEP`, in time order. */
+  private onTape(c: ClearRecord) {
+    const tape = this.tape
+    if (tape.length >= TAPE_KEEP && byTime(c, tape[0]!) < 0) return
+    let i = tape.length
+    while (i > 0 && byTime(tape[i - 1]!, c) > 0) i -= 1
+    tape.splice(i, 0, c)
+    if (tape.length > TAPE_KEEP) tape.shift()
   }
 
   private count(c: ClearRecord) {
@@ -171,8 +185,9 @@ export class ClearWindow {
     const keepFrom = minuteOf(Math.min(statsFrom, now - this.keepMs))
     const rawFrom = Math.max(keepFrom, minuteOf(now - this.rawMs))
     if (rawFrom > this.rawFrom) {
-      const cut = lowerBound(this.clears, rawFrom)
-      if (cut > 0) this.clears = this.clears.slice(cut)
+      for (const bySecond of this.seconds.values()) {
+        for (const second of bySecond.keys()) if (second < rawFrom) bySecond.delete(second)
+      }
       this.rawFrom = rawFrom
       this.version += 1
     }
@@ -183,6 +198,8 @@ export class ClearWindow {
       for (const byHour of this.hours.values()) {
         for (const hour of byHour.keys()) if (hour < keepFrom) byHour.delete(hour)
       }
+      const cut = lowerBound(this.tape, keepFrom)
+      if (cut > 0) this.tape = this.tape.slice(cut)
       this.keepFrom = keepFrom
       this.version += 1
     }
@@ -201,14 +218,9 @@ export class ClearWindow {
     }
   }
 
-  /** The raw clears in `[from, to)`, oldest first. */
-  range(from: number, to: number): ReadonlyArray<ClearRecord> {
-    return this.clears.slice(lowerBound(this.clears, from), lowerBound(this.clears, to))
-  }
-
-  /** The newest `n` clears, newest first. */
+  /** The newest `n` clears (at most `TAPE_KEEP`), newest first. */
   latest(n: number): ReadonlyArray<ClearRecord> {
-    return this.clears.slice(-n).reverse()
+    return this.tape.slice(-n).reverse()
   }
 
   /** A class's hour (a multiple of an hour) merged from its minutes; kept until one of them changes. */
@@ -265,30 +277,43 @@ export class ClearWindow {
   }
 
   /**
-   * One aggregate per bucket of a grid whose buckets are whole minutes, from the per-minute aggregates
-   * of the classes given: a look-up per minute of the grid, whatever the number of clears.
+   * One aggregate per bucket of a grid, from the per-minute aggregates of the classes given when its buckets are
+   * whole minutes (a look-up per minute of the grid), else from the per-second ones of the raw window (a grid of
+   * sub-minute buckets spans at most an hour, D231, and its buckets are whole seconds, D551): whatever the number
+   * of clears.
    */
-  bucketsByMinutes(classes: ReadonlyArray<string>, grid: Grid): Array<Aggregate> {
-    if (grid.bucketMs % MINUTE_MS !== 0 || grid.from % MINUTE_MS !== 0) {
-      throw new RangeError(`a grid of ${grid.bucketMs} ms buckets from ${grid.from} is not in whole minutes`)
+  buckets(classes: ReadonlyArray<string>, grid: Grid): Array<Aggregate> {
+    const minutes = grid.bucketMs % MINUTE_MS === 0 && grid.from % MINUTE_MS === 0
+    if (!minutes && (grid.bucketMs % SECOND_MS !== 0 || grid.from % SECOND_MS !== 0)) {
+      throw new RangeError(`a grid of ${grid.bucketMs} ms buckets from ${grid.from} is not in whole seconds`)
     }
     return Array.from({ length: grid.points }, (_, i) => {
       const agg = emptyAggregate()
       const from = grid.from + i * grid.bucketMs
-      for (const modelClass of classes) this.mergeSpan(agg, modelClass, from, from + grid.bucketMs)
+      for (const modelClass of classes) {
+        if (minutes) this.mergeSpan(agg, modelClass, from, from + grid.bucketMs)
+        else {
+          const bySecond = this.seconds.get(modelClass)
+          if (bySecond === undefined || bySecond.size === 0) continue
+          for (let t = from; t < from + grid.bucketMs; t += SECOND_MS) {
+            const s = bySecond.get(t)
+            if (s !== undefined) mergeAggregate(agg, s)
+          }
+        }
+      }
       return agg
     })
   }
 
-  /** Candles of the classes given (their sum: the whole market when given every class), in whole minutes. */
-  candlesByMinutes(classes: ReadonlyArray<string>, grid: Grid): Array<Candle> {
-    return this.bucketsByMinutes(classes, grid).map((agg, i) => candleOf(grid.from + i * grid.bucketMs, agg))
+  /** Candles of the classes given (their sum: the whole market when given every class). */
+  candles(classes: ReadonlyArray<string>, grid: Grid): Array<Candle> {
+    return this.buckets(classes, grid).map((agg, i) => candleOf(grid.from + i * grid.bucketMs, agg))
   }
 
-  /** The index over a grid whose buckets are whole minutes, from the per-minute aggregates. */
-  indexByMinutes(classes: ReadonlyArray<string>, grid: Grid): IndexResult {
+  /** The composite index of the classes given over a grid. */
+  index(classes: ReadonlyArray<string>, grid: Grid): IndexResult {
     return compositeIndexOf(
-      classes.map((modelClass) => ({ modelClass, buckets: this.bucketsByMinutes([modelClass], grid) })),
+      classes.map((modelClass) => ({ modelClass, buckets: this.buckets([modelClass], grid) })),
       grid
     )
   }

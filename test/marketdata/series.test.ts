@@ -267,6 +267,7 @@ describe("market data properties", () => {
           const g = resolved.grid
           assert.isAtMost(g.points, SERIES_BOUNDS.maxPoints)
           assert.isAtLeast(g.bucketMs, SERIES_BOUNDS.minBucketMs)
+          assert.strictEqual(g.bucketMs % 1_000, 0, "whole seconds")
           assert.isTrue(g.from <= now && now < g.to)
           assert.strictEqual(g.to - g.from, g.points * g.bucketMs)
           assert.isAtLeast(g.to - g.from, window)

@@ -88,7 +88,7 @@ describe("the rolling window keeps what a pass over the clears would compute", (
           const to = (Math.floor(now / HOUR) + 1) * HOUR
           const grid: Grid = { windowMs: STATS, bucketMs: HOUR, from: to - STATS, to, points: 24 }
           assert.deepStrictEqual(
-            window.indexByMinutes(["A", "B", "C"], grid),
+            window.index(["A", "B", "C"], grid),
             compositeIndex(kept, ["A", "B", "C"], grid)
           )
           assert.deepStrictEqual(
@@ -104,7 +104,7 @@ describe("the rolling window keeps what a pass over the clears would compute", (
       )
     ))
 
-  it("candles and the index from minutes and hours equal a pass over the raw clears, for any whole-minute grid", () =>
+  it("candles and the index from minutes, hours and seconds equal a pass over the clears, for any grid", () =>
     fc.assert(
       fc.property(
         history,
@@ -116,37 +116,46 @@ describe("the rolling window keeps what a pass over the clears would compute", (
         ([clears, arrival], rolls, now, windowMs, bucketMs, basket) => {
           const window = new ClearWindow(STATS, STATS + HOUR)
           const steps = [...rolls].filter((t) => t <= now).sort((a, b) => a - b)
+          const counted: Array<ClearRecord> = []
           arrival.forEach((c, i) => {
             if (steps.length > 0 && i === Math.floor(arrival.length / 2))
               for (const t of steps) window.roll(t)
-            window.add(c)
+            if (window.add(c)) counted.push(c)
           })
           // A read after clears came in: some hours were merged before the later clears of them arrived.
           const early = resolveGrid(now, SERIES_BOUNDS, STATS, HOUR)
-          if (early._tag === "Grid") window.indexByMinutes(["A", "B", "C"], early.grid)
-          for (const c of clears) window.add({ ...c, id: c.id + 1_000, at: c.at + 7 * 60_000 })
+          if (early._tag === "Grid") window.index(["A", "B", "C"], early.grid)
+          for (const c of clears) {
+            const later = { ...c, id: c.id + 1_000, at: c.at + 7 * 60_000 }
+            if (window.add(later)) counted.push(later)
+          }
           window.roll(now)
           const resolved = resolveGrid(now, SERIES_BOUNDS, windowMs, bucketMs)
           assert.strictEqual(resolved._tag, "Grid")
-          if (resolved._tag !== "Grid" || resolved.grid.bucketMs % 60_000 !== 0) return
+          if (resolved._tag !== "Grid") return
           const grid = resolved.grid
-          const raw = window.range(grid.from, grid.to)
+          // What a pass over the clears kept reads: those counted, in the minutes still kept.
+          const statsFrom = Math.floor((now - STATS) / 60_000) * 60_000
+          const keptFrom = Math.floor(Math.min(statsFrom, now - STATS - HOUR) / 60_000) * 60_000
+          const raw = counted
+            .filter((c) => c.at >= keptFrom && c.at >= grid.from && c.at < grid.to)
+            .sort(byTime)
           for (const cls of basket) {
             assert.deepStrictEqual(
-              window.candlesByMinutes([cls], grid),
+              window.candles([cls], grid),
               candles(
                 raw.filter((c) => c.modelClass === cls),
                 grid
               )
             )
           }
-          assert.deepStrictEqual(window.candlesByMinutes(window.classes(), grid), candles(raw, grid))
-          assert.deepStrictEqual(window.indexByMinutes(basket, grid), compositeIndex(raw, basket, grid))
+          assert.deepStrictEqual(window.candles(window.classes(), grid), candles(raw, grid))
+          assert.deepStrictEqual(window.index(basket, grid), compositeIndex(raw, basket, grid))
         }
       )
     ))
 
-  it("a bucket of a minute or more, and every bucket of a window over an hour, is whole minutes", () => {
+  it("a bucket of a minute or more, and every bucket of a window over an hour, is whole minutes; any other whole seconds", () => {
     const at = (window: number, bucket: number | undefined) => {
       const resolved = resolveGrid(1_000_000_000, SERIES_BOUNDS, window, bucket)
       return resolved._tag === "Grid" ? resolved.grid.bucketMs : null
@@ -158,5 +167,9 @@ describe("the rolling window keeps what a pass over the clears would compute", (
     assert.strictEqual(at(HOUR, 5_000), 5_000)
     assert.strictEqual(at(HOUR, 61_500), 60_000)
     assert.strictEqual(at(10 * 60_000, 1), 1_000)
+    // Any other bucket is whole seconds (D551): the last hour is kept per second.
+    assert.strictEqual(at(HOUR, 7_500), 7_000)
+    assert.strictEqual(at(10 * 60_000, 1_999), 1_000)
+    assert.strictEqual(at(HOUR, undefined), 60_000)
   })
 })

@@ -68,10 +68,11 @@ const history = fc
   .chain((n) => fc.tuple(...Array.from({ length: n }, (_, i) => arbClear(i + 1))))
   .chain((clears) => fc.tuple(fc.constant(clears), fc.shuffledSubarray(clears, { minLength: clears.length })))
 
-// D549: what the window keeps does not grow with the clears it counted: raw clears only for an hour and a
-// minute, TTFTs in hourly histograms, providers' figures per minute; every read answers as a pass would.
+// D549, D551: what the window keeps does not grow with the clears it counted: aggregates per minute, and per
+// second for the last hour and a minute, TTFTs in hourly histograms, providers' figures per minute, the newest
+// clears for the tape; every read answers as a pass over the clears would.
 describe("the rolling window keeps counts, not clears", () => {
-  it("stats, a provider's day, the tape and day-long candles equal a pass over the clears, with raw clears kept an hour", () =>
+  it("stats, a provider's day, the tape, the last hour's and the day's candles equal a pass over the clears", () =>
     fc.assert(
       fc.property(
         history,
@@ -149,23 +150,42 @@ describe("the rolling window keeps counts, not clears", () => {
               }
             )
           }
-          // Raw clears: an hour and a minute's, the tape their newest.
-          const rawFrom = Math.floor((now - RAW) / MINUTE) * MINUTE
-          const raw = counted.filter((c) => c.at >= rawFrom).sort(byTime)
-          assert.strictEqual(window.size, raw.length)
+          // The tape: the newest clears counted in the minutes kept.
+          const minutesKept = Math.floor(Math.min(statsFrom, now - STATS - HOUR) / MINUTE) * MINUTE
+          const kept = counted.filter((c) => c.at >= minutesKept).sort(byTime)
           assert.deepStrictEqual(
             window.latest(5).map((c) => c.id),
-            raw
+            kept
               .slice(-5)
               .reverse()
               .map((c) => c.id)
           )
+          // The last hour in seconds: candles of 7 s buckets from the per-second aggregates, as a pass over the
+          // clears of the raw window; never more than a second's aggregate per class of it.
+          const rawFrom = Math.floor((now - RAW) / MINUTE) * MINUTE
+          const secondsTo = (Math.floor(now / 7_000) + 1) * 7_000
+          const seconds: Grid = {
+            windowMs: HOUR,
+            bucketMs: 7_000,
+            from: secondsTo - 515 * 7_000,
+            to: secondsTo,
+            points: 515
+          }
+          assert.deepStrictEqual(
+            window.candles(window.classes(), seconds),
+            candles(
+              counted
+                .filter((c) => c.at >= Math.max(rawFrom, seconds.from) && c.at < seconds.to)
+                .sort(byTime),
+              seconds
+            )
+          )
+          assert.isAtMost(window.heldSeconds, 3 * (RAW / 1_000))
           // A day of hourly candles from the minutes, with no raw clear older than the hour.
           const to = (Math.floor(now / HOUR) + 1) * HOUR
           const grid: Grid = { windowMs: STATS, bucketMs: HOUR, from: to - STATS, to, points: 24 }
-          const minutesKept = Math.floor(Math.min(statsFrom, now - STATS - HOUR) / MINUTE) * MINUTE
           assert.deepStrictEqual(
-            window.candlesByMinutes(window.classes(), grid),
+            window.candles(window.classes(), grid),
             candles(counted.filter((c) => c.at >= minutesKept).sort(byTime), grid)
           )
         }
@@ -229,7 +249,7 @@ describe("the rolling window keeps counts, not clears", () => {
     const repeat = clearOf(n - 10, { at: now - 1, cls: "A", provider: "p1", input: 10, output: 10, ttft: 5 })
     assert.isFalse(window.add(repeat))
     assert.strictEqual(window.stats(["A"])[0]!.count, n)
-    // Only the last hour and a minute's raw clears are held.
-    assert.isBelow(window.size, n / 10)
+    // Only the last hour and a minute in seconds: one class, at most one aggregate a second.
+    assert.isAtMost(window.heldSeconds, RAW / 1_000)
   })
 })
