@@ -1,15 +1,13 @@
-import { randomBytes } from "node:crypto"
 import { PgClient } from "@effect/sql-pg"
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect, Layer, Queue } from "effect"
 import { SqlClient } from "effect/sql"
 import { Chain } from "../../src/chain/Chain.ts"
-import { chargeNumerator, feeSplit } from "../../src/domain/Billing.ts"
-import type { Economics } from "../../src/domain/Economics.ts"
-import type { ReceiptBody } from "../../src/domain/Receipt.ts"
-import { type CaptureRecord, Ledger } from "../../src/ledger/Ledger.ts"
+import { chargeNumerator } from "../../src/domain/Billing.ts"
+import { Ledger } from "../../src/ledger/Ledger.ts"
 import { TestDatabase } from "../support/Database.ts"
 import { fundedKey } from "../support/Keys.ts"
+import { reservedClear } from "./support.ts"
 
 /**
  * The market clears of a settling statement (D547): written once at the end of the statement that settles a
@@ -28,72 +26,19 @@ interface Spec {
   readonly ttftMs: number
 }
 
-/** A reservation on `key` and the capture that settles it, with real economics (so it clears). */
+/** A reservation on `key` and the record whose capture settles it, with real economics (so it clears). */
 const reserved = (key: { keyId: string; wallet: string }, spec: Spec) =>
-  Effect.gen(function* () {
-    const ledger = yield* Ledger
-    const requestId = `req_${randomBytes(12).toString("hex")}`
-    const tariff = { price_in: 100_000 + spec.input, price_out: 400_000 + spec.output }
-    const tokens = { input: spec.input, cachedInput: 0, output: spec.output }
-    const charged = Math.ceil(Number(chargeNumerator(tokens, tariff)) / 1_000_000)
-    const authorized = charged + 1_000
-    yield* ledger.reserveCredit(
-      {
-        requestId,
-        dialect: "chat",
-        payer: key.wallet,
-        requestedModel: "chat-small",
-        modelClass: "chat-small",
-        providerId: spec.providerId,
-        authorized,
-        agent: {}
-      },
-      key.keyId
-    )
-    const receipt: ReceiptBody = {
-      request_id: requestId,
-      wallet: key.wallet,
-      provider_id: spec.providerId,
-      model_class: "chat-small",
-      in_tokens: spec.input,
-      out_tokens: spec.output,
-      cached_tokens: 0,
-      ...tariff,
-      price_in_cached: null,
-      charged,
-      authorized,
-      payment_ref: `credit:${key.keyId}`,
-      refund_ref: null,
-      ttft_ms: spec.ttftMs,
-      status: "ok",
-      settlement: "landed",
-      epoch_id: 1,
-      session_id: null,
-      quotes_competing: 2,
-      created_at: spec.at
-    }
-    const { routerFee, providerShare } = feeSplit(charged)
-    const economics: Economics = {
-      request_id: requestId,
-      version: "second-score/1",
-      mechanism: "second-score",
-      profile: "balanced",
-      unit: "base units",
-      tokens: { input: spec.input, cached_input: 0, output: spec.output },
-      winner: { provider: spec.providerId, model: "chat-small", own_ask: tariff, own_ask_charge: charged },
-      clear: tariff,
-      price_setter: "runner-up",
-      charged,
-      authorized,
-      second_score_premium: 0,
-      competitors: [],
-      quotes_competing: 2,
-      latency: { ttft_ms: spec.ttftMs },
-      fee_split: { router_fee_bps: 700, router_fee: routerFee, provider_share: providerShare, total: charged }
-    }
-    const record: CaptureRecord = { receipt, economics, source: { _tag: "Credit", keyId: key.keyId } }
-    return { requestId, charged, record }
-  }).pipe(Effect.orDie)
+  reservedClear(
+    {
+      at: spec.at,
+      modelClass: "chat-small",
+      providerId: spec.providerId,
+      tokens: { input: spec.input, output: spec.output },
+      tariff: { price_in: 100_000 + spec.input, price_out: 400_000 + spec.output },
+      ttftMs: spec.ttftMs
+    },
+    key
+  ).pipe(Effect.orDie)
 
 interface Rollup {
   clears: number

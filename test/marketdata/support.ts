@@ -18,10 +18,10 @@ export interface ClearSpec {
 }
 
 /**
- * A paid request's records written by the ledger's own capture (or release), as the paid path writes
- * them: a funded key's reservation, then the receipt and economics in one transaction.
+ * A paid request reserved on a funded key (`key`, or one of its own) by the ledger, and the record its capture (or
+ * release) writes: the receipt and economics as the paid path builds them.
  */
-export const ledgerClear = (spec: ClearSpec) =>
+export const reservedClear = (spec: ClearSpec, key?: { readonly keyId: string; readonly wallet: string }) =>
   Effect.gen(function* () {
     const ledger = yield* Ledger
     const requestId = `req_${randomBytes(12).toString("hex")}`
@@ -32,23 +32,23 @@ export const ledgerClear = (spec: ClearSpec) =>
     }
     const charged = spec.released ? 0 : Math.ceil(Number(chargeNumerator(tokens, spec.tariff)) / 1_000_000)
     const authorized = Math.max(charged, 1)
-    const key = yield* fundedKey({ budget: 10 ** 12, balance: 10 ** 12 })
+    const payer = key ?? (yield* fundedKey({ budget: 10 ** 12, balance: 10 ** 12 }))
     yield* ledger.reserveCredit(
       {
         requestId,
         dialect: "chat",
-        payer: key.wallet,
+        payer: payer.wallet,
         requestedModel: spec.modelClass,
         modelClass: spec.modelClass,
         providerId: spec.providerId,
         authorized,
         agent: {}
       },
-      key.keyId
+      payer.keyId
     )
     const receipt: ReceiptBody = {
       request_id: requestId,
-      wallet: key.wallet,
+      wallet: payer.wallet,
       provider_id: spec.providerId,
       model_class: spec.modelClass,
       in_tokens: tokens.input,
@@ -59,7 +59,7 @@ export const ledgerClear = (spec: ClearSpec) =>
       price_in_cached: null,
       charged,
       authorized,
-      payment_ref: `credit:${key.keyId}`,
+      payment_ref: `credit:${payer.keyId}`,
       refund_ref: null,
       ttft_ms: spec.ttftMs,
       status: spec.released ? "released" : "ok",
@@ -93,8 +93,19 @@ export const ledgerClear = (spec: ClearSpec) =>
       latency: { ttft_ms: spec.ttftMs },
       fee_split: { router_fee_bps: 700, router_fee: routerFee, provider_share: providerShare, total: charged }
     }
-    const record = { receipt, economics, source: { _tag: "Credit", keyId: key.keyId } as const }
+    const record = { receipt, economics, source: { _tag: "Credit", keyId: payer.keyId } as const }
+    return { requestId, charged, wallet: payer.wallet, record }
+  })
+
+/**
+ * A paid request's records written by the ledger's own capture (or release), as the paid path writes
+ * them: a funded key's reservation, then the receipt and economics in one transaction.
+ */
+export const ledgerClear = (spec: ClearSpec) =>
+  Effect.gen(function* () {
+    const ledger = yield* Ledger
+    const { requestId, charged, wallet, record } = yield* reservedClear(spec)
     if (spec.released) yield* ledger.release(record)
     else yield* ledger.capture(record)
-    return { requestId, charged, wallet: key.wallet }
+    return { requestId, charged, wallet }
   })
