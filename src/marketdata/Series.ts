@@ -213,7 +213,8 @@ export const resolveGrid = (
   const bucket =
     clamped >= MINUTE_MS || window > bounds.minuteBucketsAboveMs
       ? Math.max(MINUTE_MS, Math.floor(clamped / MINUTE_MS) * MINUTE_MS)
-      : Math.max(1_000, Math.floor(clamped / 1_000) * 1_000)
+      : // Down to whole seconds, but never under the narrowest bucket that keeps the grid within its points.
+        Math.max(Math.ceil(floor / 1_000) * 1_000, Math.floor(clamped / 1_000) * 1_000)
   const points = Math.ceil(window / bucket)
   const to = (Math.floor(now / bucket) + 1) * bucket
   return {

@@ -171,5 +171,7 @@ describe("the rolling window keeps what a pass over the clears would compute", (
     assert.strictEqual(at(HOUR, 7_500), 7_000)
     assert.strictEqual(at(10 * 60_000, 1_999), 1_000)
     assert.strictEqual(at(HOUR, undefined), 60_000)
+    // Rounded down would take the grid past its 1,440 points: up to the next whole second instead.
+    assert.strictEqual(at(1_440_001, 1), 2_000)
   })
 })
