@@ -80,6 +80,12 @@ const writeClears = (first: number, count: number, at?: number) =>
                  ceil((tin * pin + tout * pout) / 1000000.0)::bigint, 'captured',
                  to_timestamp(at / 1000.0), to_timestamp(at / 1000.0)
           FROM bench_gen`)
+        // The economics before the receipts: the receipts' statement trigger clears what has both (D547).
+        yield* sql.unsafe(`
+          INSERT INTO economics (request_id, body)
+          SELECT id, jsonb_build_object('request_id', id, 'profile', 'balanced', 'price_setter', 'runner-up',
+                                        'quotes_competing', 3, 'clear', jsonb_build_object('price_in', pin, 'price_out', pout))
+          FROM bench_gen`)
         yield* sql.unsafe(`
           INSERT INTO receipts (request_id, epoch_id, body, final)
           SELECT id, 1, jsonb_build_object(
@@ -89,11 +95,6 @@ const writeClears = (first: number, count: number, at?: number) =>
             'authorized', 100000000, 'payment_ref', 'credit:bench', 'refund_ref', null, 'ttft_ms', ttft,
             'status', 'ok', 'settlement', 'landed', 'epoch_id', 1, 'session_id', null, 'quotes_competing', 3,
             'created_at', at), true
-          FROM bench_gen`)
-        yield* sql.unsafe(`
-          INSERT INTO economics (request_id, body)
-          SELECT id, jsonb_build_object('request_id', id, 'profile', 'balanced', 'price_setter', 'runner-up',
-                                        'quotes_competing', 3, 'clear', jsonb_build_object('price_in', pin, 'price_out', pout))
           FROM bench_gen`)
       })
     )

@@ -64,7 +64,7 @@ process.on("message", (message: { type: string; id?: string }) => {
     watching = Buffer.from(message.id ?? "")
     process.send?.({ type: "watching" })
     setTimeout(() => {
-      if (watching === message.id) report()
+      if (watching?.equals(Buffer.from(message.id ?? ""))) report()
     }, 10_000)
   }
   if (message.type === "bytes") process.send?.({ type: "bytes", bytes })

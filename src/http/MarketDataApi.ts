@@ -31,7 +31,7 @@ export class MarketDataApi extends HttpApiGroup.make("marketData").add(
     error: openAi(InvalidRequest)
   }).annotate(
     OpenApi.Description,
-    "OHLC and token-weighted VWAP of the blended cleared price per bucket. `window_ms` at most 86,400,000 (refused above); `bucket_ms` clamped to at least 1,000 and to at most 1,440 points, and to whole minutes when a minute or more or when the window is over 1 h."
+    "OHLC and token-weighted VWAP of the blended cleared price per bucket. `window_ms` at most 86,400,000 (refused above); `bucket_ms` clamped to at least 1,000 and to at most 1,440 points, and to whole minutes when a minute or more or when the window is over 1 h, else to whole seconds."
   ),
   HttpApiEndpoint.get("index", "/v1/market/index", {
     query: { classes: Schema.optional(Schema.String), window_ms: Millis, bucket_ms: Millis },
@@ -103,7 +103,7 @@ export class FeedbackApi extends HttpApiGroup.make("feedback").add(
     error: [openAi(InvalidRequest), openAi(Unauthorized), openAi(NotFound), openAi(Conflict)]
   }).annotate(
     OpenApi.Description,
-    "One rating (1..5, optional `task`) of a served request, with its `x-stream-token`, within 10 minutes; a second rating is 409 `feedback_already_recorded`."
+    "One rating (1..5, optional `task`) of a served request, with its `x-stream-token`, while the serving instance holds its stream (10 minutes, less once newer replies fill `STREAM_REPLAY_MB`); a second rating is 409 `feedback_already_recorded`."
   )
 ) {}
 

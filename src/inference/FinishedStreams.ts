@@ -1,7 +1,7 @@
 /**
  * The finished streams a process keeps for replay, in the order they finished, with what each keeps, held
- * within a byte budget: past it, the oldest go first (D548). Pure: the registry says which streams may go
- * (their work has ended) and takes them out of its map.
+ * within a byte budget: past it, the oldest whose work has ended go first (D548). Pure: the registry says which
+ * streams may go and takes them out of its map.
  */
 
 /**
@@ -19,10 +19,17 @@ export interface Kept {
 export const keptBytesOf = (kept: Kept) =>
   kept.body.byteLength + (kept.offsets?.byteLength ?? 0) + RECORD_BYTES
 
+interface Entry<S> {
+  readonly stream: S
+  readonly bytes: number
+  readonly finishedAt: number
+}
+
 export class FinishedStreams<S> {
-  private readonly queue: Array<{ readonly stream: S; readonly bytes: number; readonly finishedAt: number }> =
-    []
+  private readonly queue: Array<Entry<S>> = []
   private head = 0
+  /** Older than the queue's head: streams the trim passed while their work was still ending, oldest first. */
+  private parked: Array<Entry<S>> = []
   /** The bytes of the streams kept, counted when each finished. */
   bytes = 0
   readonly budget: number
@@ -32,7 +39,7 @@ export class FinishedStreams<S> {
   }
 
   get size() {
-    return this.queue.length - this.head
+    return this.queue.length - this.head + this.parked.length
   }
 
   /** A stream that finished at `finishedAt` keeping `bytes`. */
@@ -43,16 +50,29 @@ export class FinishedStreams<S> {
 
   /**
    * Takes the oldest out, each told to `drop`, while the bytes are over the budget or the oldest finished
-   * before `expiredBefore`; it stops at a stream whose work has not ended (`done`), which is kept until it has.
+   * before `expiredBefore`. A stream whose work has not ended (`done`) is never taken: it is passed over and
+   * kept aside, and goes first once its work has ended and the trim asks for room or its age again.
    */
   trim(done: (stream: S) => boolean, drop: (stream: S) => void, expiredBefore = Number.NEGATIVE_INFINITY) {
+    const due = (entry: Entry<S>) => this.bytes > this.budget || entry.finishedAt < expiredBefore
+    const take = (entry: Entry<S>) => {
+      this.bytes -= entry.bytes
+      drop(entry.stream)
+    }
+    if (this.parked.length > 0) {
+      const still: Array<Entry<S>> = []
+      for (const entry of this.parked) {
+        if (due(entry) && done(entry.stream)) take(entry)
+        else still.push(entry)
+      }
+      this.parked = still
+    }
     while (this.head < this.queue.length) {
       const oldest = this.queue[this.head]!
-      if (this.bytes <= this.budget && oldest.finishedAt >= expiredBefore) break
-      if (!done(oldest.stream)) break
+      if (!due(oldest)) break
       this.head++
-      this.bytes -= oldest.bytes
-      drop(oldest.stream)
+      if (done(oldest.stream)) take(oldest)
+      else this.parked.push(oldest)
     }
     // The taken entries' slots are let go once they are most of the array.
     if (this.head > 1024 && this.head * 2 > this.queue.length) {

@@ -56,11 +56,12 @@ export const settleBatchFallbacks = Metric.counter("svc_settle_batch_fallbacks_t
  * settlements is then written alone by its caller, by the same statement over one row, failing as it
  * would have alone.
  *
- * One wallet a batch, only settlements that charge something (D420), and the receipts and economics
+ * One wallet a batch, only settlements that charge something (D420), and the receipts
  * inserted in the order of the shared rows their triggers write: a statement locks its wallet's points row
  * (every receipt in it moves the wallet's points, the first one locks the row), then provider points shards in
- * `(provider, shard)` order, then at commit the market's rollup shards in their key's order, as a single
- * settlement does with one of each. So no two statements (batched or not, here or on another instance)
+ * `(provider, shard)` order, then the market's rollup shards in their key's order (the receipts' statement
+ * triggers, in the order of their names, at the statement's end: D546, D547), as a single settlement does with
+ * one of each. So no two statements (batched or not, here or on another instance)
  * can wait on each other in a cycle.
  *
  * None of that order rests on the order Postgres runs the CTEs in, which is unspecified (D519): every write
@@ -100,8 +101,6 @@ export const makeSettleBatch = Effect.fnUntraced(function* (sql: SqlClient.SqlCl
       ), economics AS (
         INSERT INTO economics (request_id, body)
         SELECT request_id, economics FROM claimed
-        ORDER BY (receipt->>'created_at')::bigint / 3600000, receipt->>'model_class', receipt->>'provider_id',
-                 hashtext(request_id) & 7
       ), entries AS (
         INSERT INTO ledger_entries (request_id, account, kind, amount)
         SELECT c.request_id, e.account, e.kind, e.amount

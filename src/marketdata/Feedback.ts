@@ -10,7 +10,7 @@ export const GENERAL_TASK = "general"
 
 /**
  * Routing feedback (spec 4.1, docs/decisions.md D129): one explicit rating per served request, proven by
- * the request's `x-stream-token` while the serving instance still holds its stream (10 minutes), and the
+ * the request's `x-stream-token` while the serving instance still holds its stream (10 minutes, less under load: D548), and the
  * aggregate evidence per (class, task) at `GET /v1/analytics/task-fit`: the rows of the board that
  * automatic routing reads when a request names a task (D232), re-read at once after a rating.
  */
@@ -41,7 +41,7 @@ export class Feedback extends Context.Service<
         if (stream === undefined) {
           return yield* new NotFound({
             code: "request_not_found",
-            message: `No served request ${requestId} to rate here (ratings are taken within 10 minutes, by the instance that served it)`
+            message: `No served request ${requestId} to rate here (ratings are taken while the instance that served it holds its stream: up to 10 minutes)`
           })
         }
         if (!live.verify(stream, token)) {

@@ -112,8 +112,8 @@ const encodeCandles = jsonOf(Candles)
 const encodeIndex = jsonOf(MarketIndex)
 
 /**
- * Public market data (spec 4.4, docs/decisions.md D120–D126). The clears of the last 24 h are held in
- * memory, sorted by time: loaded from `market_clears` at start, then fed by the trigger's notification
+ * Public market data (spec 4.4, docs/decisions.md D120–D126). The clears of the last 24 h are counted in
+ * memory (`Window.ts`, D549, D551): loaded from `market_clears` at start, then fed by the trigger's notification
  * of each committed clear (with a catch-up read every 10 s in case one was missed). The snapshot is
  * computed once per change (a clear, a quote in or out) and encoded once; every subscriber of the
  * events gets those same bytes, written to all of them in one pass (`Fanout.ts`). Reads of candles, the index and stats run over the window
@@ -175,7 +175,9 @@ export class MarketData extends Context.Service<
       load(
         yield* sql
           .unsafe<Record<string, unknown>>(
-            `SELECT ${CLEAR_COLUMNS} FROM market_clears WHERE at_ms >= $1 ORDER BY at_ms, id`,
+            // In id order: the window counts a clear once by the newest ids it saw (D549), and a catch-up
+            // re-reads the newest ids.
+            `SELECT ${CLEAR_COLUMNS} FROM market_clears WHERE at_ms >= $1 ORDER BY id`,
             [started - STATS_WINDOW_MS - 60_000]
           )
           .pipe(Effect.orDie)
@@ -306,8 +308,13 @@ export class MarketData extends Context.Service<
         Effect.repeat(Schedule.spaced(settings.bookPollMs)),
         Effect.forkScoped
       )
-      // The window rolls: once a minute the snapshot is recomputed even when nothing cleared.
-      yield* Effect.sync(changed).pipe(Effect.repeat(Schedule.spaced("1 minute")), Effect.forkScoped)
+      // The window rolls once a minute whether or not anything reads it: what it keeps is bounded by its
+      // rolls (an instance that only serves paid calls still counts every clear, D549), and the snapshot is
+      // recomputed even when nothing cleared.
+      yield* Effect.gen(function* () {
+        held.roll(yield* Clock.currentTimeMillis)
+        changed()
+      }).pipe(Effect.repeat(Schedule.spaced("1 minute")), Effect.forkScoped)
       const heartbeat = encoder.encode(": heartbeat\n\n")
       yield* Effect.sync(() => fanout.publish(heartbeat)).pipe(
         Effect.repeat(Schedule.spaced(settings.heartbeatMs)),

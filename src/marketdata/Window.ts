@@ -24,9 +24,9 @@ import {
 } from "./Series.ts"
 import { TtftHours } from "./TtftHours.ts"
 
-/** The start of the minute holding `at`. */
 const HOUR_MS = 60 * MINUTE_MS
 
+/** The start of the minute holding `at`. */
 const minuteOf = (at: number) => at - (((at % MINUTE_MS) + MINUTE_MS) % MINUTE_MS)
 const SECOND_MS = 1_000
 const secondOf = (at: number) => at - (((at % SECOND_MS) + SECOND_MS) % SECOND_MS)
@@ -64,8 +64,8 @@ export interface ProviderDay {
  * is kept does not grow with the number of clears (D549): one aggregate per class and minute over the series
  * windows (candles, the index and stats in whole minutes read these); for the stats window (the whole minutes
  * since `now - statsMs`) each class's TTFTs and each provider's figures, counted per minute and summed; the
- * raw clears, sorted by time, only for `rawMs` (sub-minute candles of a window of at most an hour, and the
- * tape). A clear is added once (by id), in any order; `roll` moves the windows forward. `version` changes
+ * aggregates per second only for `rawMs` (sub-minute candles and index of a window of at most an hour), and the
+ * newest clears for the tape. A clear is added once (by id), in any order; `roll` moves the windows forward. `version` changes
  * whenever what a read could answer changes (a clear added, a window moved), so answers can be cached by it.
  */
 export class ClearWindow {
@@ -99,13 +99,18 @@ export class ClearWindow {
   private readonly statsMs: number
   /** How long the minutes are kept (at least the longest series window plus a bucket). */
   private readonly keepMs: number
-  /** How long the raw clears are kept (at least the longest window of sub-minute buckets plus a bucket). */
+  /** How long the per-second aggregates are kept (at least the longest window of sub-minute buckets and a bucket). */
   private readonly rawMs: number
 
   constructor(statsMs: number, keepMs: number, rawMs = keepMs) {
     this.statsMs = statsMs
     this.keepMs = keepMs
     this.rawMs = Math.min(rawMs, keepMs)
+  }
+
+  /** How many ids are remembered to count each clear once (at most `SEEN_IDS`). */
+  get rememberedIds() {
+    return this.ids.size
   }
 
   /** How many per-second aggregates are held (at most the raw window's seconds for each class). */
@@ -147,7 +152,7 @@ export class ClearWindow {
   private count(c: ClearRecord) {
     const minute = minuteOf(c.at)
     addClear(minuteEntry(this.minutes, c.modelClass, minute, emptyAggregate), c)
-    this.hours.get(c.modelClass)?.delete(minute - (minute % HOUR_MS))
+    this.hours.get(c.modelClass)?.delete(minute - (((minute % HOUR_MS) + HOUR_MS) % HOUR_MS))
     if (c.at < this.statsFrom) return
     this.classTtfts.add(c.modelClass, c.at, c.ttftMs)
     this.providerTtfts.add(c.provider, c.at, c.ttftMs)

@@ -17,7 +17,7 @@ const reply = (bytes: number): KeptReply => ({
 // D548: the replies a process keeps for replay are bounded in bytes, the oldest let go first, never one whose
 // work still runs; and by age, as before.
 describe("the finished streams kept for replay", () => {
-  it("a property: within the budget once trimmed, oldest first, never past a stream still ending", () =>
+  it("a property: within the budget once trimmed but for streams still ending, each taken once, never one still ending", () =>
     fc.assert(
       fc.property(
         fc.integer({ min: 0, max: 50_000 }),
@@ -30,25 +30,55 @@ describe("the finished streams kept for replay", () => {
           const done = (i: number) => streams[i]!.done
           streams.forEach((s, i) => {
             kept.add(i, s.bytes, i)
+            const before = dropped.length
             kept.trim(done, (d) => dropped.push(d))
+            // Taken oldest first.
+            const now = dropped.slice(before)
+            assert.deepStrictEqual(
+              now,
+              [...now].sort((a, b) => a - b)
+            )
+            const left = streams.map((_, j) => j).filter((j) => j <= i && !dropped.includes(j))
+            assert.strictEqual(
+              kept.bytes,
+              left.reduce((sum, j) => sum + streams[j]!.bytes, 0)
+            )
+            assert.strictEqual(kept.size, left.length)
+            // Over the budget only with nothing left that may go.
+            if (kept.bytes > budget) assert.isTrue(left.every((j) => !done(j)))
           })
-          // Dropped in the order they finished, each once, none whose work had not ended.
-          assert.deepStrictEqual(
-            dropped,
-            dropped.map((_, i) => i)
-          )
+          assert.strictEqual(new Set(dropped).size, dropped.length)
           assert.isTrue(dropped.every(done))
-          const left = streams.slice(dropped.length)
-          assert.strictEqual(
-            kept.bytes,
-            left.reduce((sum, s) => sum + s.bytes, 0)
-          )
-          assert.strictEqual(kept.size, left.length)
-          // Over the budget only behind a stream still ending.
-          if (kept.bytes > budget) assert.isFalse(left[0]!.done)
         }
       )
     ))
+
+  it("a stream passed over while ending goes first once it has ended", () => {
+    const kept = new FinishedStreams<string>(250)
+    const ended = new Set(["b", "c", "d"])
+    const dropped: Array<string> = []
+    const trim = () =>
+      kept.trim(
+        (id) => ended.has(id),
+        (id) => dropped.push(id)
+      )
+    for (const [id, at] of [
+      ["a", 1],
+      ["b", 2],
+      ["c", 3]
+    ] as const) {
+      kept.add(id, 100, at)
+      trim()
+    }
+    // Over by one: "a" is still ending, so "b" goes.
+    assert.deepStrictEqual(dropped, ["b"])
+    ended.add("a")
+    trim()
+    assert.deepStrictEqual(dropped, ["b"], "within the budget now: nothing more goes")
+    kept.add("d", 100, 4)
+    trim()
+    assert.deepStrictEqual(dropped, ["b", "a"], "the oldest, once ended, before the newer")
+  })
 
   it("by age: what finished before the cut goes, oldest first, what finished after stays", () => {
     const kept = new FinishedStreams<string>(Number.POSITIVE_INFINITY)
@@ -94,18 +124,15 @@ describe("the finished streams kept for replay", () => {
           live.keep(stream, () => reply(4_000))
           yield* settle
         }
-        // Three fit. The oldest is still ending, so nothing behind it goes yet.
+        // Three fit. The oldest is still ending: it is passed over, and the next oldest go.
         assert.deepStrictEqual(
           [0, 1, 2, 3, 4].map((i) => live.get(`req_${i}`) !== undefined),
-          [true, true, true, true, true]
+          [true, false, false, true, true]
         )
-        // Once its work ends, the oldest go until the rest fit: the newest three stay.
+        // Once its work ends it is the first to go when room is wanted.
         yield* Deferred.succeed(settled, undefined)
         yield* settle
-        assert.deepStrictEqual(
-          [0, 1, 2, 3, 4].map((i) => live.get(`req_${i}`) !== undefined),
-          [false, false, true, true, true]
-        )
+        assert.isDefined(live.get("req_0"))
         // A stream still serving is never counted, however many finish after it started.
         const release = yield* Deferred.make<void>()
         const running = yield* live.start<string>("req_live", (emit) =>

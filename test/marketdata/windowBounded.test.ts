@@ -249,7 +249,25 @@ describe("the rolling window keeps counts, not clears", () => {
     const repeat = clearOf(n - 10, { at: now - 1, cls: "A", provider: "p1", input: 10, output: 10, ttft: 5 })
     assert.isFalse(window.add(repeat))
     assert.strictEqual(window.stats(["A"])[0]!.count, n)
+    assert.strictEqual(window.rememberedIds, SEEN_IDS)
     // Only the last hour and a minute in seconds: one class, at most one aggregate a second.
     assert.isAtMost(window.heldSeconds, RAW / 1_000)
+  })
+
+  it("keeps a second's aggregate per class only for the last hour and a minute, however long it counts", () => {
+    const window = new ClearWindow(STATS, STATS + HOUR, RAW)
+    const start = 30 * HOUR
+    let id = 0
+    // Three hours of a clear a second in each of three classes, rolled every minute as the service rolls it.
+    for (let t = start; t < start + 3 * HOUR; t += 1_000) {
+      if (t % MINUTE === 0) window.roll(t)
+      for (const cls of ["A", "B", "C"]) {
+        window.add(clearOf(++id, { at: t, cls, provider: "p1", input: 10, output: 10, ttft: 50 }))
+      }
+    }
+    window.roll(start + 3 * HOUR)
+    assert.isAtMost(window.heldSeconds, 3 * (RAW / 1_000 + 60))
+    assert.isAtLeast(window.heldSeconds, 3 * (HOUR / 1_000))
+    assert.strictEqual(window.stats(["A"])[0]!.count, 3 * 3_600)
   })
 })

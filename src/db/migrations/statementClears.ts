@@ -58,7 +58,8 @@ export const statementClears: Migrations = {
               low = LEAST(m.low, EXCLUDED.low),
               ttft_sum = m.ttft_sum + EXCLUDED.ttft_sum
         )
-        SELECT count(pg_notify('market_clears', row_to_json(cleared)::text)) INTO notified FROM cleared;`
+        SELECT count(*) INTO notified
+        FROM (SELECT pg_notify('market_clears', row_to_json(c)::text) FROM (SELECT * FROM cleared ORDER BY id) c) n;`
     yield* sql.unsafe(`
       CREATE FUNCTION market_clear_request(p_request TEXT) RETURNS void
       LANGUAGE plpgsql AS $$
@@ -79,6 +80,10 @@ export const statementClears: Migrations = {
         notified BIGINT;
         one TEXT;
       BEGIN
+        -- A statement that inserted no receipt (a settlement already made) has nothing to clear.
+        IF NOT EXISTS (SELECT 1 FROM inserted_receipts) THEN
+          RETURN NULL;
+        END IF;
         BEGIN
           ${clearsOf("inserted_receipts")}
         EXCEPTION WHEN OTHERS THEN
