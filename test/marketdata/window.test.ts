@@ -1,6 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as fc from "fast-check"
-import { chargeNumerator } from "../../src/domain/Billing.ts"
 import type { ClassStats } from "../../src/domain/MarketData.ts"
 import {
   byTime,
@@ -13,6 +12,7 @@ import {
   SERIES_BOUNDS
 } from "../../src/marketdata/Series.ts"
 import { ClearWindow } from "../../src/marketdata/Window.ts"
+import { clearRecord, historyOf } from "./clears.ts"
 
 const HOUR = 3_600_000
 const STATS = 24 * HOUR
@@ -28,37 +28,9 @@ const arbClear = (id: number) =>
       priceOut: fc.integer({ min: 0, max: 30_000_000 }),
       ttft: fc.integer({ min: 0, max: 3_000 })
     })
-    .map((r): ClearRecord => {
-      const num = Number(
-        chargeNumerator(
-          { input: r.input, cachedInput: 0, output: r.output },
-          { price_in: r.priceIn, price_out: r.priceOut }
-        )
-      )
-      return {
-        id,
-        requestId: `r${id}`,
-        at: r.at,
-        modelClass: r.cls,
-        provider: "p",
-        profile: "balanced",
-        priceIn: r.priceIn,
-        priceOut: r.priceOut,
-        tokensIn: r.input,
-        tokensOut: r.output,
-        tokensCached: 0,
-        chargeNum: num,
-        charged: Math.ceil(num / 1_000_000),
-        ttftMs: r.ttft,
-        priceSetter: "runner-up",
-        quotesCompeting: 1
-      }
-    })
+    .map((r) => clearRecord(id, { ...r, provider: "p" }))
 
-const history = fc
-  .integer({ min: 0, max: 80 })
-  .chain((n) => fc.tuple(...Array.from({ length: n }, (_, i) => arbClear(i + 1))))
-  .chain((clears) => fc.tuple(fc.constant(clears), fc.shuffledSubarray(clears, { minLength: clears.length })))
+const history = historyOf(arbClear)
 
 describe("the rolling window keeps what a pass over the clears would compute", () => {
   it("stats and the hourly index from per-minute aggregates equal a fresh pass, in any arrival order, after rolls", () =>

@@ -1,6 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as fc from "fast-check"
-import { chargeNumerator } from "../../src/domain/Billing.ts"
 import type { ClassStats } from "../../src/domain/MarketData.ts"
 import {
   byTime,
@@ -19,6 +18,7 @@ import {
   ttftBucket
 } from "../../src/marketdata/TtftHours.ts"
 import { ClearWindow, SEEN_IDS } from "../../src/marketdata/Window.ts"
+import { clearRecord, historyOf } from "./clears.ts"
 
 const MINUTE = 60_000
 const HOUR = 60 * MINUTE
@@ -28,28 +28,7 @@ const RAW = HOUR + MINUTE
 const clearOf = (
   id: number,
   r: { at: number; cls: string; provider: string; input: number; output: number; ttft: number }
-): ClearRecord => {
-  const tariff = { price_in: 1_000_000 + 7 * id, price_out: 3_000_000 }
-  const num = Number(chargeNumerator({ input: r.input, cachedInput: 0, output: r.output }, tariff))
-  return {
-    id,
-    requestId: `r${id}`,
-    at: r.at,
-    modelClass: r.cls,
-    provider: r.provider,
-    profile: "balanced",
-    priceIn: tariff.price_in,
-    priceOut: tariff.price_out,
-    tokensIn: r.input,
-    tokensOut: r.output,
-    tokensCached: 0,
-    chargeNum: num,
-    charged: Math.ceil(num / 1_000_000),
-    ttftMs: r.ttft,
-    priceSetter: "runner-up",
-    quotesCompeting: 1
-  }
-}
+): ClearRecord => clearRecord(id, { ...r, priceIn: 1_000_000 + 7 * id, priceOut: 3_000_000 })
 
 const arbClear = (id: number) =>
   fc
@@ -63,10 +42,7 @@ const arbClear = (id: number) =>
     })
     .map((r) => clearOf(id, r))
 
-const history = fc
-  .integer({ min: 0, max: 80 })
-  .chain((n) => fc.tuple(...Array.from({ length: n }, (_, i) => arbClear(i + 1))))
-  .chain((clears) => fc.tuple(fc.constant(clears), fc.shuffledSubarray(clears, { minLength: clears.length })))
+const history = historyOf(arbClear)
 
 // D549, D551: what the window keeps does not grow with the clears it counted: aggregates per minute, and per
 // second for the last hour and a minute, TTFTs in hourly histograms, providers' figures per minute, the newest
