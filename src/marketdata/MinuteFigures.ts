@@ -1,17 +1,17 @@
-/** Per key (a class, a provider), per whole minute: what was added in that minute (D549). */
-export type ByMinute<T> = Map<string, Map<number, T>>
+/** Per key (a class, a provider), per whole minute or second: what was added in it (D549, D551). */
+export type ByKeyAndTime<T> = Map<string, Map<number, T>>
 
-/** The entry of `key`'s `minute`, made by `make` the first time. */
-export const minuteEntry = <T>(map: ByMinute<T>, key: string, minute: number, make: () => T): T => {
+/** The entry of `key`'s minute (or second) `at`, made by `make` the first time. */
+export const keyedEntry = <T>(map: ByKeyAndTime<T>, key: string, at: number, make: () => T): T => {
   let byMinute = map.get(key)
   if (byMinute === undefined) {
     byMinute = new Map()
     map.set(key, byMinute)
   }
-  let entry = byMinute.get(minute)
+  let entry = byMinute.get(at)
   if (entry === undefined) {
     entry = make()
-    byMinute.set(minute, entry)
+    byMinute.set(at, entry)
   }
   return entry
 }

@@ -1,9 +1,9 @@
 import type { Candle, ClassStats } from "../domain/MarketData.ts"
 import {
   addProviderClear,
-  type ByMinute,
+  type ByKeyAndTime,
   emptyProviderFigures,
-  minuteEntry,
+  keyedEntry,
   type ProviderFigures,
   subtractProviderFigures
 } from "./MinuteFigures.ts"
@@ -84,7 +84,7 @@ export class ClearWindow {
   private readonly classTtfts = new TtftHours()
   private readonly providerTtfts = new TtftHours()
   /** Each provider's figures in the stats window, by minute and summed. */
-  private readonly providerMinutes: ByMinute<ProviderFigures> = new Map()
+  private readonly providerMinutes: ByKeyAndTime<ProviderFigures> = new Map()
   private readonly providers = new Map<string, ProviderFigures>()
   /** Clears at or after this are in the stats (a whole minute). */
   private statsFrom = Number.NEGATIVE_INFINITY
@@ -132,7 +132,7 @@ export class ClearWindow {
     this.ids.add(c.id)
     if (c.id > this.maxId) this.maxId = c.id
     if (c.at >= this.rawFrom)
-      addClear(minuteEntry(this.seconds, c.modelClass, secondOf(c.at), emptyAggregate), c)
+      addClear(keyedEntry(this.seconds, c.modelClass, secondOf(c.at), emptyAggregate), c)
     this.onTape(c)
     this.count(c)
     this.version += 1
@@ -151,13 +151,13 @@ export class ClearWindow {
 
   private count(c: ClearRecord) {
     const minute = minuteOf(c.at)
-    addClear(minuteEntry(this.minutes, c.modelClass, minute, emptyAggregate), c)
+    addClear(keyedEntry(this.minutes, c.modelClass, minute, emptyAggregate), c)
     this.hours.get(c.modelClass)?.delete(minute - (((minute % HOUR_MS) + HOUR_MS) % HOUR_MS))
     if (c.at < this.statsFrom) return
     this.classTtfts.add(c.modelClass, c.at, c.ttftMs)
     this.providerTtfts.add(c.provider, c.at, c.ttftMs)
     const one = { modelClass: c.modelClass, charged: c.charged, tokens: tokensOf(c) }
-    addProviderClear(minuteEntry(this.providerMinutes, c.provider, minute, emptyProviderFigures), one)
+    addProviderClear(keyedEntry(this.providerMinutes, c.provider, minute, emptyProviderFigures), one)
     let day = this.providers.get(c.provider)
     if (day === undefined) {
       day = emptyProviderFigures()
