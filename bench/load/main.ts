@@ -16,8 +16,9 @@
  * Knobs: BENCH_SECONDS (per closed-loop phase, default 8), BENCH_ROUNDS (default 2), BENCH_OPEN_SECONDS
  * (default 8), BENCH_RATE (the open loop's requests per second, default 100), BENCH_STREAMS (held-open
  * streams, default 5000), BENCH_LATE_SECONDS (how much longer than the "5 s after the streams" readings the
- * last RSS reading waits, default 20), BENCH_QUIET_SECONDS (how long after the "idle after warm-up" reading the
- * router is left quiet before the second idle reading, default 8), BENCH_TARGETS (comma list of direct,portkey,router; default all),
+ * last RSS reading waits, default 36: past the router's 30 s quiet span, D552), BENCH_QUIET_SECONDS (how long after
+ * the "idle after warm-up" reading the router is left quiet before the second idle reading, default 34; every target
+ * is warmed again after it), BENCH_TARGETS (comma list of direct,portkey,router; default all),
  * BENCH_SNAPSHOTS=<dir> (the router writes a V8 heap snapshot there after 20 warm-up held streams and again with the
  * held streams open, `held-0.heapsnapshot` and `held-N.heapsnapshot`, and once more after the late RSS reading,
  * `after-N.heapsnapshot`, for `bench/heapDiff.ts`),
@@ -39,9 +40,9 @@ const SECONDS = Number(process.env.BENCH_SECONDS ?? 8)
 const OPEN_SECONDS = Number(process.env.BENCH_OPEN_SECONDS ?? 8)
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2)
 const STREAMS = Number(process.env.BENCH_STREAMS ?? 5000)
-const LATE_SECONDS = Number(process.env.BENCH_LATE_SECONDS ?? 20)
+const LATE_SECONDS = Number(process.env.BENCH_LATE_SECONDS ?? 36)
 const OPEN_RATE = Number(process.env.BENCH_RATE ?? 100)
-const QUIET_SECONDS = Number(process.env.BENCH_QUIET_SECONDS ?? 8)
+const QUIET_SECONDS = Number(process.env.BENCH_QUIET_SECONDS ?? 34)
 const STREAMED = process.env.BENCH_STREAM === "1"
 const SNAPSHOTS = process.env.BENCH_SNAPSHOTS
 const log = (line: string) => process.stderr.write(`[bench:load] ${line}\n`)
@@ -296,11 +297,14 @@ const main = async () => {
     const idle = usage(routerProcess.pid!)
     // Idle once quiet: read from /proc only, with no request from here but the quote refresh (a `/metrics`
     // read would be one), so the router's idle collection (D271, D307, D411) can run: it looks every 2 s
-    // and collects on the first look with nothing started since the one before.
+    // and collects once nothing has started for 30 s (D552).
     await sleep(QUIET_SECONDS * 1000)
     const quietIdle = usage(routerProcess.pid!)
     const idleHeap = await heapUsed(router)
     const portkeyIdle = portkeyProcess ? rssBytes(portkeyProcess.pid!) : Number.NaN
+    // That collection dropped the optimized code of the router's request path (D552): warm every target again,
+    // or the router's first phase would be its recompilation.
+    for (const name of order) await closedLoop(targets[name]!, 10, 2)
 
     const rows: Array<Row> = []
     const measure = async (name: string, load: string, run: () => Promise<LoadResult>) => {
@@ -381,6 +385,9 @@ const main = async () => {
     await sleep(5_000)
     const afterLoad = usage(routerProcess.pid!)
     const afterLoadHeap = await heapUsed(router)
+    // And once the router has been quiet long enough for its idle collection (30 s, D552): from /proc only.
+    await sleep(QUIET_SECONDS * 1000)
+    const quietAfterLoad = usage(routerProcess.pid!)
 
     // Held-open streams: memory per stream, router and Portkey.
     const holdBody = chatBody("Hold this stream open [[hold]]", true)
@@ -555,6 +562,7 @@ const main = async () => {
         `  idle after warm-up            router ${fmt(idle.rss.node / MB, 0)} MB RSS, ${fmt(idleHeap / MB, 0)} MB heap   Portkey ${fmt(portkeyIdle / MB, 0)} MB RSS`,
         `  ${`idle, quiet ${QUIET_SECONDS} s more`.padEnd(29)} router ${fmt(quietIdle.rss.node / MB, 0)} MB RSS (from /proc, no request meanwhile but the quote refresh: after the idle collection)`,
         `  5 s after the load            router ${fmt(afterLoad.rss.node / MB, 0)} MB RSS (${fmt((afterLoad.rss.node - idle.rss.node) / MB, 0)} MB over idle), ${fmt(afterLoadHeap / MB, 0)} MB heap (${fmt((afterLoadHeap - idleHeap) / MB, 0)} MB over idle)`,
+        `  ${`${QUIET_SECONDS + 5} s after the load`.padEnd(29)} router ${fmt(quietAfterLoad.rss.node / MB, 0)} MB RSS (${fmt((quietAfterLoad.rss.node - idle.rss.node) / MB, 0)} MB over idle; read from /proc only)`,
         ...Object.entries(perStream).flatMap(([name, s]) => [
           `  per held-open stream          ${name.padEnd(8)} ${fmt(s.perStreamKb, 1)} KB RSS, ${fmt(s.heapPerStreamKb, 1)} KB heap at ${s.held} streams (${s.failures} failed; all open ${fmt(s.openedSeconds, 1)} s after the last was sent)`,
           ...(s.collected === undefined

@@ -1,5 +1,5 @@
 /**
- * Run by `test/process/idleCollection.test.ts` as `node --expose-gc idleChild.ts [with|without]`:
+ * Run by `test/process/idleCollection.test.ts` as `node --expose-gc idleChild.ts [with|without] [quiet ms]`:
  * leaves about 150 MB of old-generation garbage in an otherwise quiet process, then prints its heap in use
  * and committed size once a second. One array in twenty is kept, spread over the pages the garbage was on:
  * with the idle collection layer running, a compacting collection should take the garbage and give those
@@ -7,11 +7,13 @@
  */
 import v8 from "node:v8"
 import { Effect, Layer } from "effect"
-import { IdleCollection } from "../../../src/process/IdleCollection.ts"
+import { IdleCollection, QUIET_MS } from "../../../src/process/IdleCollection.ts"
 
 const withLayer = process.argv[2] === "with"
+// How long the process must be quiet before it collects (the router's 30 s unless told).
+const quietMs = Number(process.argv[3] ?? QUIET_MS)
 // Started first, as the router starts it: what the heap holds then is its baseline.
-Effect.runFork(withLayer ? Layer.launch(IdleCollection.layer) : Effect.never)
+Effect.runFork(withLayer ? Layer.launch(IdleCollection.collectingAfter(quietMs)) : Effect.never)
 let garbage: Array<Array<number>> | undefined = []
 const kept: Array<Array<number>> = []
 for (let i = 0; i < 150_000; i++) {
