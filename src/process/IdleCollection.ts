@@ -11,8 +11,9 @@ import { Clock, Effect, Layer, Schedule } from "effect"
  * that then goes quiet allocates too little to reach it: the burst's garbage stays in the heap, and its
  * pages in RSS, indefinitely (Node runs no idle-time collection; measured: 1,009 MB heap in use 16 s and
  * 60 s after the streams ended, 148 MB once collected). So every `PERIOD`, when no HTTP response is in
- * flight, none started for `QUIET_MS`, and the old generation's heap in use is `GROWTH` above what the
- * last full collection left, this runs one. It needs `--expose-gc` (`npm start` passes it); without
+ * flight, none started since the last look, no look for `QUIET_MS` (from the start, at first) saw more than
+ * a trickle (`isBusy`), and the old generation's heap in use is `GROWTH` above what the last full collection
+ * left, this runs one. It needs `--expose-gc` (`npm start` passes it); without
  * it, nothing runs.
  * Health probes and metric scrapes are not work (D405): an orchestrator probing every second or two would
  * otherwise start a request between every two looks, and the router would never be quiet.
