@@ -1,18 +1,26 @@
 import { createRequire } from "node:module"
 import type { ChatMessage } from "../domain/Chat.ts"
 
-type Encode = typeof import("gpt-tokenizer/encoding/o200k_base")["encode"]
+type Count = typeof import("gpt-tokenizer/encoding/o200k_base")["countTokens"]
 
 /**
  * The o200k_base tokenizer, loaded at its first count: its rank table is about 20 MB of heap and 60 MB
  * of RSS that a router holds for nothing until a request is priced (D341). The same module `gpt-tokenizer`
- * exports as `encode`, so counts are unchanged.
+ * exports as `countTokens`, so counts are unchanged.
  */
-let loaded: Encode | undefined
-const encode: Encode = (text, options) => {
-  loaded ??= (createRequire(import.meta.url)("gpt-tokenizer/encoding/o200k_base") as { encode: Encode })
-    .encode
-  return loaded(text, options)
+let loaded: Count | undefined
+
+/**
+ * Text as text: a special token's spelling (`<|endoftext|>`) in a prompt or a reply is counted as the characters
+ * it is, as a provider reads a caller's text. The tokenizer's default refuses such text with an exception, which
+ * made any prompt that quoted one a 500 and any reply that did a failed meter (D554).
+ */
+const PLAIN = { disallowedSpecial: new Set<string>() }
+
+const count = (text: string): number => {
+  loaded ??= (createRequire(import.meta.url)("gpt-tokenizer/encoding/o200k_base") as { countTokens: Count })
+    .countTokens
+  return loaded(text, PLAIN)
 }
 
 /** Per-message framing overhead, as OpenAI counts chat messages. */
@@ -34,7 +42,7 @@ export const countTextTokens = (text: string): number => {
       const space = text.lastIndexOf(" ", end)
       if (space > start + WINDOW / 2) end = space
     }
-    total += encode(text.slice(start, end)).length
+    total += count(text.slice(start, end))
     start = end
   }
   return total
