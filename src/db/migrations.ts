@@ -5,6 +5,7 @@ import { paidPath } from "./migrations/paidPath.ts"
 import { payoutScan } from "./migrations/payoutScan.ts"
 import { perRequest } from "./migrations/perRequest.ts"
 import { programs } from "./migrations/programs.ts"
+import { queueReads } from "./migrations/queueReads.ts"
 import { reliability } from "./migrations/reliability.ts"
 import { settlementEvidence } from "./migrations/settlementEvidence.ts"
 import { statementClears } from "./migrations/statementClears.ts"
@@ -25,5 +26,6 @@ export const migrations: Migrations = {
   ...settlementEvidence,
   ...capacitySlots,
   ...statementPoints,
-  ...statementClears
+  ...statementClears,
+  ...queueReads
 }

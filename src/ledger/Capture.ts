@@ -132,11 +132,16 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
       ...effects.map(([name, effect]) => sql`${sql.literal(name)} AS (${effect})`),
       ...(record.lease === undefined
         ? []
-        : [sql`lease_released AS (DELETE FROM capacity_leases WHERE lease_id = ${record.lease})`])
+        : [
+            sql`lease_released AS (
+              SELECT capacity_release(ARRAY[${record.lease}]::text[]) AS n FROM (SELECT count(*) FROM claimed) settled
+            )`
+          ])
     ]
     return sql<{ claimed: number }>`
       WITH ${sql.join(", ", false)(ctes)}
-      SELECT count(*)::int AS claimed FROM claimed
+      SELECT count(*)::int AS claimed${record.lease === undefined ? sql`` : sql`, (SELECT n FROM lease_released) AS leases_released`}
+      FROM claimed
     `.pipe(Effect.map((result) => (result[0]?.claimed ?? 0) > 0))
   }
 

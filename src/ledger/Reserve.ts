@@ -353,8 +353,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
       )
       SELECT found.key_id, found.kind, found.invited, found.expired, (SELECT wallet FROM k) AS wallet,
              (SELECT greatest(k.remaining,
-                              k.remaining + (SELECT coalesce(sum(u.authorized - u.charged), 0) FROM credit_unfolded u
-                                             WHERE u.key_id = k.key_id) - (k.folded - found.folded))
+                              k.remaining + credit_unfolded_held(k.key_id) - (k.folded - found.folded))
               FROM k)::text AS remaining, (SELECT jsonb_object_agg(request_id, granted) FROM lease) AS leases,
              CASE WHEN EXISTS (SELECT 1 FROM k) THEN 1 / (SELECT count(*)::int FROM w) END AS guard,
              ${flushLater}

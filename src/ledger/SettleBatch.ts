@@ -119,9 +119,10 @@ export const makeSettleBatch = Effect.fnUntraced(function* (sql: SqlClient.SqlCl
         INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
         SELECT request_id, receipt->>'wallet', refund, epoch_id, 'due' FROM claimed WHERE refund > 0
       ), lease_released AS (
-        DELETE FROM capacity_leases WHERE lease_id IN (SELECT lease FROM settling)
+        SELECT capacity_release(ARRAY(SELECT lease FROM settling WHERE lease IS NOT NULL)) AS n
+        FROM (SELECT count(*) FROM claimed) settled
       )
-      SELECT request_id FROM claimed
+      SELECT request_id FROM claimed WHERE (SELECT n FROM lease_released) >= 0
     `.pipe(Effect.map((claimed) => new Set(claimed.map((row) => row.request_id))))
 
   const alone = (row: Settlement) => Effect.map(settleAll([row]), (claimed) => claimed.size > 0)

@@ -261,9 +261,7 @@ export class QuoteBook extends Context.Service<
               ? Effect.gen(function* () {
                   inFlight.set(key, Math.max(0, (inFlight.get(key) ?? 1) - 1))
                   if (!handedOff) {
-                    yield* sql`DELETE FROM capacity_leases WHERE lease_id = ${lease.leaseId}`.pipe(
-                      Effect.ignore
-                    )
+                    yield* sql`SELECT capacity_release(ARRAY[${lease.leaseId}]::text[])`.pipe(Effect.ignore)
                   }
                 })
               : Effect.void

@@ -47,6 +47,13 @@ const costOf = (spans: ReadonlyArray<ReadableSpan>) => {
   }
 }
 
+/**
+ * Whether a statement reads a queue table itself: the leases, the slots and the unfolded captures are read only
+ * through their functions, whose plans probe the indexes however small the tables were when planned (D553).
+ */
+const readsQueueTable = (text: string) =>
+  /\b(FROM|JOIN|UPDATE)\s+(capacity_leases|capacity_slots|credit_unfolded)\b/i.test(text)
+
 const paidCall = (key: string) =>
   postJson(
     "/v1/chat/completions",
@@ -86,6 +93,7 @@ describe("the paid credit-key path's database cost", () => {
           ),
           `no key lookup, lease or lease delete of its own:\n  ${listing}`
         )
+        assert.isFalse(cost.statements.some(readsQueueTable), `a queue table read as planned:\n  ${listing}`)
         assert.strictEqual(trace.filter((s) => s.name === "sql.transaction").length, 0)
         // The router's own spans (the simulated provider's, in the same trace, are not the router's):
         // the request, admission, the auction, the upstream call, serving, settling, and one per
@@ -138,6 +146,7 @@ describe("the paid credit-key path's database cost", () => {
           statements.some((text) => /^\s*SELECT acquire_capacity/i.test(text)),
           `no lease statement of its own:\n  ${listing}`
         )
+        assert.isFalse(statements.some(readsQueueTable), `a queue table read as planned:\n  ${listing}`)
         assert.isTrue(
           statements.some((text) => /INSERT INTO x402_authorizations[\s\S]*acquire_capacity/i.test(text)),
           `the reservation takes the lease:\n  ${listing}`

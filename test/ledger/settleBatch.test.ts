@@ -328,7 +328,12 @@ describe("settlements ready in the same turn are written in one statement", () =
           }
         )
 
-        // Settled again, together: nothing claimed, nothing written twice.
+        // Settled again, together: nothing claimed, nothing written twice; a lease the requests still named (taken
+        // again here) is ended by the statement all the same, as it is whether or not the statement claims.
+        for (const request of requests) {
+          yield* sql`INSERT INTO capacity_leases (lease_id, provider_id, model_class, expires_at)
+                     VALUES (${request.lease}, 'p1', 'chat-small', now() + interval '1 minute')`
+        }
         exporter.reset()
         const again = yield* Effect.forEach(requests, (request) => settle(request, 1), {
           concurrency: "unbounded"
@@ -337,6 +342,11 @@ describe("settlements ready in the same turn are written in one statement", () =
           again,
           requests.map(() => false)
         )
+        const [{ left }] = (yield* sql<{ left: number }>`
+          SELECT count(*)::int AS left FROM capacity_leases WHERE lease_id IN ${sql.in(requests.map((r) => r.lease))}`) as [
+          { left: number }
+        ]
+        assert.strictEqual(left, 0, "leases of a statement that claimed nothing")
         assert.deepStrictEqual(statements(), { batched: 1, alone: 0 })
         for (const [i, request] of requests.entries()) {
           const rows = yield* written(request.requestId)
