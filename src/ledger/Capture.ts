@@ -129,19 +129,17 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
                    AS e(account text, kind text, amount bigint)
             )`
           ]),
-      ...effects.map(([name, effect]) => sql`${sql.literal(name)} AS (${effect})`),
-      ...(record.lease === undefined
-        ? []
-        : [
-            sql`lease_released AS (
-              SELECT capacity_release(ARRAY[${record.lease}]::text[]) AS n FROM (SELECT count(*) FROM claimed) settled
-            )`
-          ])
+      ...effects.map(([name, effect]) => sql`${sql.literal(name)} AS (${effect})`)
     ]
+    // The lease ends in the one row the count always gives, once `claimed` is read whole: after the claim,
+    // whether or not it claimed (D553).
+    const leaseReleased =
+      record.lease === undefined
+        ? sql``
+        : sql`, capacity_release(ARRAY[${record.lease}]::text[]) AS leases_released`
     return sql<{ claimed: number }>`
       WITH ${sql.join(", ", false)(ctes)}
-      SELECT count(*)::int AS claimed${record.lease === undefined ? sql`` : sql`, (SELECT n FROM lease_released) AS leases_released`}
-      FROM claimed
+      SELECT count(*)::int AS claimed${leaseReleased} FROM claimed
     `.pipe(Effect.map((result) => (result[0]?.claimed ?? 0) > 0))
   }
 

@@ -19,11 +19,10 @@ import type { Migrations } from "./Migrations.ts"
 export const queueReads: Migrations = {
   "0042_queue_index_reads": Effect.gen(function* () {
     const sql = yield* SqlClient.SqlClient
-    // The capacity functions (0039): each probe of a slot, of the leases above the ceiling and of an expired
-    // lease is an index range read on `capacity_leases_slot_held` or `capacity_slots_pkey`.
+    // The capacity function (0039): each probe of a slot, of the leases above the ceiling and of an expired
+    // lease is an index range read on `capacity_leases_slot_held` or `capacity_slots_pkey`. The two slot functions
+    // it calls (and nothing else does) plan under its setting, which holds for the whole call.
     yield* sql`ALTER FUNCTION acquire_capacity(TEXT, TEXT, INTEGER, TEXT, INTERVAL) SET enable_seqscan = off`
-    yield* sql`ALTER FUNCTION capacity_free_slot_of(TEXT, TEXT, INTEGER[]) SET enable_seqscan = off`
-    yield* sql`ALTER FUNCTION capacity_free_slot(TEXT, TEXT, INTEGER) SET enable_seqscan = off`
     // Ends the capacity leases named (any of them not held is skipped): probes of the primary key. Returns how
     // many it ended.
     yield* sql`
