@@ -3,6 +3,7 @@ import { Clock, Effect, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import { getAddress, type Hash } from "viem"
 import { Chain, type ChainError } from "../chain/Chain.ts"
+import { idList } from "../db/IdList.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { Treasury } from "./Treasury.ts"
 
@@ -153,7 +154,7 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
                         'paying', ${epochId}, ${fromBlock.toString()})`
               const linked = yield* sql`
                 UPDATE requests SET payout_id = ${payout.payout_id}
-                WHERE request_id IN ${sql.in(provider.request_ids)} AND payout_id IS NULL RETURNING request_id`
+                WHERE request_id IN ${idList(sql, provider.request_ids)} AND payout_id IS NULL RETURNING request_id`
               if (linked.length !== provider.request_ids.length) {
                 return yield* Effect.die(
                   new Error(`shares of ${payout.provider_id} were claimed concurrently`)

@@ -1,6 +1,7 @@
 import { Clock, Effect, Metric, Option, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import { getAddress, type Hex } from "viem"
+import { idList } from "../db/IdList.ts"
 import { Ledger } from "./Ledger.ts"
 import { Treasury } from "./Treasury.ts"
 
@@ -62,7 +63,7 @@ export const makeRefunds = (options: {
     const stampRefund = (requestIds: ReadonlyArray<string>, refundRef: string) =>
       Effect.gen(function* () {
         const open = yield* sql<{ request_id: string }>`
-        SELECT request_id FROM receipts WHERE request_id IN ${sql.in(requestIds)} AND leaf IS NULL
+        SELECT request_id FROM receipts WHERE request_id IN ${idList(sql, requestIds)} AND leaf IS NULL
       `.pipe(Effect.orDie)
         yield* Effect.forEach(
           open,
@@ -80,11 +81,14 @@ export const makeRefunds = (options: {
             Effect.gen(function* () {
               const paid = yield* sql<{ request_id: string }>`
               UPDATE refunds SET status = 'paid', settled_at = now()
-              WHERE request_id IN ${sql.in(requestIds)} AND status = 'paying' RETURNING request_id`
+              WHERE request_id IN ${idList(sql, requestIds)} AND status = 'paying' RETURNING request_id`
               if (paid.length === 0) return
               yield* sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
                        SELECT request_id, payer, 'refund_paid', amount, ${hash} FROM refunds
-                       WHERE request_id IN ${sql.in(paid.map((p) => p.request_id))}`
+                       WHERE request_id IN ${idList(
+                         sql,
+                         paid.map((p) => p.request_id)
+                       )}`
             })
           )
           .pipe(Effect.orDie)
@@ -93,7 +97,7 @@ export const makeRefunds = (options: {
       })
 
     const backToDue = (requestIds: ReadonlyArray<string>) =>
-      sql`UPDATE refunds SET status = 'due', tx_hash = NULL WHERE request_id IN ${sql.in(requestIds)}`.pipe(
+      sql`UPDATE refunds SET status = 'due', tx_hash = NULL WHERE request_id IN ${idList(sql, requestIds)}`.pipe(
         Effect.orDie
       )
 
@@ -114,7 +118,7 @@ export const makeRefunds = (options: {
           return yield* backToDue(requestIds)
         }
         const hash = sent.success
-        yield* sql`UPDATE refunds SET tx_hash = ${hash} WHERE request_id IN ${sql.in(requestIds)}`.pipe(
+        yield* sql`UPDATE refunds SET tx_hash = ${hash} WHERE request_id IN ${idList(sql, requestIds)}`.pipe(
           Effect.orDie
         )
         const outcome = yield* treasury.confirm(hash).pipe(Effect.option)
@@ -160,10 +164,10 @@ export const makeRefunds = (options: {
             )
             for (const group of ready) {
               if (Number(group.total) >= payoutFloor) {
-                yield* sql`UPDATE refunds SET status = 'paying' WHERE request_id IN ${sql.in(group.request_ids)}`
+                yield* sql`UPDATE refunds SET status = 'paying' WHERE request_id IN ${idList(sql, group.request_ids)}`
               } else {
                 yield* sql`UPDATE refunds SET status = 'credited', settled_at = now()
-                         WHERE request_id IN ${sql.in(group.request_ids)}`
+                         WHERE request_id IN ${idList(sql, group.request_ids)}`
                 yield* sql`
                 INSERT INTO wallet_balances (wallet, available) VALUES (${group.payer}, ${group.total})
                 ON CONFLICT (wallet) DO UPDATE
@@ -171,7 +175,7 @@ export const makeRefunds = (options: {
               `
                 yield* sql`INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
                          SELECT request_id, payer, 'refund_credited', amount, 'balance' FROM refunds
-                         WHERE request_id IN ${sql.in(group.request_ids)}`
+                         WHERE request_id IN ${idList(sql, group.request_ids)}`
               }
             }
             return ready

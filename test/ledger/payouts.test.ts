@@ -600,5 +600,45 @@ describe("a payouts pass pays the unpaid shares of ended epochs and none of the 
           assert.isTrue((yield* linkedTo(unpaid)).every((r) => r.payout_id === null))
         })
     )
+
+    it.effect(
+      "a provider with more shares than a statement has bind parameters (40,000 in an ended epoch) is paid them in one transfer (D556)",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const payouts = yield* makeProviderPayouts({ payoutFloor: FLOOR })
+          yield* fundTreasury(1_000_000_000n)
+          const ended = epochOf(Date.now(), LONG_EPOCH_SECONDS) - 1
+          const signer = yield* registerProvider("prov-busy")
+          const first = yield* seedRequest("prov-busy", ended, "credit")
+          // A busy hour: the one captured request copied 39,999 times, its request, receipt and share.
+          const copies = 39_999
+          yield* sql`
+            INSERT INTO requests
+            SELECT c.* FROM requests q, generate_series(1, ${copies}) g,
+              LATERAL jsonb_populate_record(NULL::requests, to_jsonb(q) || jsonb_build_object('request_id', q.request_id || '_' || g)) c
+            WHERE q.request_id = ${first}`
+          yield* sql`
+            INSERT INTO receipts
+            SELECT c.* FROM receipts r, generate_series(1, ${copies}) g,
+              LATERAL jsonb_populate_record(NULL::receipts, to_jsonb(r) || jsonb_build_object('request_id', r.request_id || '_' || g)) c
+            WHERE r.request_id = ${first}`
+          yield* sql`
+            INSERT INTO ledger_entries (request_id, account, kind, amount, ref)
+            SELECT l.request_id || '_' || g, l.account, l.kind, l.amount, l.ref
+            FROM ledger_entries l, generate_series(1, ${copies}) g
+            WHERE l.request_id = ${first} AND l.kind = 'provider_share'`
+          // Planned as after a busy hour, once autovacuum has analyzed the tables.
+          yield* sql`ANALYZE requests, receipts, ledger_entries`
+
+          assert.strictEqual(yield* payouts.settle, 1)
+          const payout = yield* assertPaidOnce("prov-busy", signer, BigInt(copies + 1) * SHARE)
+          const [linked] = yield* sql<{ n: number }>`
+            SELECT count(*)::int AS n FROM requests WHERE provider_id = 'prov-busy' AND payout_id = ${payout.payout_id}`
+          assert.strictEqual(linked!.n, copies + 1)
+          assert.strictEqual(yield* payouts.settle, 0)
+        }),
+      { timeout: 120_000 }
+    )
   })
 })

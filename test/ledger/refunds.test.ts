@@ -150,6 +150,40 @@ describe("refund batches the treasury cannot cover", () => {
       })
     )
 
+    it.effect(
+      "40,000 refunds due to one payer, more than a statement has bind parameters, go in one transfer (D556)",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const chain = yield* Chain
+          const refunds = yield* makeRefunds({ payoutFloor: 1, currentEpoch: Effect.succeed(1_000) })
+          const payer = privateKeyToAccount(generatePrivateKey()).address.toLowerCase()
+          const count = 40_000
+          yield* fundTreasury(BigInt(count))
+          yield* sql`INSERT INTO requests (request_id, dialect, payment_kind, payer, requested_model, model_class,
+                                         provider_id, authorized, charged, status)
+                   SELECT 'req_many_' || g, 'openai', 'x402', ${payer}, 'chat-small', 'chat-small', 'prov-refund',
+                          2, 1, 'captured'
+                   FROM generate_series(1, ${count}) g`
+          yield* sql`INSERT INTO x402_authorizations (payer, nonce, request_id, value, valid_after, valid_before,
+                                                    status, tx_hash)
+                   SELECT ${payer}, '0x' || lpad(to_hex(g), 64, '0'), 'req_many_' || g, 2, 0, ${2 ** 40}, 'landed',
+                          ${`0x${"ab".repeat(32)}`}
+                   FROM generate_series(1, ${count}) g`
+          yield* sql`INSERT INTO refunds (request_id, payer, amount, epoch_id, status)
+                   SELECT 'req_many_' || g, ${payer}, 1, 1, 'due' FROM generate_series(1, ${count}) g`
+          // Planned as after a busy hour, once autovacuum has analyzed the tables.
+          yield* sql`ANALYZE requests, x402_authorizations, refunds`
+          yield* refunds.settle
+          const [row] = yield* sql<{ paid: number; booked: string }>`
+          SELECT (SELECT count(*)::int FROM refunds WHERE payer = ${payer} AND status = 'paid') AS paid,
+                 (SELECT coalesce(sum(amount), 0)::text FROM ledger_entries
+                  WHERE account = ${payer} AND kind = 'refund_paid') AS booked`
+          assert.deepStrictEqual(row, { paid: count, booked: String(count) })
+          assert.strictEqual(yield* chain.balanceOf(payer as Hex), BigInt(count))
+        }).pipe(Effect.orDie)
+    )
+
     it.effect("whose transfer is sent and reverts back off like one that was never sent", () =>
       Effect.gen(function* () {
         const sql = yield* SqlClient.SqlClient
