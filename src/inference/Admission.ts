@@ -3,7 +3,7 @@ import { charge } from "../domain/Billing.ts"
 import { type ChatCompletionRequest, maxTokensOf } from "../domain/Chat.ts"
 import { NotFound, ServiceUnavailable } from "../domain/Errors.ts"
 import type { PaymentSource } from "../ledger/Ledger.ts"
-import { leaseRequestOf } from "../market/QuoteBook.ts"
+import { leaseRequestOf, QuoteBook } from "../market/QuoteBook.ts"
 import { Rfq } from "../market/Rfq.ts"
 import { FundingService } from "../payment/Funding.ts"
 import { type SessionRow, Sessions } from "../payment/Sessions.ts"
@@ -20,6 +20,7 @@ import { marketRequestOf } from "./Requirements.ts"
  */
 export const makeAdmission = Effect.gen(function* () {
   const rfq = yield* Rfq
+  const book = yield* QuoteBook
   const fundingService = yield* FundingService
   const sessions = yield* Sessions
   const taskBudgets = yield* TaskBudgets
@@ -111,8 +112,9 @@ export const makeAdmission = Effect.gen(function* () {
       reservation: {
         ...reservationOf(requestId, context.dialect, request.model, auction.winner, context.agent),
         sessionId,
-        // The reservation takes the winner's capacity slot in the same statement (D311).
-        lease: leaseRequestOf(auction.winningQuote)
+        // The reservation takes the winner's capacity slot in the same statement (D311), unless a lease of
+        // its (provider, class) is warm here: serving then takes that one, with no round trip (D555).
+        lease: book.hasWarm(auction.winningQuote) ? undefined : leaseRequestOf(auction.winningQuote)
       },
       subject: opening ? "this session's budget" : "the worst case of this request",
       // Spec 5.2: a per-turn completion takes `upto` too; a session's budget is `exact` only.

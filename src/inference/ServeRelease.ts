@@ -171,7 +171,8 @@ export const settleReservation =
           sessionId: input.request.routing?.session_id ?? null,
           agent: input.agent
         },
-        lease: slot?.leaseId
+        // The row the capture ends, unless the lease stays warm for the next request (D555).
+        lease: slot?.endsWith()
       })
       if (settled) slot?.handOff()
     }).pipe(Effect.ensuring(letGo(input.holding)), Effect.orDie)

@@ -1,4 +1,4 @@
-import { Clock, Context, Effect, Layer, Schema, type Scope } from "effect"
+import { Clock, Config, Context, Effect, Layer, Schema, type Scope } from "effect"
 import { SqlClient, type Statement } from "effect/sql"
 import { type Hex, recoverMessageAddress } from "viem"
 import { repeatInBackground } from "../Background.ts"
@@ -11,6 +11,7 @@ import { ModelCatalog } from "./ModelCatalog.ts"
 import { providerNumber } from "./ProviderNumbers.ts"
 import { Providers } from "./Providers.ts"
 import { QuotesById } from "./QuotesById.ts"
+import { type WarmLease, WarmLeases } from "./WarmLeases.ts"
 
 /** Spec 8: a quote's TTL is at most 30 s; payment and quote checks allow 5 s of clock skew. */
 export const MAX_QUOTE_TTL_S = 30
@@ -20,16 +21,24 @@ export const CLOCK_SKEW_S = 5
  * the serving deadline (15 minutes) so a live request never loses its slot.
  */
 export const LEASE_TTL = "20 minutes"
+/**
+ * The oldest a warm lease may be and still be taken over (D555): its 20-minute TTL must cover the longest
+ * request (the 15-minute serving deadline) from the moment it is taken, with a minute to spare.
+ */
+export const WARM_REUSE_MS = 4 * 60 * 1000
 
 export type QuoteRejection = InvalidRequest | Unauthorized | Forbidden | Conflict
 
 /**
  * A capacity slot held for the life of a scope: its lease row's id. A caller whose own statement
- * deletes the row (the capture or release of the request it served) says so with `handOff` once that
- * statement ran; closing the scope then frees the slot in memory only, with no round trip of its own.
+ * deletes the row (the capture or release of the request it served) asks `endsWith` which row that
+ * statement ends, and says so with `handOff` once it ran; closing the scope then frees the slot in
+ * memory only, with no round trip of its own. `endsWith` answers `undefined` when the lease stays warm
+ * for the next request instead (D555): the statement leaves the row, and closing the scope keeps it.
  */
 export interface Slot {
   readonly leaseId: string
+  readonly endsWith: () => string | undefined
   readonly handOff: () => void
 }
 
@@ -104,6 +113,11 @@ export class QuoteBook extends Context.Service<
      * flight here and released as `acquireSlot`'s is.
      */
     readonly adoptSlot: (lease: LeaseRequest) => Effect.Effect<Slot, never, Scope.Scope>
+    /**
+     * Whether a warm lease of the quote's (provider, class) is idle here (D555): `acquireSlot` then takes it
+     * without a round trip, so a reservation need not take one in its statement.
+     */
+    readonly hasWarm: (quote: SignedQuote) => boolean
     readonly sync: Effect.Effect<void>
   }
 >()("router/market/QuoteBook") {
@@ -239,44 +253,87 @@ export class QuoteBook extends Context.Service<
           }
       }).pipe(Effect.withSpan("QuoteBook.sync"))
 
+      // Leases kept warm between requests (D555), and the statement that gives rows back.
+      const warm = new WarmLeases({
+        idleMs: yield* Config.Int("CAPACITY_WARM_MS").pipe(Config.withDefault(250)),
+        reuseMs: WARM_REUSE_MS,
+        perKey: 1024
+      })
+      // Real time, as the rows' expiry is the database's: a test moving the router's clock does not age them.
+      const wallClock = Effect.sync(() => Date.now())
+      const endLeases = (leaseIds: ReadonlyArray<string>) =>
+        leaseIds.length === 0
+          ? Effect.void
+          : sql`SELECT capacity_release(ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(leaseIds)}::jsonb)))`.pipe(
+              Effect.ignore
+            )
+
       // The lease row and its release are one uninterruptible step (acquireReleaseLean, D465): a caller
-      // hanging up while the row is being written still leaves a registered release behind it.
-      const holdSlot = (lease: LeaseRequest, take: Effect.Effect<boolean>) => {
-        const key = slotKey(lease.providerId, lease.modelClass)
-        let handedOff = false
-        const slot: Slot = {
-          leaseId: lease.leaseId,
-          handOff: () => {
-            handedOff = true
-          }
-        }
-        return acquireReleaseLean(
-          Effect.tap(take, (granted) =>
+      // hanging up while the row is being written still leaves a registered release behind it. Released, a
+      // lease goes back warm when its settling statement left its row (`endsWith`), else its row is deleted
+      // unless that statement did (`handOff`).
+      const holdSlot = (key: string, take: Effect.Effect<WarmLease | undefined>) =>
+        acquireReleaseLean(
+          Effect.tap(take, (held) =>
             Effect.sync(() => {
-              if (granted) inFlight.set(key, (inFlight.get(key) ?? 0) + 1)
+              if (held !== undefined) inFlight.set(key, (inFlight.get(key) ?? 0) + 1)
             })
           ),
-          (granted) =>
-            granted
-              ? Effect.gen(function* () {
-                  inFlight.set(key, Math.max(0, (inFlight.get(key) ?? 1) - 1))
-                  if (!handedOff) {
-                    yield* sql`SELECT capacity_release(ARRAY[${lease.leaseId}]::text[])`.pipe(Effect.ignore)
-                  }
-                })
-              : Effect.void
-        ).pipe(Effect.map((granted) => (granted ? slot : undefined)))
+          (held) => {
+            if (held === undefined) return Effect.void
+            inFlight.set(key, Math.max(0, (inFlight.get(key) ?? 1) - 1))
+            const slot = slots.get(held)
+            slots.delete(held)
+            return Effect.flatMap(wallClock, (nowMs) => {
+              if (slot?.warm === true && warm.put(key, held, nowMs)) return Effect.void
+              if (slot?.warm !== true && slot?.handedOff === true) return Effect.void
+              return endLeases([held.leaseId])
+            })
+          }
+        ).pipe(Effect.map((held) => (held === undefined ? undefined : slotOf(held))))
+
+      // What a held lease's settlement decided: kept warm (its statement left the row), or handed off.
+      const slots = new WeakMap<WarmLease, { warm: boolean; handedOff: boolean }>()
+      const slotOf = (held: WarmLease): Slot => {
+        const state = { warm: false, handedOff: false }
+        slots.set(held, state)
+        return {
+          leaseId: held.leaseId,
+          endsWith: () => {
+            state.warm = warm.settings.idleMs > 0 && Date.now() - held.takenAt < WARM_REUSE_MS
+            return state.warm ? undefined : held.leaseId
+          },
+          handOff: () => {
+            state.handedOff = true
+          }
+        }
       }
 
+      const takeWarm = (key: string, capacity: number) =>
+        Effect.flatMap(wallClock, (nowMs) => {
+          const passed: Array<string> = []
+          const held = warm.take(key, capacity, nowMs, (leaseId) => passed.push(leaseId))
+          return Effect.as(endLeases(passed), held)
+        })
+
       const acquireSlot = (quote: SignedQuote) => {
-        const lease = leaseRequestOf(quote)
-        return holdSlot(
-          lease,
-          sql<{ granted: boolean }>`SELECT ${acquireCapacity(sql, lease)} AS granted`.pipe(
-            Effect.map((rows) => rows[0]?.granted === true),
-            Effect.orDie
+        const key = slotKey(quote.provider_id, quote.model_class)
+        const take = Effect.flatMap(takeWarm(key, quote.capacity_rps), (held) => {
+          if (held !== undefined) return Effect.succeed(held)
+          const lease = leaseRequestOf(quote)
+          return Effect.flatMap(
+            sql<{ granted: boolean }>`SELECT ${acquireCapacity(sql, lease)} AS granted`.pipe(Effect.orDie),
+            (rows) =>
+              rows[0]?.granted === true
+                ? Effect.map(wallClock, (takenAt) => ({
+                    leaseId: lease.leaseId,
+                    capacity: lease.capacity,
+                    takenAt
+                  }))
+                : Effect.succeed(undefined)
           )
-        ).pipe(
+        })
+        return holdSlot(key, take).pipe(
           Effect.flatMap((slot) =>
             slot === undefined
               ? Effect.fail(capacityExhausted(quote.provider_id, quote.model_class))
@@ -287,7 +344,20 @@ export class QuoteBook extends Context.Service<
       }
 
       const adoptSlot = (lease: LeaseRequest) =>
-        Effect.map(holdSlot(lease, Effect.succeed(true)), (slot) => slot!)
+        Effect.map(
+          holdSlot(
+            slotKey(lease.providerId, lease.modelClass),
+            Effect.map(wallClock, (takenAt) => ({
+              leaseId: lease.leaseId,
+              capacity: lease.capacity,
+              takenAt
+            }))
+          ),
+          (slot) => slot!
+        )
+
+      const hasWarm = (quote: SignedQuote) =>
+        warm.has(slotKey(quote.provider_id, quote.model_class), quote.capacity_rps, Date.now())
 
       yield* sync
       yield* repeatInBackground(sync, {
@@ -295,8 +365,15 @@ export class QuoteBook extends Context.Service<
         failure: "quote book sync failed",
         level: "warning"
       })
+      // Idle leases go back to every instance a moment after their last request; all of them at shutdown,
+      // after the requests (which may still put theirs back) and before the database closes.
+      yield* repeatInBackground(
+        Effect.flatMap(wallClock, (nowMs) => endLeases(warm.idle(nowMs))),
+        { every: "100 millis", failure: "warm capacity leases were not given back", level: "warning" }
+      )
+      yield* Effect.addFinalizer(() => Effect.suspend(() => endLeases(warm.drain())))
 
-      return QuoteBook.of({ ingest, live, acquireSlot, adoptSlot, sync })
+      return QuoteBook.of({ ingest, live, acquireSlot, adoptSlot, hasWarm, sync })
     })
   )
 
@@ -312,7 +389,7 @@ export class QuoteBook extends Context.Service<
           const key = slotKey(providerId, modelClass)
           inFlight.set(key, (inFlight.get(key) ?? 0) + 1)
           yield* Effect.addFinalizer(() => Effect.sync(() => inFlight.set(key, (inFlight.get(key) ?? 1) - 1)))
-          return { leaseId, handOff: () => {} } satisfies Slot
+          return { leaseId, endsWith: () => leaseId, handOff: () => {} } satisfies Slot
         })
       const byId = [...quotes].sort((a, b) =>
         a.quote_id < b.quote_id ? -1 : a.quote_id > b.quote_id ? 1 : 0
@@ -333,6 +410,7 @@ export class QuoteBook extends Context.Service<
             return yield* hold(quote.provider_id, quote.model_class, `test-${crypto.randomUUID()}`)
           }),
         adoptSlot: (lease) => hold(lease.providerId, lease.modelClass, lease.leaseId),
+        hasWarm: () => false,
         sync: Effect.void
       })
     })

@@ -2,6 +2,7 @@ import { assert, describe, layer } from "@effect/vitest"
 import { SpanKind } from "@opentelemetry/api"
 import { InMemorySpanExporter, type ReadableSpan, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
 import { Effect, Layer } from "effect"
+import { SqlClient } from "effect/sql"
 import type { ProviderConfig } from "../../src/devnet/fleet/FleetConfig.ts"
 import { tracingWith } from "../../src/Telemetry.ts"
 import { fundedKey } from "../support/Keys.ts"
@@ -54,6 +55,14 @@ const costOf = (spans: ReadonlyArray<ReadableSpan>) => {
 const readsQueueTable = (text: string) =>
   /\b(FROM|JOIN|UPDATE)\s+(capacity_leases|capacity_slots|credit_unfolded)\b/i.test(text)
 
+/** The capacity leases left once a warm lease has had time to be given back (250 ms idle, D555). */
+const leasesOnceIdle = Effect.gen(function* () {
+  const sql = yield* SqlClient.SqlClient
+  yield* Effect.sleep("600 millis")
+  const rows = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM capacity_leases`.pipe(Effect.orDie)
+  return rows[0]!.n
+})
+
 const paidCall = (key: string) =>
   postJson(
     "/v1/chat/completions",
@@ -83,9 +92,9 @@ describe("the paid credit-key path's database cost", () => {
         const trace = spans.filter((s) => s.spanContext().traceId === paid!.spanContext().traceId)
         const cost = costOf(trace)
         const listing = cost.statements.map((s) => s.replace(/\s+/g, " ").slice(0, 90)).join("\n  ")
-        // The reservation (which resolves the key and takes the capacity lease, D311) and the capture
-        // (which deletes the lease): two, from five (key resolution, the lease and its release were
-        // round trips of their own).
+        // The reservation (which resolves the key, and takes the capacity lease when none is warm, D311) and
+        // the capture (which deletes the lease unless it stays warm, D555): two, from five (key resolution,
+        // the lease and its release were round trips of their own).
         assert.isAtMost(cost.roundTrips, 2, `round trips:\n  ${listing}`)
         assert.isFalse(
           cost.statements.some((text) =>
@@ -130,7 +139,8 @@ describe("the paid credit-key path's database cost", () => {
         })
         const warm = yield* paidX402
         assert.strictEqual(warm.status, 200, warm.text)
-        yield* Effect.sleep("200 millis")
+        // Long enough for the warm call's lease to be given back (D555): this call takes its own.
+        assert.strictEqual(yield* leasesOnceIdle, 0)
         exporter.reset()
         const reply = yield* paidX402
         assert.strictEqual(reply.status, 200, reply.text)
@@ -152,6 +162,47 @@ describe("the paid credit-key path's database cost", () => {
           `the reservation takes the lease:\n  ${listing}`
         )
       })
+    )
+
+    it.effect(
+      "back-to-back calls share one warm lease, taken and given back by no statement of their own (D555)",
+      () =>
+        Effect.gen(function* () {
+          yield* waitForQuote("chat-small")
+          const sql = yield* SqlClient.SqlClient
+          const key = yield* fundedKey({ budget: 100_000_000, balance: 100_000_000 })
+          assert.strictEqual(yield* leasesOnceIdle, 0)
+          const first = yield* paidCall(key.secret)
+          assert.strictEqual(first.status, 200, first.text)
+          // The first call's lease row stays, idle, for the next one (once its settlement ran: the reply
+          // goes out before it, D534).
+          yield* Effect.sleep("50 millis")
+          const held = yield* sql<{ lease_id: string }>`SELECT lease_id FROM capacity_leases`.pipe(
+            Effect.orDie
+          )
+          assert.strictEqual(held.length, 1)
+          exporter.reset()
+          const second = yield* paidCall(key.secret)
+          assert.strictEqual(second.status, 200, second.text)
+          yield* Effect.sleep("100 millis")
+          const after = yield* sql<{ lease_id: string }>`SELECT lease_id FROM capacity_leases`.pipe(
+            Effect.orDie
+          )
+          assert.deepStrictEqual(after, held, "the second call served on the first call's lease")
+          const spans = exporter.getFinishedSpans()
+          const paid = spans.find((s) => s.name === "Completions.admit")
+          assert.isDefined(paid)
+          const { statements } = costOf(
+            spans.filter((s) => s.spanContext().traceId === paid!.spanContext().traceId)
+          )
+          const listing = statements.map((s) => s.replace(/\s+/g, " ").slice(0, 90)).join("\n  ")
+          assert.isFalse(
+            statements.some((text) => /^\s*SELECT (acquire_capacity|capacity_release)/i.test(text)),
+            `no lease taken or given back on the call's path:\n  ${listing}`
+          )
+          // And once nothing asks for it, it goes back to every instance.
+          assert.strictEqual(yield* leasesOnceIdle, 0)
+        })
     )
   })
 })
