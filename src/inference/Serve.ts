@@ -7,7 +7,7 @@ import { Settle } from "../ledger/Settle.ts"
 import type { RankedBid } from "../market/Auction.ts"
 import { Latency } from "../market/Latency.ts"
 import { Providers } from "../market/Providers.ts"
-import { capacityExhausted, QuoteBook } from "../market/QuoteBook.ts"
+import { QuoteBook } from "../market/QuoteBook.ts"
 import { acquireReleaseLean } from "../process/Resource.ts"
 import { traced } from "../Telemetry.ts"
 import { LiveStreams } from "./LiveStreams.ts"
@@ -35,7 +35,7 @@ const MAX_ATTEMPTS = 2
 /**
  * The lease the reservation asked for, if it is this bid's (the winner's): taken once, by the first
  * attempt. Granted, its slot is already held (`Serve.reserve`); refused, the quote's ceiling was
- * reached, as `acquireSlot` would have found.
+ * reached when the statement ran, and the attempt asks `acquireSlot` once more (a lease may be warm by then).
  */
 const reservedLease = (holding: Holding, bid: RankedBid) => {
   const reserved = holding.reserved
@@ -128,7 +128,9 @@ const attemptCall = (deps: Deps, input: Serving, meter: Meter, holding: Holding,
       )
     }
     const reserved = reservedLease(holding, bid)
-    if (reserved === undefined) {
+    // Refused by the reservation's statement at the ceiling, a lease of this instance may have gone warm since
+    // (D555): `acquireSlot` takes that one, or asks the ceiling again, before the bid is given up.
+    if (reserved === undefined || !reserved.granted) {
       yield* letGo(holding)
       const scope = yield* Scope.make()
       holding.scope = scope
@@ -136,9 +138,6 @@ const attemptCall = (deps: Deps, input: Serving, meter: Meter, holding: Holding,
         Scope.provide(scope),
         Effect.mapError((e) => new UpstreamFailed({ code: e.code, message: e.message }))
       )
-    } else if (!reserved.granted) {
-      const refused = capacityExhausted(bid.provider_id, bid.model_class)
-      return yield* new UpstreamFailed({ code: refused.code, message: refused.message })
     }
     meter.servedBy = bid
     meter.heldSources = undefined

@@ -51,6 +51,11 @@ export interface LeaseRequest {
   readonly providerId: string
   readonly modelClass: string
   readonly capacity: number
+  /**
+   * When it was asked for (wall clock, ms), before its statement wrote the row: how old a warm lease is counts
+   * from here, so the row's TTL is never overstated (D555).
+   */
+  readonly requestedAt: number
 }
 
 /** A lease asked for with a reservation, and whether the ceiling let it be taken. */
@@ -63,7 +68,8 @@ export const leaseRequestOf = (quote: SignedQuote): LeaseRequest => ({
   leaseId: crypto.randomUUID(),
   providerId: quote.provider_id,
   modelClass: quote.model_class,
-  capacity: quote.capacity_rps
+  capacity: quote.capacity_rps,
+  requestedAt: Date.now()
 })
 
 /**
@@ -261,12 +267,22 @@ export class QuoteBook extends Context.Service<
       })
       // Real time, as the rows' expiry is the database's: a test moving the router's clock does not age them.
       const wallClock = Effect.sync(() => Date.now())
+      // Rows to delete: a statement that fails keeps its ids here for the next pass, so a database blip does not
+      // leave idle rows holding their slots until their TTL.
+      const toEnd: Array<string> = []
       const endLeases = (leaseIds: ReadonlyArray<string>) =>
         leaseIds.length === 0
           ? Effect.void
           : sql`SELECT capacity_release(ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(leaseIds)}::jsonb)))`.pipe(
-              Effect.ignore
+              Effect.asVoid,
+              Effect.catch(() =>
+                Effect.sync(() => {
+                  toEnd.push(...leaseIds)
+                })
+              )
             )
+      const endPending = (more: ReadonlyArray<string>) =>
+        Effect.suspend(() => endLeases([...toEnd.splice(0), ...more]))
 
       // The lease row and its release are one uninterruptible step (acquireReleaseLean, D465): a caller
       // hanging up while the row is being written still leaves a registered release behind it. Released, a
@@ -309,28 +325,21 @@ export class QuoteBook extends Context.Service<
         }
       }
 
+      // Leases passed over on the way are deleted by the next trim pass, not on the request's path.
       const takeWarm = (key: string, capacity: number) =>
-        Effect.flatMap(wallClock, (nowMs) => {
-          const passed: Array<string> = []
-          const held = warm.take(key, capacity, nowMs, (leaseId) => passed.push(leaseId))
-          return Effect.as(endLeases(passed), held)
-        })
+        Effect.map(wallClock, (nowMs) => warm.take(key, capacity, nowMs, (leaseId) => toEnd.push(leaseId)))
 
       const acquireSlot = (quote: SignedQuote) => {
         const key = slotKey(quote.provider_id, quote.model_class)
         const take = Effect.flatMap(takeWarm(key, quote.capacity_rps), (held) => {
           if (held !== undefined) return Effect.succeed(held)
           const lease = leaseRequestOf(quote)
-          return Effect.flatMap(
+          return Effect.map(
             sql<{ granted: boolean }>`SELECT ${acquireCapacity(sql, lease)} AS granted`.pipe(Effect.orDie),
             (rows) =>
               rows[0]?.granted === true
-                ? Effect.map(wallClock, (takenAt) => ({
-                    leaseId: lease.leaseId,
-                    capacity: lease.capacity,
-                    takenAt
-                  }))
-                : Effect.succeed(undefined)
+                ? { leaseId: lease.leaseId, capacity: lease.capacity, takenAt: lease.requestedAt }
+                : undefined
           )
         })
         return holdSlot(key, take).pipe(
@@ -347,11 +356,7 @@ export class QuoteBook extends Context.Service<
         Effect.map(
           holdSlot(
             slotKey(lease.providerId, lease.modelClass),
-            Effect.map(wallClock, (takenAt) => ({
-              leaseId: lease.leaseId,
-              capacity: lease.capacity,
-              takenAt
-            }))
+            Effect.succeed({ leaseId: lease.leaseId, capacity: lease.capacity, takenAt: lease.requestedAt })
           ),
           (slot) => slot!
         )
@@ -368,10 +373,10 @@ export class QuoteBook extends Context.Service<
       // Idle leases go back to every instance a moment after their last request; all of them at shutdown,
       // after the requests (which may still put theirs back) and before the database closes.
       yield* repeatInBackground(
-        Effect.flatMap(wallClock, (nowMs) => endLeases(warm.idle(nowMs))),
+        Effect.flatMap(wallClock, (nowMs) => endPending(warm.idle(nowMs))),
         { every: "100 millis", failure: "warm capacity leases were not given back", level: "warning" }
       )
-      yield* Effect.addFinalizer(() => Effect.suspend(() => endLeases(warm.drain())))
+      yield* Effect.addFinalizer(() => Effect.suspend(() => endPending(warm.drain())))
 
       return QuoteBook.of({ ingest, live, acquireSlot, adoptSlot, hasWarm, sync })
     })

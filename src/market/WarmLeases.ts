@@ -51,9 +51,7 @@ export class WarmLeases {
 
   /** Whether `take` would find a lease now (the reservation then asks for none). */
   has(key: string, capacity: number, nowMs: number): boolean {
-    const idle = this.byKey.get(key)
-    const last = idle?.[idle.length - 1]
-    return last !== undefined && this.usable(last, capacity, nowMs)
+    return this.byKey.get(key)?.some((lease) => this.usable(lease, capacity, nowMs)) === true
   }
 
   /**

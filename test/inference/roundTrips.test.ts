@@ -181,10 +181,14 @@ describe("the paid credit-key path's database cost", () => {
             Effect.orDie
           )
           assert.strictEqual(held.length, 1)
+          // 200 ms idle, then the second call; 150 ms after it the row is there only if that call took it
+          // over and put it back: left idle since the first call, it would have been given back by then
+          // (250 ms idle, a pass every 100 ms).
+          yield* Effect.sleep("150 millis")
           exporter.reset()
           const second = yield* paidCall(key.secret)
           assert.strictEqual(second.status, 200, second.text)
-          yield* Effect.sleep("100 millis")
+          yield* Effect.sleep("150 millis")
           const after = yield* sql<{ lease_id: string }>`SELECT lease_id FROM capacity_leases`.pipe(
             Effect.orDie
           )

@@ -46,7 +46,8 @@ const leaseOn = (providerId: string, capacity: number): LeaseRequest => ({
   leaseId: crypto.randomUUID(),
   providerId,
   modelClass: "chat-small",
-  capacity
+  capacity,
+  requestedAt: Date.now()
 })
 
 /** Each record reserved by its own call on the key as sent, all started in the same turn. */

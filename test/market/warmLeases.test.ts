@@ -32,6 +32,13 @@ describe("warm capacity leases", () => {
     assert.strictEqual(warm.take("k", 15, 40, (id) => dropped.push(id))?.leaseId, "l3")
     assert.strictEqual(warm.take("k", 15, 40, (id) => dropped.push(id))?.leaseId, "l1")
     assert.deepStrictEqual(dropped, ["l2"])
+    // `has` agrees with `take`: an unusable freshest lease does not hide a usable older one.
+    warm.put("k", lease(6, 10, 0), 41)
+    warm.put("k", lease(7, 30, 0), 42)
+    assert.isTrue(warm.has("k", 15, 43))
+    assert.strictEqual(warm.take("k", 15, 43, (id) => dropped.push(id))?.leaseId, "l6")
+    assert.deepStrictEqual(dropped, ["l2", "l7"])
+    dropped.splice(1)
     warm.put("k", lease(4, 10, 0), 50)
     assert.isFalse(warm.has("k", 10, 240_000))
     assert.isUndefined(warm.take("k", 10, 240_000, (id) => dropped.push(id)))

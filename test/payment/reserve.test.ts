@@ -120,7 +120,8 @@ describe("a reservation with the winner's capacity lease (D311)", () => {
           leaseId,
           providerId: "p1",
           modelClass: "chat-small",
-          capacity: 1
+          capacity: 1,
+          requestedAt: Date.now()
         })
         const reserve = (requestId: string, leaseId: string, authorized = 10_000) =>
           ledger.reserveCredit(
@@ -166,7 +167,8 @@ describe("a reservation with the winner's capacity lease (D311)", () => {
           leaseId,
           providerId: "p2",
           modelClass: "chat-small",
-          capacity: 1
+          capacity: 1,
+          requestedAt: Date.now()
         })
         const leases = Effect.map(
           sql<{ lease_id: string }>`SELECT lease_id FROM capacity_leases ORDER BY lease_id`,
