@@ -316,7 +316,7 @@ export class QuoteBook extends Context.Service<
         return {
           leaseId: held.leaseId,
           endsWith: () => {
-            state.warm = warm.settings.idleMs > 0 && Date.now() - held.takenAt < WARM_REUSE_MS
+            state.warm = warm.wouldKeep(held, Date.now())
             return state.warm ? undefined : held.leaseId
           },
           handOff: () => {

@@ -70,10 +70,14 @@ export class WarmLeases {
     return undefined
   }
 
+  /** Whether a lease whose request ends now may go back warm (on, not stopping, young enough to reuse). */
+  wouldKeep(lease: WarmLease, nowMs: number): boolean {
+    return !this.closed && this.settings.idleMs > 0 && nowMs - lease.takenAt < this.settings.reuseMs
+  }
+
   /** Keeps a lease whose request ended; false when it must be deleted instead (closed, full, too old, or off). */
   put(key: string, lease: WarmLease, nowMs: number): boolean {
-    if (this.closed || this.settings.idleMs <= 0 || nowMs - lease.takenAt >= this.settings.reuseMs)
-      return false
+    if (!this.wouldKeep(lease, nowMs)) return false
     let idle = this.byKey.get(key)
     if (idle === undefined) {
       idle = []

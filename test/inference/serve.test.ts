@@ -235,19 +235,54 @@ describe("Serve", () => {
     () => {
       const settled: Array<Served> = []
       return Effect.gen(function* () {
+        const book = yield* QuoteBook
+        // Another request holds prov-a's one slot, so asking its ceiling again is refused too.
+        const winner = (yield* book.live).find((q) => q.quote.provider_id === "prov-a")!
+        yield* book.acquireSlot(winner.quote)
         const cleared = auction()
         const lease = leaseRequestOf(cleared.winningQuote)
         const admitted = yield* reserveAndLaunch({ ...launch(cleared), lease: { lease, granted: false } })
         yield* Stream.runDrain((yield* LiveStreams).follow(admitted.stream, 0))
         yield* settledWork(admitted)
-        // prov-a would have served had it been asked: the refused lease sent the request to prov-b.
         assert.deepStrictEqual([settled[0]?.servedBy.provider_id, settled[0]?.status], ["prov-b", "ok"])
         assert.notStrictEqual(settled[0]?.lease, lease.leaseId)
+      }).pipe(
+        Effect.scoped,
+        Effect.provide(
+          layerFor(
+            { "http://prov-a.test": reply(["Winner"]), "http://prov-b.test": reply(["Runner-up"]) },
+            settled,
+            1
+          )
+        )
+      )
+    }
+  )
+
+  it.effect(
+    "a refused lease asks the winner's ceiling once more: a slot freed since serves the winner (D555)",
+    () => {
+      const settled: Array<Served> = []
+      return Effect.gen(function* () {
+        const book = yield* QuoteBook
+        const cleared = auction()
+        const lease = leaseRequestOf(cleared.winningQuote)
+        // The statement found prov-a full, but its slot was let go before the attempt ran.
+        const admitted = yield* reserveAndLaunch({ ...launch(cleared), lease: { lease, granted: false } })
+        yield* Stream.runDrain((yield* LiveStreams).follow(admitted.stream, 0))
+        yield* settledWork(admitted)
+        assert.deepStrictEqual([settled[0]?.servedBy.provider_id, settled[0]?.status], ["prov-a", "ok"])
+        assert.notStrictEqual(settled[0]?.lease, lease.leaseId)
+        assert.deepStrictEqual(
+          (yield* book.live).map((q) => q.inFlight),
+          [0, 0]
+        )
       }).pipe(
         Effect.provide(
           layerFor(
             { "http://prov-a.test": reply(["Winner"]), "http://prov-b.test": reply(["Runner-up"]) },
-            settled
+            settled,
+            1
           )
         )
       )

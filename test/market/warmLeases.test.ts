@@ -52,7 +52,10 @@ describe("warm capacity leases", () => {
     for (let n = 0; n < 3; n++) assert.isTrue(warm.put("k", lease(n), 0))
     assert.isFalse(warm.put("k", lease(3), 0))
     assert.isTrue(warm.put("other", lease(4), 0))
+    assert.isTrue(warm.wouldKeep(lease(5), 1))
     assert.sameMembers(warm.drain(), ["l0", "l1", "l2", "l4"])
+    // A request settling after the drain ends its row in its own statement.
+    assert.isFalse(warm.wouldKeep(lease(5), 1))
     assert.isFalse(warm.put("k", lease(5), 1))
     assert.strictEqual(warm.size, 0)
     assert.isFalse(new WarmLeases({ ...settings, idleMs: 0 }).put("k", lease(6), 0))
