@@ -72,7 +72,7 @@ import { Workspaces } from "./tasks/Workspaces.ts"
 export const MarketLive = Layer.mergeAll(Rfq.layer, Listings.layer).pipe(
   Layer.provideMerge(Layer.mergeAll(QuoteBook.layer, TaskFitBoard.layer)),
   Layer.provideMerge(Providers.layer),
-  Layer.provideMerge(Layer.mergeAll(ModelCatalog.layer, Latency.layer))
+  Layer.provideMerge(Layer.mergeAll(ModelCatalog.layer, Latency.layer, Instances.layer))
 )
 
 /** Payments: x402 verification, the ledger, settlement, epoch refunds, idempotency, keys and credits. */
@@ -90,7 +90,7 @@ export const PaymentsLive = Receipts.layer.pipe(
     )
   ),
   Layer.provideMerge(Layer.mergeAll(PaymentVerifier.layer, Keys.layer, Wallets.layer, Authorizations.layer)),
-  Layer.provideMerge(Layer.mergeAll(Ledger.layer, Treasury.layer, Instances.layer)),
+  Layer.provideMerge(Layer.mergeAll(Ledger.layer, Treasury.layer)),
   Layer.provideMerge(Layer.mergeAll(X402Config.layer, PayoutConfig.layer))
 )
 

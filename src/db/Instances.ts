@@ -35,6 +35,12 @@ export class Instances extends Context.Service<
      * visited again when it dies for good, with what it opened since.
      */
     readonly markSettled: (instanceIds: ReadonlyArray<string>) => Effect.Effect<void>
+    /**
+     * Since when (wall-clock ms) this instance's beats have got through with no gap of half
+     * `deadAfterSeconds`, +Infinity during such a gap: a capacity lease it wrote since then still has its
+     * row, as no survivor can have declared it dead meanwhile (a warm lease written before is not reused, D557).
+     */
+    readonly steadySince: (nowMs: number) => number
   }
 >()("router/db/Instances") {
   static readonly layer = Layer.effect(
@@ -54,12 +60,25 @@ export class Instances extends Context.Service<
           beating_since = CASE WHEN router_instances.heartbeat_at < now() - make_interval(secs => ${STALL_GAP_SECONDS})
                                THEN now() ELSE router_instances.beating_since END
       `.pipe(Effect.asVoid)
-      yield* Effect.acquireRelease(Effect.orDie(beat), () =>
+      // The same steadiness as this process sees it (the process itself may have been frozen): a beat that
+      // returns more than half the dead-after time after the previous one starts it afresh.
+      const gapMs = (deadAfterSeconds * 1000) / 2
+      let lastBeatAt = 0
+      let steadyFrom = 0
+      const beaten = Effect.sync(() => {
+        const nowMs = Date.now()
+        if (nowMs - lastBeatAt > gapMs) steadyFrom = nowMs
+        lastBeatAt = nowMs
+      })
+      const steadySince = (nowMs: number) =>
+        nowMs - lastBeatAt > gapMs ? Number.POSITIVE_INFINITY : steadyFrom
+      const beatSeen = Effect.tap(beat, () => beaten)
+      yield* Effect.acquireRelease(Effect.orDie(beatSeen), () =>
         sql`UPDATE router_instances SET stopped_at = now() WHERE instance_id = ${INSTANCE_ID}`.pipe(
           Effect.ignore
         )
       )
-      yield* repeatInBackground(beat, {
+      yield* repeatInBackground(beatSeen, {
         every: HEARTBEAT,
         failure: "instance heartbeat failed",
         level: "warning"
@@ -97,7 +116,14 @@ export class Instances extends Context.Service<
           WHERE instance_id IN ${sql.in(instanceIds)} AND settled_at IS NULL AND ${isDead}
         `.pipe(Effect.asVoid, Effect.orDie)
 
-      return Instances.of({ self: INSTANCE_ID, deadAfterSeconds, dead, releaseLeases, markSettled })
+      return Instances.of({
+        self: INSTANCE_ID,
+        deadAfterSeconds,
+        dead,
+        releaseLeases,
+        markSettled,
+        steadySince
+      })
     })
   )
 }

@@ -2,6 +2,7 @@ import { Clock, Config, Context, Effect, Layer, Schema, type Scope } from "effec
 import { SqlClient, type Statement } from "effect/sql"
 import { type Hex, recoverMessageAddress } from "viem"
 import { repeatInBackground } from "../Background.ts"
+import { Instances } from "../db/Instances.ts"
 import { Conflict, Forbidden, InvalidRequest, ServiceUnavailable, Unauthorized } from "../domain/Errors.ts"
 import { quoteSigningString, SignedQuote } from "../domain/Quote.ts"
 import { acquireReleaseLean } from "../process/Resource.ts"
@@ -133,6 +134,7 @@ export class QuoteBook extends Context.Service<
       const sql = yield* SqlClient.SqlClient
       const providers = yield* Providers
       const catalog = yield* ModelCatalog
+      const instances = yield* Instances
       const standing = new Map<string, SignedQuote>()
       const byId = new QuotesById()
       const inFlight = new Map<string, number>()
@@ -283,6 +285,12 @@ export class QuoteBook extends Context.Service<
             )
       const endPending = (more: ReadonlyArray<string>) =>
         Effect.suspend(() => endLeases([...toEnd.splice(0), ...more]))
+      // After a gap in this instance's heartbeat a survivor may have released its rows (D557): the idle leases
+      // written before the gap go (their deletes are harmless if so), and none of them is kept or reused.
+      const dropUnsteady = (nowMs: number) => {
+        const stale = warm.standSince(instances.steadySince(nowMs))
+        if (stale.length > 0) toEnd.push(...stale)
+      }
 
       // The lease row and its release are one uninterruptible step (acquireReleaseLean, D465): a caller
       // hanging up while the row is being written still leaves a registered release behind it. Released, a
@@ -316,7 +324,9 @@ export class QuoteBook extends Context.Service<
         return {
           leaseId: held.leaseId,
           endsWith: () => {
-            state.warm = warm.wouldKeep(held, Date.now())
+            const nowMs = Date.now()
+            dropUnsteady(nowMs)
+            state.warm = warm.wouldKeep(held, nowMs)
             return state.warm ? undefined : held.leaseId
           },
           handOff: () => {
@@ -327,7 +337,10 @@ export class QuoteBook extends Context.Service<
 
       // Leases passed over on the way are deleted by the next trim pass, not on the request's path.
       const takeWarm = (key: string, capacity: number) =>
-        Effect.map(wallClock, (nowMs) => warm.take(key, capacity, nowMs, (leaseId) => toEnd.push(leaseId)))
+        Effect.map(wallClock, (nowMs) => {
+          dropUnsteady(nowMs)
+          return warm.take(key, capacity, nowMs, (leaseId) => toEnd.push(leaseId))
+        })
 
       const acquireSlot = (quote: SignedQuote) => {
         const key = slotKey(quote.provider_id, quote.model_class)
@@ -361,8 +374,11 @@ export class QuoteBook extends Context.Service<
           (slot) => slot!
         )
 
-      const hasWarm = (quote: SignedQuote) =>
-        warm.has(slotKey(quote.provider_id, quote.model_class), quote.capacity_rps, Date.now())
+      const hasWarm = (quote: SignedQuote) => {
+        const nowMs = Date.now()
+        dropUnsteady(nowMs)
+        return warm.has(slotKey(quote.provider_id, quote.model_class), quote.capacity_rps, nowMs)
+      }
 
       yield* sync
       yield* repeatInBackground(sync, {
@@ -373,7 +389,10 @@ export class QuoteBook extends Context.Service<
       // Idle leases go back to every instance a moment after their last request; all of them at shutdown,
       // after the requests (which may still put theirs back) and before the database closes.
       yield* repeatInBackground(
-        Effect.flatMap(wallClock, (nowMs) => endPending(warm.idle(nowMs))),
+        Effect.flatMap(wallClock, (nowMs) => {
+          dropUnsteady(nowMs)
+          return endPending(warm.idle(nowMs))
+        }),
         { every: "100 millis", failure: "warm capacity leases were not given back", level: "warning" }
       )
       yield* Effect.addFinalizer(() => Effect.suspend(() => endPending(warm.drain())))

@@ -3,7 +3,8 @@
  * here, idle, for at most `idleMs`, and the next request on the same (provider, class) takes it over without
  * a round trip: the row, its slot and its expiry stay as they were, so every instance still counts it against
  * the ceiling. A lease past `idleMs` idle is given back (its row deleted), and so is one too old to carry a
- * whole request inside its expiry, or taken under a ceiling higher than the quote's now. Pure bookkeeping:
+ * whole request inside its expiry, or taken under a ceiling higher than the quote's now, or written before a
+ * gap in the instance's heartbeat (a survivor may have released its row meanwhile). Pure bookkeeping:
  * the caller deletes what `idle`, `drain` and a refused `put` hand back.
  */
 
@@ -34,6 +35,8 @@ export class WarmLeases {
   private readonly byKey = new Map<string, Array<Idle>>()
   private size_ = 0
   private closed = false
+  // Leases written before this are not reused (their rows may have been released by a survivor; `standSince`).
+  private floor = Number.NEGATIVE_INFINITY
 
   readonly settings: WarmSettings
 
@@ -45,8 +48,33 @@ export class WarmLeases {
     return this.size_
   }
 
+  // Young enough to carry a whole request inside its expiry, and written since the instance was last seen alive.
+  private standing(lease: WarmLease, nowMs: number) {
+    return nowMs - lease.takenAt < this.settings.reuseMs && lease.takenAt >= this.floor
+  }
+
   private usable(lease: WarmLease, capacity: number, nowMs: number) {
-    return lease.capacity <= capacity && nowMs - lease.takenAt < this.settings.reuseMs
+    return lease.capacity <= capacity && this.standing(lease, nowMs)
+  }
+
+  /**
+   * Only leases written at or after `sinceMs` still certainly have their rows (the time since when this
+   * instance has been seen alive without a gap; +Infinity during one): the idle leases written before it are
+   * removed and returned, and none of them is kept from now on. Called with the same time, it does nothing.
+   */
+  standSince(sinceMs: number): Array<string> {
+    if (sinceMs === this.floor) return []
+    this.floor = sinceMs
+    const out: Array<string> = []
+    for (const [key, idle] of this.byKey) {
+      const kept = idle.filter((lease) => lease.takenAt >= sinceMs)
+      if (kept.length === idle.length) continue
+      for (const lease of idle) if (lease.takenAt < sinceMs) out.push(lease.leaseId)
+      this.size_ -= idle.length - kept.length
+      if (kept.length === 0) this.byKey.delete(key)
+      else this.byKey.set(key, kept)
+    }
+    return out
   }
 
   /** Whether `take` would find a lease now (the reservation then asks for none). */
@@ -70,9 +98,9 @@ export class WarmLeases {
     return undefined
   }
 
-  /** Whether a lease whose request ends now may go back warm (on, not stopping, young enough to reuse). */
+  /** Whether a lease whose request ends now may go back warm (on, not stopping, and standing). */
   wouldKeep(lease: WarmLease, nowMs: number): boolean {
-    return !this.closed && this.settings.idleMs > 0 && nowMs - lease.takenAt < this.settings.reuseMs
+    return !this.closed && this.settings.idleMs > 0 && this.standing(lease, nowMs)
   }
 
   /** Keeps a lease whose request ended; false when it must be deleted instead (closed, full, too old, or off). */

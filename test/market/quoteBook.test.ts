@@ -3,6 +3,7 @@ import { Effect, Exit, Fiber, Layer, Schema, Scope } from "effect"
 import { SqlClient } from "effect/sql"
 import { TestClock } from "effect/testing"
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts"
+import { Instances } from "../../src/db/Instances.ts"
 import { quoteSigningString, SignedQuote } from "../../src/domain/Quote.ts"
 import { ModelCatalog } from "../../src/market/ModelCatalog.ts"
 import { Providers } from "../../src/market/Providers.ts"
@@ -13,7 +14,7 @@ const key = privateKeyToAccount(generatePrivateKey())
 
 const BookLayer = QuoteBook.layer.pipe(
   Layer.provideMerge(Providers.layer),
-  Layer.provideMerge(ModelCatalog.layerDefault),
+  Layer.provideMerge(Layer.mergeAll(ModelCatalog.layerDefault, Instances.layer)),
   Layer.provideMerge(TestDatabase)
 )
 
@@ -141,6 +142,84 @@ describe("quote book", () => {
           )
         })
       )
+    )
+  })
+
+  // This instance's heartbeat, as the book reads it (D557): a survivor may release the rows of an instance
+  // silent for too long, so a warm lease written before such a gap must not be reused.
+  const beats = { steadySince: 0 }
+  const GappyLayer = QuoteBook.layer.pipe(
+    Layer.provideMerge(Providers.layer),
+    Layer.provideMerge(ModelCatalog.layerDefault),
+    Layer.provideMerge(
+      Layer.succeed(
+        Instances,
+        Instances.of({
+          self: "i_gappy",
+          deadAfterSeconds: 30,
+          dead: Effect.succeed([]),
+          releaseLeases: () => Effect.succeed(0),
+          markSettled: () => Effect.void,
+          steadySince: () => beats.steadySince
+        })
+      )
+    ),
+    Layer.provideMerge(TestDatabase)
+  )
+  const leaseRows = Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    const rows = yield* sql<{ lease_id: string }>`SELECT lease_id FROM capacity_leases ORDER BY lease_id`
+    return rows.map((r) => r.lease_id)
+  })
+
+  // On the real clock: the give-back pass runs every 100 ms of it, and leases age by the wall clock.
+  layer(GappyLayer, { timeout: 60_000, excludeTestServices: true })((it) => {
+    it.effect("a warm lease written before a gap in the heartbeat is given back, never reused (D557)", () =>
+      Effect.gen(function* () {
+        const book = yield* QuoteBook
+        yield* (yield* Providers).register({
+          provider_id: "prov-gappy",
+          signer: key.address,
+          base_url: "http://127.0.0.1:9",
+          dialect: "openai"
+        })
+        const quote = yield* quoteAt(Math.floor(Date.now() / 1000) + 30, 1, "q-gappy", "prov-gappy")
+        yield* book.ingest(quote)
+        // A request whose settling statement left its row: the lease goes warm and the next one takes it.
+        const served = Effect.scoped(
+          Effect.map(book.acquireSlot(quote), (slot) => ({ leaseId: slot.leaseId, ends: slot.endsWith() }))
+        )
+        const first = yield* served
+        assert.isUndefined(first.ends)
+        assert.isTrue(book.hasWarm(quote))
+        const second = yield* served
+        assert.strictEqual(second.leaseId, first.leaseId)
+        assert.deepStrictEqual(yield* leaseRows, [first.leaseId])
+
+        // A gap: the idle lease goes (its row deleted by the next pass), and none is kept meanwhile.
+        beats.steadySince = Number.POSITIVE_INFINITY
+        assert.isFalse(book.hasWarm(quote))
+        // The next give-back pass (every 100 ms) deletes it.
+        yield* Effect.sleep("250 millis")
+        assert.deepStrictEqual(yield* leaseRows, [])
+        const during = yield* served
+        assert.notStrictEqual(during.leaseId, first.leaseId)
+        assert.strictEqual(during.ends, during.leaseId, "the settling statement ends a lease taken in a gap")
+        assert.deepStrictEqual(yield* leaseRows, [])
+
+        // Steady again from now: a lease written since goes warm; one written before the gap ended does not.
+        const held = yield* Scope.make()
+        const before = yield* book.acquireSlot(quote).pipe(Scope.provide(held))
+        yield* Effect.sleep("5 millis")
+        beats.steadySince = Date.now()
+        assert.strictEqual(before.endsWith(), before.leaseId)
+        yield* Scope.close(held, Exit.void)
+        assert.deepStrictEqual(yield* leaseRows, [])
+        const after = yield* served
+        assert.isUndefined(after.ends)
+        assert.deepStrictEqual(yield* leaseRows, [after.leaseId])
+        assert.strictEqual((yield* served).leaseId, after.leaseId)
+      })
     )
   })
 })

@@ -47,6 +47,27 @@ describe("warm capacity leases", () => {
     assert.isFalse(warm.put("k", lease(5, 10, 0), 240_000))
   })
 
+  it("after a gap in the heartbeat, leases written before it are handed back and none is kept or reused (D557)", () => {
+    const warm = new WarmLeases(settings)
+    warm.put("k", lease(1, 10, 0), 10)
+    warm.put("k", lease(2, 10, 100), 110)
+    warm.put("other", lease(3, 10, 50), 120)
+    assert.deepStrictEqual(warm.standSince(0), [])
+    // During a gap nothing stands.
+    assert.sameMembers(warm.standSince(Number.POSITIVE_INFINITY), ["l1", "l2", "l3"])
+    assert.strictEqual(warm.size, 0)
+    assert.isFalse(warm.put("k", lease(4, 10, 200), 210))
+    assert.deepStrictEqual(warm.standSince(Number.POSITIVE_INFINITY), [])
+    // Steady again from 300: a lease written at 250 is not kept, one written at 300 is.
+    assert.deepStrictEqual(warm.standSince(300), [])
+    assert.isFalse(warm.wouldKeep(lease(5, 10, 250), 320))
+    assert.isTrue(warm.put("k", lease(6, 10, 300), 320))
+    assert.isTrue(warm.put("k", lease(7, 10, 310), 330))
+    assert.deepStrictEqual(warm.standSince(305), ["l6"])
+    assert.isTrue(warm.has("k", 10, 340))
+    assert.strictEqual(warm.take("k", 10, 340, () => assert.fail("nothing passed over"))?.leaseId, "l7")
+  })
+
   it("keeps at most perKey per (provider, class), none when off, and none once drained", () => {
     const warm = new WarmLeases(settings)
     for (let n = 0; n < 3; n++) assert.isTrue(warm.put("k", lease(n), 0))
@@ -62,9 +83,9 @@ describe("warm capacity leases", () => {
   })
 
   it("every lease put is either taken, given back idle, or drained, exactly once", () => {
-    type Op = { kind: "put" | "take" | "idle"; key: number; capacity: number; advance: number }
+    type Op = { kind: "put" | "take" | "idle" | "gap"; key: number; capacity: number; advance: number }
     const op = fc.record({
-      kind: fc.constantFrom<Op["kind"]>("put", "take", "idle"),
+      kind: fc.constantFrom<Op["kind"]>("put", "take", "idle", "gap"),
       key: fc.integer({ min: 0, max: 2 }),
       capacity: fc.integer({ min: 1, max: 4 }),
       advance: fc.integer({ min: 0, max: 300 })
@@ -78,6 +99,8 @@ describe("warm capacity leases", () => {
         const inHand: Array<{ key: string; lease: WarmLease }> = []
         const settled = (id: string) => out.set(id, (out.get(id) ?? 0) + 1)
         const kept = new Set<string>()
+        // Since when the heartbeat has been steady: a "gap" op ends a gap now (D557).
+        let steadySince = 0
         for (const o of ops) {
           now += o.advance
           const key = `k${o.key}`
@@ -96,8 +119,15 @@ describe("warm capacity leases", () => {
             if (taken !== undefined) {
               assert.isAtMost(taken.capacity, o.capacity)
               assert.isBelow(now - taken.takenAt, 5_000)
+              assert.isAtLeast(taken.takenAt, steadySince)
               kept.delete(taken.leaseId)
               inHand.push({ key, lease: taken })
+            }
+          } else if (o.kind === "gap") {
+            steadySince = now
+            for (const id of warm.standSince(now)) {
+              kept.delete(id)
+              settled(id)
             }
           } else {
             for (const id of warm.idle(now)) {

@@ -4,6 +4,7 @@ import { SqlClient } from "effect/sql"
 import type { Hex } from "viem"
 import { generatePrivateKey, type PrivateKeyAccount, privateKeyToAccount } from "viem/accounts"
 import { Chain } from "../../src/chain/Chain.ts"
+import { Instances } from "../../src/db/Instances.ts"
 import { charge } from "../../src/domain/Billing.ts"
 import type { ChallengeFiling } from "../../src/domain/Integrity.ts"
 import type { ReceiptBody } from "../../src/domain/Receipt.ts"
@@ -48,7 +49,7 @@ export const programsLayer = Layer.mergeAll(Challenges.layer, Rewards.layer).pip
     )
   ),
   Layer.provideMerge(Layer.mergeAll(Ledger.layer, QuoteBook.layer)),
-  Layer.provideMerge(Layer.mergeAll(Providers.layer, ModelCatalog.layerDefault)),
+  Layer.provideMerge(Layer.mergeAll(Providers.layer, ModelCatalog.layerDefault, Instances.layer)),
   Layer.provideMerge(Layer.mergeAll(TestDatabase, Chain.layer)),
   Layer.provideMerge(RouterConfig.layerTest())
 )
