@@ -10,6 +10,7 @@ import { reliability } from "./migrations/reliability.ts"
 import { settlementEvidence } from "./migrations/settlementEvidence.ts"
 import { statementClears } from "./migrations/statementClears.ts"
 import { statementPoints } from "./migrations/statementPoints.ts"
+import { walletHours } from "./migrations/walletHours.ts"
 
 /**
  * Numbered, append-only migrations. Each runs once (the migrator records it in
@@ -27,5 +28,6 @@ export const migrations: Migrations = {
   ...capacitySlots,
   ...statementPoints,
   ...statementClears,
-  ...queueReads
+  ...queueReads,
+  ...walletHours
 }

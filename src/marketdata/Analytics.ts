@@ -96,7 +96,10 @@ export class Analytics extends Context.Service<
     ) => Effect.Effect<Dashboard, InvalidRequest>
     readonly leaderboard: (limit: number | undefined) => Effect.Effect<MarketLeaderboard, InvalidRequest>
     readonly provider: (id: string) => Effect.Effect<ProviderAnalytics, NotFound>
-    /** Deletes rollups older than 90 days; returns how many hours of rows went. */
+    /**
+     * Deletes rollups older than 90 days (returns how many hours of rows went) and wallet hours before the
+     * leaderboard's window.
+     */
     readonly prune: Effect.Effect<number>
   }
 >()("router/marketdata/Analytics") {
@@ -250,13 +253,15 @@ export class Analytics extends Context.Service<
             message: `limit must be an integer in 1..${LEADERBOARD_MAX_LIMIT} (got ${limit})`
           })
         }
-        const from = (yield* Clock.currentTimeMillis) - LEADERBOARD_WINDOW_MS
+        // Whole hours, customers and providers alike: from the start of the hour holding `now - 30 days`. The
+        // customers' spend is summed from their hourly rows, not from every clear of the window (D559).
+        const from = hourFrom(yield* Clock.currentTimeMillis, LEADERBOARD_WINDOW_MS)
         const customers = yield* sql<{ spend: string; requests: string }>`
-          SELECT sum(charged)::text AS spend, count(*)::text AS requests
-          FROM market_clears WHERE at_ms >= ${from}
-          GROUP BY wallet ORDER BY sum(charged) DESC, count(*) DESC LIMIT ${n}
+          SELECT sum(spend)::text AS spend, sum(requests)::text AS requests
+          FROM market_wallet_hours WHERE hour_ms >= ${from}
+          GROUP BY wallet ORDER BY sum(spend) DESC, sum(requests) DESC, wallet LIMIT ${n}
         `.pipe(Effect.orDie)
-        const rows = yield* rowsSince(Math.floor(from / HOUR_MS) * HOUR_MS)
+        const rows = yield* rowsSince(from)
         const byProvider = new Map<string, Figures>()
         for (const r of rows) {
           const f = byProvider.get(r.provider_id) ?? emptyFigures()
@@ -288,9 +293,10 @@ export class Analytics extends Context.Service<
 
       const providerOf = Effect.fn("Analytics.provider")(function* (id: string) {
         if (providers.get(id) === undefined) {
-          const known = yield* sql<{ n: string }>`
-            SELECT count(*)::text AS n FROM market_clears WHERE provider_id = ${id}`.pipe(Effect.orDie)
-          if (Number(known[0]?.n ?? 0) === 0) {
+          // One index probe: a provider no longer registered is known by any clear of its (D559).
+          const known = yield* sql<{ known: boolean }>`
+            SELECT EXISTS (SELECT 1 FROM market_clears WHERE provider_id = ${id}) AS known`.pipe(Effect.orDie)
+          if (known[0]?.known !== true) {
             return yield* new NotFound({ code: "provider_not_found", message: `Unknown provider ${id}` })
           }
         }
@@ -347,11 +353,16 @@ export class Analytics extends Context.Service<
       })
 
       const prune = Effect.gen(function* () {
-        const cut = (yield* Clock.currentTimeMillis) - ROLLUP_RETENTION_MS
+        const now = yield* Clock.currentTimeMillis
+        const cut = now - ROLLUP_RETENTION_MS
         const rows = yield* sql<{ n: string }>`
           WITH gone AS (DELETE FROM market_rollups WHERE hour_ms < ${cut} RETURNING hour_ms)
           SELECT count(DISTINCT hour_ms)::text AS n FROM gone
         `.pipe(Effect.orDie)
+        // A wallet's hours serve the leaderboard's window only: those before its first hour go (D559).
+        yield* sql`DELETE FROM market_wallet_hours WHERE hour_ms < ${hourFrom(now, LEADERBOARD_WINDOW_MS)}`.pipe(
+          Effect.orDie
+        )
         return Number(rows[0]?.n ?? 0)
       }).pipe(Effect.withSpan("Analytics.prune"))
 

@@ -1,9 +1,12 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
+import { WALLET_HOURS_OF_CLEARS } from "../../src/db/migrations/walletHours.ts"
+import { Ledger } from "../../src/ledger/Ledger.ts"
 import { Analytics } from "../../src/marketdata/Analytics.ts"
+import { fundedKey } from "../support/Keys.ts"
 import { call, routerLayer } from "../support/Router.ts"
-import { ledgerClear } from "./support.ts"
+import { type ClearSpec, ledgerClear, reservedClear } from "./support.ts"
 
 const HOUR = 3_600_000
 const DAY = 24 * HOUR
@@ -99,6 +102,96 @@ describe("analytics from the clearing records and the hourly rollups", () => {
         assert.strictEqual((yield* json("/v1/analytics/leaderboard?limit=1000")).status, 400)
         assert.strictEqual((yield* json(`/v1/analytics/market?window_ms=${91 * DAY}`)).status, 400)
       })
+    )
+
+    // D559: the customer leaderboard sums each wallet's hourly rows, written by the settling statements, not
+    // 30 days of clears per call.
+    it.effect(
+      "a wallet's hourly spend is the sum of its clears, and the leaderboard's window is whole hours",
+      () =>
+        Effect.gen(function* () {
+          const sql = yield* SqlClient.SqlClient
+          const ledger = yield* Ledger
+          const now = Date.now()
+          const big = { price_in: 900_000_000, price_out: 900_000_000 }
+          const spec = (at: number, released = false): ClearSpec => ({
+            at,
+            modelClass: "chat-small",
+            providerId: "prov-w",
+            tokens: { input: 1_000, output: 1_000 },
+            tariff: big,
+            ttftMs: 10,
+            released
+          })
+          const one = yield* fundedKey({ budget: 10 ** 15, balance: 10 ** 15 })
+          const two = yield* fundedKey({ budget: 10 ** 15, balance: 10 ** 15 })
+          const settle = (s: ClearSpec, key: typeof one) =>
+            Effect.flatMap(reservedClear(s, key), ({ record }) =>
+              s.released ? ledger.release(record) : ledger.capture(record)
+            )
+          // Together, so some settle in one statement (a batch with the same wallet and hour twice).
+          yield* Effect.all(
+            [
+              settle(spec(now - 10 * 60_000), one),
+              settle(spec(now - 9 * 60_000), one),
+              settle(spec(now - 8 * 60_000), two),
+              settle(spec(now - 7 * 60_000, true), two),
+              settle(spec(now - 2 * HOUR), one)
+            ],
+            { concurrency: "unbounded" }
+          )
+          const byHour = (
+            rows: ReadonlyArray<{ hour_ms: string; wallet: string; spend: string; requests: string }>
+          ) => rows.map((r) => `${r.hour_ms} ${r.wallet} ${r.spend} ${r.requests}`)
+          const wallets = [one.wallet, two.wallet]
+          const kept = yield* sql<{ hour_ms: string; wallet: string; spend: string; requests: string }>`
+          SELECT hour_ms::text, wallet, spend::text, requests::text FROM market_wallet_hours
+          WHERE wallet IN ${sql.in(wallets)} ORDER BY hour_ms, wallet`
+          const summed = yield* sql<{ hour_ms: string; wallet: string; spend: string; requests: string }>`
+          SELECT (at_ms - at_ms % 3600000)::text AS hour_ms, wallet, sum(charged)::text AS spend,
+                 count(*)::text AS requests
+          FROM market_clears WHERE wallet IN ${sql.in(wallets)} GROUP BY 1, 2 ORDER BY 1, 2`
+          assert.deepStrictEqual(byHour(kept), byHour(summed))
+          // 1,800,000 each: `one` cleared three times (two in one hour), `two` once (its release cleared nothing).
+          assert.deepStrictEqual(
+            kept.reduce((n, r) => n + Number(r.requests), 0),
+            4
+          )
+          const board = (yield* json("/v1/analytics/leaderboard?limit=2")).body
+          assert.deepStrictEqual(board.customers, [
+            { rank: 1, spend: 5_400_000, requests: 3 },
+            { rank: 2, spend: 1_800_000, requests: 1 }
+          ])
+
+          // The window starts at the hour holding `now - 30 days`: an hour before it counts for nothing, and the
+          // retention pass deletes it; that hour itself counts.
+          const first = Math.floor((now - 30 * DAY) / HOUR) * HOUR
+          yield* sql`INSERT INTO market_wallet_hours (hour_ms, wallet, spend, requests)
+                   VALUES (${first - HOUR}, '0xbefore', 10000000, 1), (${first}, '0xfirst', 9000000, 2)`
+          const windowed = (yield* json("/v1/analytics/leaderboard?limit=2")).body
+          assert.deepStrictEqual(windowed.customers, [
+            { rank: 1, spend: 9_000_000, requests: 2 },
+            { rank: 2, spend: 5_400_000, requests: 3 }
+          ])
+          yield* (yield* Analytics).prune
+          const left = yield* sql<{ wallet: string }>`
+          SELECT wallet FROM market_wallet_hours WHERE wallet IN ('0xbefore', '0xfirst')`
+          assert.deepStrictEqual(
+            left.map((r) => r.wallet),
+            ["0xfirst"]
+          )
+          yield* sql`DELETE FROM market_wallet_hours WHERE wallet = '0xfirst'`
+
+          // The migration's backfill makes from the clears the rows the settling statements made.
+          const all = () =>
+            sql<{ hour_ms: string; wallet: string; spend: string; requests: string }>`
+            SELECT hour_ms::text, wallet, spend::text, requests::text FROM market_wallet_hours ORDER BY 1, 2`
+          const before = yield* all()
+          assert.isAbove(before.length, 5)
+          yield* sql`DELETE FROM market_wallet_hours`
+          yield* sql.unsafe(WALLET_HOURS_OF_CLEARS)
+          assert.deepStrictEqual(byHour(yield* all()), byHour(before))
+        })
     )
 
     it.effect("rollups older than 90 days disappear; younger ones stay", () =>

@@ -186,6 +186,22 @@ describe("a settling statement's market clears", () => {
             assert.deepStrictEqual(writes.map((w) => [w.key, w.n]).sort(), moved.map((k) => [k, 1]).sort())
             yield* sql`DROP TRIGGER test_rollup_written ON market_rollups`
 
+            // The wallet's hours (D559): its two hours' spend and requests, summed over the statement's clears.
+            const spent = new Map<number, { spend: number; requests: number }>()
+            for (const [i, request] of requests.entries()) {
+              const hour = specs[i]!.at - (specs[i]!.at % HOUR)
+              const was = spent.get(hour) ?? { spend: 0, requests: 0 }
+              spent.set(hour, { spend: was.spend + request.charged, requests: was.requests + 1 })
+            }
+            const hours = yield* sql<{ hour_ms: string; spend: string; requests: string }>`
+              SELECT hour_ms::text, spend::text, requests::text FROM market_wallet_hours
+              WHERE wallet = ${key.wallet} ORDER BY hour_ms`
+            assert.deepStrictEqual(
+              hours.map((h) => [Number(h.hour_ms), Number(h.spend), Number(h.requests)]),
+              [...spent.entries()].sort(([a], [b]) => a - b).map(([h, v]) => [h, v.spend, v.requests])
+            )
+            assert.strictEqual(hours.length, 2)
+
             // One notification per clear, in id order, each the clear's row.
             const heard = yield* Effect.forEach(clears, () =>
               Effect.map(

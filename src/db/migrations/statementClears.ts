@@ -3,19 +3,26 @@ import { SqlClient } from "effect/sql"
 import type { Migrations } from "./Migrations.ts"
 
 /**
- * A statement that settles requests writes their market clears, rollups and notifications once, at the end of
- * the statement, instead of a deferred trigger per economics row at commit (issue 12, docs/decisions.md D547).
+ * Each wallet's spend and requests per hour, summed over the statement's clears and upserted once per (hour,
+ * wallet) in key order, after the rollup shards (D559): the customer leaderboard reads these, not the clears.
  */
-export const statementClears: Migrations = {
-  "0041_statement_clears": Effect.gen(function* () {
-    const sql = yield* SqlClient.SqlClient
-    // What `market_clear_record` (0011) did for each economics row at commit, for a set of settled receipts at
-    // once: each captured request's clear (its receipt and its economics, both written by the same settling
-    // statement), the rollup shards summed over the clears and upserted once each in their key's order, and one
-    // notification per clear in id order. A receipt released, or economics reaped, clear nothing. Written once
-    // for the two places that run it: the trigger, over the statement's new receipts, and the function that
-    // clears named requests one by one when the statement's clears together fail.
-    const clearsOf = (receipts: string) => `
+const WALLET_HOURS = `, spent AS (
+          INSERT INTO market_wallet_hours AS w (hour_ms, wallet, spend, requests)
+          SELECT at_ms - at_ms % 3600000, wallet, sum(charged), count(*)
+          FROM cleared
+          GROUP BY 1, 2
+          ORDER BY 1, 2
+          ON CONFLICT (hour_ms, wallet) DO UPDATE
+          SET spend = w.spend + EXCLUDED.spend, requests = w.requests + EXCLUDED.requests
+        )`
+
+// What `market_clear_record` (0011) did for each economics row at commit, for a set of settled receipts at
+// once: each captured request's clear (its receipt and its economics, both written by the same settling
+// statement), the rollup shards summed over the clears and upserted once each in their key's order, and one
+// notification per clear in id order. A receipt released, or economics reaped, clear nothing. Written once
+// for the two places that run it: the trigger, over the statement's new receipts, and the function that
+// clears named requests one by one when the statement's clears together fail.
+const clearsOf = (receipts: string, walletHours: boolean) => `
         WITH settled AS (
           SELECT n.request_id, n.body AS r, e.body AS e,
                  ((n.body->>'in_tokens')::bigint - (n.body->>'cached_tokens')::bigint) * (n.body->>'price_in')::bigint
@@ -57,24 +64,30 @@ export const statementClears: Migrations = {
               high = GREATEST(m.high, EXCLUDED.high),
               low = LEAST(m.low, EXCLUDED.low),
               ttft_sum = m.ttft_sum + EXCLUDED.ttft_sum
-        )
+        )${walletHours ? WALLET_HOURS : ""}
         SELECT count(*) INTO notified
         FROM (SELECT pg_notify('market_clears', row_to_json(c)::text) FROM (SELECT * FROM cleared ORDER BY id) c) n;`
-    yield* sql.unsafe(`
-      CREATE FUNCTION market_clear_request(p_request TEXT) RETURNS void
+
+/**
+ * The two functions that write a settling statement's clears: the trigger's, over the statement's new receipts,
+ * and the one that clears a named request alone when the statement's clears together fail.
+ */
+export const clearFunctions = (walletHours: boolean) => [
+  `
+      CREATE OR REPLACE FUNCTION market_clear_request(p_request TEXT) RETURNS void
       LANGUAGE plpgsql AS $$
       DECLARE
         notified BIGINT;
       BEGIN
-        ${clearsOf("(SELECT * FROM receipts WHERE request_id = p_request)")}
+        ${clearsOf("(SELECT * FROM receipts WHERE request_id = p_request)", walletHours)}
       END
       $$
-    `)
-    // A statement's receipts clear together in one subtransaction; should that fail, each clears alone in its own,
-    // as the deferred trigger cleared them: market data never costs a settlement its capture, and a clear that
-    // cannot be written is skipped, loudly, without the others.
-    yield* sql.unsafe(`
-      CREATE FUNCTION market_clears_of_receipts() RETURNS trigger
+    `,
+  // A statement's receipts clear together in one subtransaction; should that fail, each clears alone in its own,
+  // as the deferred trigger cleared them: market data never costs a settlement its capture, and a clear that
+  // cannot be written is skipped, loudly, without the others.
+  `
+      CREATE OR REPLACE FUNCTION market_clears_of_receipts() RETURNS trigger
       LANGUAGE plpgsql AS $$
       DECLARE
         notified BIGINT;
@@ -85,7 +98,7 @@ export const statementClears: Migrations = {
           RETURN NULL;
         END IF;
         BEGIN
-          ${clearsOf("inserted_receipts")}
+          ${clearsOf("inserted_receipts", walletHours)}
         EXCEPTION WHEN OTHERS THEN
           FOR one IN SELECT request_id FROM inserted_receipts ORDER BY request_id LOOP
             BEGIN
@@ -98,7 +111,17 @@ export const statementClears: Migrations = {
         RETURN NULL;
       END
       $$
-    `)
+    `
+]
+
+/**
+ * A statement that settles requests writes their market clears, rollups and notifications once, at the end of
+ * the statement, instead of a deferred trigger per economics row at commit (issue 12, docs/decisions.md D547).
+ */
+export const statementClears: Migrations = {
+  "0041_statement_clears": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    for (const created of clearFunctions(false)) yield* sql.unsafe(created)
     // Triggers of one event on one table fire in the order of their names: this one after
     // `receipts_points_inserted` (0040), so a settling statement locks its points rows, then the rollup shards,
     // the order the deferred trigger took them in at commit.

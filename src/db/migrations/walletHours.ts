@@ -1,0 +1,39 @@
+import { Effect } from "effect"
+import { SqlClient } from "effect/sql"
+import type { Migrations } from "./Migrations.ts"
+import { clearFunctions } from "./statementClears.ts"
+
+/**
+ * Each wallet's hourly spend, for the customer leaderboard (issue 12, docs/decisions.md D559), which summed 30
+ * days of `market_clears` on every call of a public endpoint.
+ */
+export const walletHours: Migrations = {
+  "0043_wallet_hours": Effect.gen(function* () {
+    const sql = yield* SqlClient.SqlClient
+    // One row per wallet and hour it cleared in: its spend (Σ charged, base units) and requests. The leaderboard
+    // reads a window's hours by the primary key's leading column.
+    yield* sql`
+      CREATE TABLE market_wallet_hours (
+        hour_ms BIGINT NOT NULL,
+        wallet TEXT NOT NULL,
+        spend BIGINT NOT NULL,
+        requests BIGINT NOT NULL,
+        PRIMARY KEY (hour_ms, wallet)
+      )
+    `
+    // The clears written so far, in the same transaction as the functions that write the next ones: another
+    // instance still settling with the old functions waits here (its clears are then in the sum) or after (its
+    // settling statements run the new ones), so no clear is counted twice or missed.
+    yield* sql`LOCK TABLE market_clears IN SHARE ROW EXCLUSIVE MODE`
+    yield* sql.unsafe(WALLET_HOURS_OF_CLEARS)
+    for (const replaced of clearFunctions(true)) yield* sql.unsafe(replaced)
+  })
+}
+
+/** The wallet hours of every clear recorded, as the settling statements sum them. */
+export const WALLET_HOURS_OF_CLEARS = `
+  INSERT INTO market_wallet_hours (hour_ms, wallet, spend, requests)
+  SELECT at_ms - at_ms % 3600000, wallet, sum(charged), count(*)
+  FROM market_clears
+  GROUP BY 1, 2
+`
