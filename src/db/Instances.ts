@@ -2,6 +2,7 @@ import { randomBytes } from "node:crypto"
 import { Config, Context, Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { repeatInBackground } from "../Background.ts"
+import { elapsedMs } from "../process/ElapsedClock.ts"
 
 /**
  * This process's instance id. Every database connection names it in `application_name`
@@ -36,7 +37,7 @@ export class Instances extends Context.Service<
      */
     readonly markSettled: (instanceIds: ReadonlyArray<string>) => Effect.Effect<void>
     /**
-     * Since when (wall-clock ms) this instance's beats have got through with no gap of half
+     * Since when (`elapsedMs`, D560) this instance's beats have got through with no gap of half
      * `deadAfterSeconds`, +Infinity during such a gap: a capacity lease it wrote since then still has its
      * row, as no survivor can have declared it dead meanwhile (a warm lease written before is not reused, D557).
      */
@@ -66,7 +67,7 @@ export class Instances extends Context.Service<
       let lastBeatAt = 0
       let steadyFrom = 0
       const beaten = Effect.sync(() => {
-        const nowMs = Date.now()
+        const nowMs = elapsedMs()
         if (nowMs - lastBeatAt > gapMs) steadyFrom = nowMs
         lastBeatAt = nowMs
       })

@@ -5,6 +5,7 @@ import { repeatInBackground } from "../Background.ts"
 import { Instances } from "../db/Instances.ts"
 import { Conflict, Forbidden, InvalidRequest, ServiceUnavailable, Unauthorized } from "../domain/Errors.ts"
 import { quoteSigningString, SignedQuote } from "../domain/Quote.ts"
+import { elapsedMs } from "../process/ElapsedClock.ts"
 import { acquireReleaseLean } from "../process/Resource.ts"
 import { traced } from "../Telemetry.ts"
 import type { LiveQuote } from "./Auction.ts"
@@ -53,7 +54,7 @@ export interface LeaseRequest {
   readonly modelClass: string
   readonly capacity: number
   /**
-   * When it was asked for (wall clock, ms), before its statement wrote the row: how old a warm lease is counts
+   * When it was asked for (`elapsedMs`, D560), before its statement wrote the row: how old a warm lease is counts
    * from here, so the row's TTL is never overstated (D555).
    */
   readonly requestedAt: number
@@ -70,7 +71,7 @@ export const leaseRequestOf = (quote: SignedQuote): LeaseRequest => ({
   providerId: quote.provider_id,
   modelClass: quote.model_class,
   capacity: quote.capacity_rps,
-  requestedAt: Date.now()
+  requestedAt: elapsedMs()
 })
 
 /**
@@ -267,8 +268,9 @@ export class QuoteBook extends Context.Service<
         reuseMs: WARM_REUSE_MS,
         perKey: 1024
       })
-      // Real time, as the rows' expiry is the database's: a test moving the router's clock does not age them.
-      const wallClock = Effect.sync(() => Date.now())
+      // Real time, as the rows' expiry is the database's: a test moving the router's clock does not age them; and
+      // time that never steps back, so a lease never looks younger than its row (D560).
+      const elapsedNow = Effect.sync(elapsedMs)
       // Rows to delete: a statement that fails keeps its ids here for the next pass, so a database blip does not
       // leave idle rows holding their slots until their TTL.
       const toEnd: Array<string> = []
@@ -308,7 +310,7 @@ export class QuoteBook extends Context.Service<
             inFlight.set(key, Math.max(0, (inFlight.get(key) ?? 1) - 1))
             const slot = slots.get(held)
             slots.delete(held)
-            return Effect.flatMap(wallClock, (nowMs) => {
+            return Effect.flatMap(elapsedNow, (nowMs) => {
               if (slot?.warm === true && warm.put(key, held, nowMs)) return Effect.void
               if (slot?.warm !== true && slot?.handedOff === true) return Effect.void
               return endLeases([held.leaseId])
@@ -324,7 +326,7 @@ export class QuoteBook extends Context.Service<
         return {
           leaseId: held.leaseId,
           endsWith: () => {
-            const nowMs = Date.now()
+            const nowMs = elapsedMs()
             dropUnsteady(nowMs)
             state.warm = warm.wouldKeep(held, nowMs)
             return state.warm ? undefined : held.leaseId
@@ -337,7 +339,7 @@ export class QuoteBook extends Context.Service<
 
       // Leases passed over on the way are deleted by the next trim pass, not on the request's path.
       const takeWarm = (key: string, capacity: number) =>
-        Effect.map(wallClock, (nowMs) => {
+        Effect.map(elapsedNow, (nowMs) => {
           dropUnsteady(nowMs)
           return warm.take(key, capacity, nowMs, (leaseId) => toEnd.push(leaseId))
         })
@@ -375,7 +377,7 @@ export class QuoteBook extends Context.Service<
         )
 
       const hasWarm = (quote: SignedQuote) => {
-        const nowMs = Date.now()
+        const nowMs = elapsedMs()
         dropUnsteady(nowMs)
         return warm.has(slotKey(quote.provider_id, quote.model_class), quote.capacity_rps, nowMs)
       }
@@ -389,7 +391,7 @@ export class QuoteBook extends Context.Service<
       // Idle leases go back to every instance a moment after their last request; all of them at shutdown,
       // after the requests (which may still put theirs back) and before the database closes.
       yield* repeatInBackground(
-        Effect.flatMap(wallClock, (nowMs) => {
+        Effect.flatMap(elapsedNow, (nowMs) => {
           dropUnsteady(nowMs)
           return endPending(warm.idle(nowMs))
         }),

@@ -1,6 +1,7 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { ConfigProvider, Effect, Layer } from "effect"
 import { Instances } from "../../src/db/Instances.ts"
+import { elapsedMs } from "../../src/process/ElapsedClock.ts"
 import { TestDatabase } from "../support/Database.ts"
 
 /**
@@ -19,7 +20,7 @@ describe("this instance's heartbeat, as it sees it (D557)", () => {
       () =>
         Effect.gen(function* () {
           const instances = yield* Instances
-          const startedAt = Date.now()
+          const startedAt = elapsedMs()
           const first = instances.steadySince(startedAt)
           assert.isAtMost(first, startedAt)
           assert.isAbove(first, startedAt - 10_000)
@@ -27,9 +28,9 @@ describe("this instance's heartbeat, as it sees it (D557)", () => {
           assert.strictEqual(instances.steadySince(startedAt + 1_500), Number.POSITIVE_INFINITY)
           // The next beat (5 s on) ends the gap: steady again from then, not from the first beat.
           yield* Effect.sleep("5500 millis")
-          const again = instances.steadySince(Date.now())
+          const again = instances.steadySince(elapsedMs())
           assert.isAbove(again, first + 4_000)
-          assert.isAtMost(again, Date.now())
+          assert.isAtMost(again, elapsedMs())
         })
     )
   })

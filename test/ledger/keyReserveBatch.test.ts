@@ -7,6 +7,7 @@ import { Chain } from "../../src/chain/Chain.ts"
 import { Ledger, type ReservationRecord } from "../../src/ledger/Ledger.ts"
 import type { LeaseRequest } from "../../src/market/QuoteBook.ts"
 import { hashSecret } from "../../src/payment/Keys.ts"
+import { elapsedMs } from "../../src/process/ElapsedClock.ts"
 import { tracingWith } from "../../src/Telemetry.ts"
 import { TestDatabase } from "../support/Database.ts"
 import { fundedKey, keyState } from "../support/Keys.ts"
@@ -47,7 +48,7 @@ const leaseOn = (providerId: string, capacity: number): LeaseRequest => ({
   providerId,
   modelClass: "chat-small",
   capacity,
-  requestedAt: Date.now()
+  requestedAt: elapsedMs()
 })
 
 /** Each record reserved by its own call on the key as sent, all started in the same turn. */

@@ -8,6 +8,7 @@ import { quoteSigningString, SignedQuote } from "../../src/domain/Quote.ts"
 import { ModelCatalog } from "../../src/market/ModelCatalog.ts"
 import { Providers } from "../../src/market/Providers.ts"
 import { QuoteBook } from "../../src/market/QuoteBook.ts"
+import { elapsedMs } from "../../src/process/ElapsedClock.ts"
 import { TestDatabase } from "../support/Database.ts"
 
 const key = privateKeyToAccount(generatePrivateKey())
@@ -211,7 +212,7 @@ describe("quote book", () => {
         const held = yield* Scope.make()
         const before = yield* book.acquireSlot(quote).pipe(Scope.provide(held))
         yield* Effect.sleep("5 millis")
-        beats.steadySince = Date.now()
+        beats.steadySince = elapsedMs()
         assert.strictEqual(before.endsWith(), before.leaseId)
         yield* Scope.close(held, Exit.void)
         assert.deepStrictEqual(yield* leaseRows, [])

@@ -4,6 +4,7 @@ import { SqlClient } from "effect/sql"
 import { Chain } from "../../src/chain/Chain.ts"
 import { randomAuthorizationNonce } from "../../src/chain/Eip3009.ts"
 import { Ledger } from "../../src/ledger/Ledger.ts"
+import { elapsedMs } from "../../src/process/ElapsedClock.ts"
 import { TestDatabase } from "../support/Database.ts"
 import { fundedKey, keyState } from "../support/Keys.ts"
 
@@ -121,7 +122,7 @@ describe("a reservation with the winner's capacity lease (D311)", () => {
           providerId: "p1",
           modelClass: "chat-small",
           capacity: 1,
-          requestedAt: Date.now()
+          requestedAt: elapsedMs()
         })
         const reserve = (requestId: string, leaseId: string, authorized = 10_000) =>
           ledger.reserveCredit(
@@ -168,7 +169,7 @@ describe("a reservation with the winner's capacity lease (D311)", () => {
           providerId: "p2",
           modelClass: "chat-small",
           capacity: 1,
-          requestedAt: Date.now()
+          requestedAt: elapsedMs()
         })
         const leases = Effect.map(
           sql<{ lease_id: string }>`SELECT lease_id FROM capacity_leases ORDER BY lease_id`,
