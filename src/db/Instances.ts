@@ -13,6 +13,7 @@ export const applicationName = `svc-router/${INSTANCE_ID}`
 
 /** How often an instance says it is alive; an instance silent for `INSTANCE_DEAD_AFTER_SECONDS` is dead. */
 const HEARTBEAT = "5 seconds"
+const HEARTBEAT_SECONDS = 5
 const STALL_GAP_SECONDS = 7.5
 
 /**
@@ -29,7 +30,10 @@ export class Instances extends Context.Service<
     readonly deadAfterSeconds: number
     /** Dead instances whose leftovers are not settled yet. */
     readonly dead: Effect.Effect<ReadonlyArray<string>>
-    /** Deletes the capacity leases the given instances hold; returns how many. */
+    /**
+     * Deletes the capacity leases the given instances wrote before they fell silent, while each is still dead;
+     * returns how many. A lease written well after an instance's last beat is a resumed instance's (D561).
+     */
     readonly releaseLeases: (instanceIds: ReadonlyArray<string>) => Effect.Effect<number>
     /**
      * Records that nothing of these instances is left open, for those still dead: one that beat meanwhile is
@@ -103,9 +107,19 @@ export class Instances extends Context.Service<
         Effect.orDie
       )
 
+      // What a dead instance wrote before it fell silent: up to its next beat, and a slow statement after it.
+      // An instance frozen long enough to be judged dead (a stopped VM, a stall of its own) writes again once it
+      // resumes, before its next beat says so: those rows, written that long after its last beat, are the leases
+      // of requests it is serving now, and deleting them would let the other instances past the provider's
+      // ceiling (D561). A lease written so late by an instance that is in fact gone ends at its TTL.
+      const writtenBeforeSilence = Math.max(deadAfterSeconds / 2, 2 * HEARTBEAT_SECONDS)
       const releaseLeases = (instanceIds: ReadonlyArray<string>) =>
         sql<{ lease_id: string }>`
-          DELETE FROM capacity_leases WHERE instance_id IN ${sql.in(instanceIds)} RETURNING lease_id
+          DELETE FROM capacity_leases l USING router_instances
+          WHERE l.instance_id IN ${sql.in(instanceIds)} AND router_instances.instance_id = l.instance_id
+            AND l.acquired_at < router_instances.heartbeat_at + make_interval(secs => ${writtenBeforeSilence})
+            AND ${isDead}
+          RETURNING l.lease_id
         `.pipe(
           Effect.map((rows) => rows.length),
           Effect.orDie

@@ -117,13 +117,19 @@ describe("reservations left by a dead request", () => {
                    VALUES ('i_dead', now() - interval '40 seconds'), ('i_alive', now())`
           yield* sql`UPDATE requests SET instance_id = 'i_dead' WHERE request_id = 'req_of_dead'`
           yield* sql`UPDATE requests SET instance_id = 'i_alive' WHERE request_id = 'req_of_alive'`
-          yield* sql`INSERT INTO capacity_leases (lease_id, provider_id, model_class, expires_at, instance_id)
-                   VALUES ('l_dead', 'p', 'chat-small', now() + interval '20 minutes', 'i_dead'),
-                          ('l_alive', 'p', 'chat-small', now() + interval '20 minutes', 'i_alive')`
+          // The dead one's leases: one written before its last beat, one 3 s after it (it died before the next),
+          // and one written now, 40 s after it (D561): it was frozen, not dead, and serves that request again.
+          yield* sql`INSERT INTO capacity_leases (lease_id, provider_id, model_class, acquired_at, expires_at, instance_id)
+                   VALUES ('l_dead', 'p', 'chat-small', now() - interval '41 seconds', now() + interval '20 minutes', 'i_dead'),
+                          ('l_dead_late', 'p', 'chat-small', now() - interval '37 seconds', now() + interval '20 minutes', 'i_dead'),
+                          ('l_resumed', 'p', 'chat-small', now(), now() + interval '20 minutes', 'i_dead'),
+                          ('l_alive', 'p', 'chat-small', now(), now() + interval '20 minutes', 'i_alive')`
           yield* sql`INSERT INTO capacity_leases (lease_id, provider_id, model_class, expires_at)
                    VALUES ('l_mine', 'p', 'chat-small', now() + interval '20 minutes')`
 
           yield* steadyForAMinute
+          // An instance that beats again (judged dead a moment ago, say) keeps its leases.
+          assert.strictEqual(yield* (yield* Instances).releaseLeases(["i_alive"]), 0)
           assert.strictEqual(yield* reaper.settleDeadInstances, 1)
           const statuses = yield* sql<{ request_id: string; status: string }>`
           SELECT request_id, status FROM requests WHERE payer = ${key.wallet} ORDER BY request_id`
@@ -141,7 +147,8 @@ describe("reservations left by a dead request", () => {
             leases.map((l) => [l.lease_id, l.instance_id]),
             [
               ["l_alive", "i_alive"],
-              ["l_mine", INSTANCE_ID]
+              ["l_mine", INSTANCE_ID],
+              ["l_resumed", "i_dead"]
             ]
           )
           const receipt = (yield* call("/v1/receipts/req_of_dead")).json as {
