@@ -1,22 +1,34 @@
 /**
  * Milliseconds for the ages and gaps this process measures itself (a warm lease's age, a gap in its own
- * heartbeat), on a clock that never understates the time gone by when either of the machine's clocks moves
- * oddly (D560). The wall clock steps when NTP or an operator sets it, back as well as forward; the monotonic one
- * (`performance.now()`, Linux's `CLOCK_MONOTONIC`) never steps but may not count a suspended machine. Each
- * reading is the wall clock at the start plus the larger of the two elapsed times since, never less than the
- * last reading: a step back of the wall clock leaves it on the monotonic time, a suspension on the wall's, and
- * a step forward makes things look older, which is the safe side (a lease given back early, a gap seen).
+ * heartbeat), on a clock that never understates the time gone by when the wall clock moves oddly (D560,
+ * D562). The wall clock steps when NTP or an operator sets it, back as well as forward; the monotonic one
+ * (`performance.now()`, Linux's `CLOCK_MONOTONIC`) never steps but does not count a suspended machine.
+ * The clock runs on the monotonic time, from the wall's reading at the start; whenever the wall has moved
+ * further than the monotonic time since the previous reading (a suspension, a step forward), the excess is
+ * added for good. So it always advances at least at the monotonic rate (a step back of the wall is ignored,
+ * and a step forward corrected later does not freeze it), counts a suspension, and a step forward only
+ * makes things look older, which is the safe side (a lease given back early, a gap seen).
  */
 export const makeElapsedClock = (wall: () => number, monotonic: () => number) => {
-  const wallStart = wall()
-  const monotonicStart = monotonic()
-  let last = wallStart
+  let lastWall = wall()
+  let lastMonotonic = monotonic()
+  // The clock is `monotonic() + offset`; the offset only grows.
+  let offset = lastWall - lastMonotonic
   return (): number => {
-    const elapsed = Math.max(wall() - wallStart, Math.floor(monotonic() - monotonicStart))
-    last = Math.max(last, wallStart + elapsed)
-    return last
+    const wallNow = wall()
+    const monotonicNow = monotonic()
+    // Whole-ms wall readings against a fractional monotonic one differ by under 1 ms per pair of readings
+    // with no step at all: only a larger excess is one.
+    const excess = wallNow - lastWall - (monotonicNow - lastMonotonic)
+    if (excess > EXCESS_MS) offset += excess
+    lastWall = wallNow
+    lastMonotonic = monotonicNow
+    return Math.floor(monotonicNow + offset)
   }
 }
+
+/** How far the wall may run ahead of the monotonic clock between two readings before it counts (D562). */
+const EXCESS_MS = 2
 
 /** The process's one such clock. */
 export const elapsedMs = makeElapsedClock(

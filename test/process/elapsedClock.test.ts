@@ -3,9 +3,19 @@ import * as fc from "fast-check"
 import { makeElapsedClock } from "../../src/process/ElapsedClock.ts"
 
 /**
- * D560: the clock for this process's own ages and gaps (a warm lease, its heartbeat) never steps back and never
- * counts less time than either the wall clock or the monotonic one has counted since it started.
+ * D560, D562: the clock for this process's own ages and gaps (a warm lease, its heartbeat) never steps back,
+ * always advances at least at the monotonic clock's rate, and counts what the wall clock ran ahead of it.
  */
+/** A wall clock and a monotonic one the test sets, and the elapsed clock reading them. */
+const settable = (wall: number, monotonic: number) => {
+  const clocks = { wall, monotonic, read: () => 0 }
+  clocks.read = makeElapsedClock(
+    () => clocks.wall,
+    () => clocks.monotonic
+  )
+  return clocks
+}
+
 describe("the elapsed clock", () => {
   // Real time advances by `dt`; the wall clock also steps by `step` (NTP, an operator), and the monotonic one
   // misses `missed` of it (a suspended machine).
@@ -18,55 +28,83 @@ describe("the elapsed clock", () => {
     { maxLength: 40 }
   )
 
-  it("a property: never back, never behind either clock's elapsed time, the wall's at the start", () =>
+  it("a property: never back, at least the monotonic time at every reading, and every forward jump of the wall", () =>
     fc.assert(
       fc.property(fc.integer({ min: 0, max: 2 ** 41 }), moves, (start, steps) => {
-        let wall = start
-        let monotonic = 1_234.5
-        const clock = makeElapsedClock(
-          () => wall,
-          () => monotonic
-        )
-        const first = clock()
+        const c = settable(start, 1_234.5)
+        const first = c.read()
         assert.strictEqual(first, start)
         let last = first
+        let forward = 0
         for (const { dt, step, missed } of steps) {
-          wall += dt + step
-          monotonic += dt - Math.min(missed, dt)
-          const now = clock()
+          const before = c.monotonic
+          c.wall += dt + step
+          c.monotonic += dt - Math.min(missed, dt)
+          // What the wall moved beyond the monotonic clock (a step forward, a suspension) is counted for good,
+          // past the 2 ms a whole-ms wall reading may differ by.
+          const excess = dt + step - (c.monotonic - before)
+          if (excess > 2) forward += excess
+          const now = c.read()
           assert.isAtLeast(now, last, "never back")
-          assert.isAtLeast(now, wall, "never behind the wall clock's reading since the start")
-          assert.isAtLeast(now - start, Math.floor(monotonic - 1_234.5), "never behind the monotonic time")
+          assert.isAtLeast(
+            now - last,
+            Math.floor(c.monotonic - before) - 1,
+            "never slower than the monotonic clock"
+          )
+          assert.isAtLeast(
+            now - start,
+            Math.floor(c.monotonic - 1_234.5) + forward - 1,
+            "every forward jump counted"
+          )
+          assert.isAtMost(now - start, Math.floor(c.monotonic - 1_234.5) + forward + 1, "and nothing else")
           assert.isTrue(Number.isInteger(now))
           last = now
         }
       })
     ))
 
+  it("a step forward of the wall clock, corrected later: the clock does not stop (D562)", () => {
+    const c = settable(1_000_000, 0)
+    const takenAt = c.read()
+    // An hour ahead, set right a second later: the lease looks an hour older (the safe side)...
+    c.wall += 3_600_000
+    assert.strictEqual(c.read() - takenAt, 3_600_000)
+    c.wall -= 3_600_000
+    c.wall += 1_000
+    c.monotonic += 1_000
+    assert.strictEqual(c.read() - takenAt, 3_601_000)
+    // ...and keeps ageing on the monotonic time from there: five real minutes later it is five minutes older.
+    c.wall += 300_000
+    c.monotonic += 300_000
+    assert.strictEqual(c.read() - takenAt, 3_901_000)
+  })
+
+  it("readings many times a millisecond run at the real rate, not faster", () => {
+    const c = settable(1_000_000, 0.25)
+    const first = c.read()
+    // 100 real ms read every 0.1 ms: the whole-ms wall ticks once a ms, the monotonic clock moves on each read.
+    for (let i = 1; i <= 1_000; i++) {
+      c.monotonic = 0.25 + i / 10
+      c.wall = 1_000_000 + Math.floor(i / 10)
+      c.read()
+    }
+    assert.strictEqual(c.read() - first, 100)
+  })
+
   it("a step back of the wall clock: a lease's age keeps counting on the monotonic time", () => {
-    let wall = 1_000_000
-    let monotonic = 0
-    const clock = makeElapsedClock(
-      () => wall,
-      () => monotonic
-    )
-    const takenAt = clock()
+    const c = settable(1_000_000, 0)
+    const takenAt = c.read()
     // Ten minutes back, then five real minutes: the lease is five minutes old, not minus five.
-    wall -= 600_000
-    wall += 300_000
-    monotonic += 300_000
-    assert.strictEqual(clock() - takenAt, 300_000)
+    c.wall -= 600_000
+    c.wall += 300_000
+    c.monotonic += 300_000
+    assert.strictEqual(c.read() - takenAt, 300_000)
   })
 
   it("a suspension the monotonic clock missed: the gap is seen on the wall's", () => {
-    let wall = 1_000_000
-    const monotonic = 50
-    const clock = makeElapsedClock(
-      () => wall,
-      () => monotonic
-    )
-    const beat = clock()
-    wall += 40_000
-    assert.strictEqual(clock() - beat, 40_000)
+    const c = settable(1_000_000, 50)
+    const beat = c.read()
+    c.wall += 40_000
+    assert.strictEqual(c.read() - beat, 40_000)
   })
 })
