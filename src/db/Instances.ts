@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto"
 import { Config, Context, Effect, Layer } from "effect"
-import { SqlClient } from "effect/sql"
+import { SqlClient, type Statement } from "effect/sql"
 import { repeatInBackground } from "../Background.ts"
 import { elapsedMs } from "../process/ElapsedClock.ts"
 
@@ -32,12 +32,20 @@ export class Instances extends Context.Service<
     readonly dead: Effect.Effect<ReadonlyArray<string>>
     /**
      * Deletes the capacity leases the given instances wrote before they fell silent, while each is still dead;
-     * returns how many. A lease written well after an instance's last beat is a resumed instance's (D561).
+     * returns how many. A lease written well after an instance's last beat is a resumed instance's (D561),
+     * until the instance has been silent for the dead-after time since it was written (D563).
      */
     readonly releaseLeases: (instanceIds: ReadonlyArray<string>) => Effect.Effect<number>
     /**
-     * Records that nothing of these instances is left open, for those still dead: one that beat meanwhile is
-     * visited again when it dies for good, with what it opened since.
+     * A condition on a row of the instance `instanceId` names (`router_instances` in scope, unaliased), written
+     * at `writtenAt`: the instance is still dead and the row is one it left, by the same cut as
+     * `releaseLeases` (D563). Settling a reservation is as much a release as deleting a lease.
+     */
+    readonly leftByDead: (instanceId: Statement.Fragment, writtenAt: Statement.Fragment) => Statement.Fragment
+    /**
+     * Records that nothing of these instances is left open (no lease, no open reservation), for those still
+     * dead: one that beat meanwhile is visited again when it dies for good, with what it opened since, and one
+     * with rows written after the cut is visited until they are settled (D563).
      */
     readonly markSettled: (instanceIds: ReadonlyArray<string>) => Effect.Effect<void>
     /**
@@ -110,15 +118,21 @@ export class Instances extends Context.Service<
       // What a dead instance wrote before it fell silent: up to its next beat, and a slow statement after it.
       // An instance frozen long enough to be judged dead (a stopped VM, a stall of its own) writes again once it
       // resumes, before its next beat says so: those rows, written that long after its last beat, are the leases
-      // of requests it is serving now, and deleting them would let the other instances past the provider's
-      // ceiling (D561). A lease written so late by an instance that is in fact gone ends at its TTL.
-      const writtenBeforeSilence = Math.max(deadAfterSeconds / 2, 2 * HEARTBEAT_SECONDS)
+      // and reservations of requests it is serving now, and releasing them would let the other instances past
+      // the provider's ceiling and leave its capture nothing to capture (D561, D563). The cut stays under the
+      // dead-after time, so a row written after it by an instance judged dead is one written after resuming.
+      // A row written after the cut by an instance that has since been silent for the dead-after time (while
+      // this one's beats got through) was written by an instance that died again: it goes too.
+      const cutSeconds = Math.min(Math.max(deadAfterSeconds / 2, 2 * HEARTBEAT_SECONDS), deadAfterSeconds)
+      const leftByDead = (instanceId: Statement.Fragment, writtenAt: Statement.Fragment) => sql`(
+        router_instances.instance_id = ${instanceId} AND ${isDead}
+        AND (${writtenAt} < router_instances.heartbeat_at + make_interval(secs => ${cutSeconds})
+          OR ${writtenAt} < (SELECT self.heartbeat_at - make_interval(secs => ${deadAfterSeconds})
+                            FROM router_instances self WHERE self.instance_id = ${INSTANCE_ID})))`
       const releaseLeases = (instanceIds: ReadonlyArray<string>) =>
         sql<{ lease_id: string }>`
           DELETE FROM capacity_leases l USING router_instances
-          WHERE l.instance_id IN ${sql.in(instanceIds)} AND router_instances.instance_id = l.instance_id
-            AND l.acquired_at < router_instances.heartbeat_at + make_interval(secs => ${writtenBeforeSilence})
-            AND ${isDead}
+          WHERE l.instance_id IN ${sql.in(instanceIds)} AND ${leftByDead(sql`l.instance_id`, sql`l.acquired_at`)}
           RETURNING l.lease_id
         `.pipe(
           Effect.map((rows) => rows.length),
@@ -129,6 +143,9 @@ export class Instances extends Context.Service<
         sql`
           UPDATE router_instances SET settled_at = now()
           WHERE instance_id IN ${sql.in(instanceIds)} AND settled_at IS NULL AND ${isDead}
+            AND NOT EXISTS (SELECT 1 FROM capacity_leases l WHERE l.instance_id = router_instances.instance_id)
+            AND NOT EXISTS (SELECT 1 FROM requests r
+                            WHERE r.status = 'reserved' AND r.instance_id = router_instances.instance_id)
         `.pipe(Effect.asVoid, Effect.orDie)
 
       return Instances.of({
@@ -136,6 +153,7 @@ export class Instances extends Context.Service<
         deadAfterSeconds,
         dead,
         releaseLeases,
+        leftByDead,
         markSettled,
         steadySince
       })

@@ -73,11 +73,13 @@ export class Reaper extends Context.Service<
       const claims = yield* authorizations.releaseClaimsOf(dead)
       // Idempotency-Key claims they held (D291): a retry of such a key runs afresh, not 409 for a day.
       const keys = yield* idempotency.releaseClaimsOf(dead)
-      const open = yield* ledger.reservationsOf(dead)
+      // Those it left: not the requests of one that resumed and serves them now (D563).
+      const open = yield* ledger.reservationsOf(dead, instances.leftByDead)
       // Nothing this instance serves is ever touched (a request id is one instance's only).
       const orphaned = open.filter((row) => live.get(row.request_id) === undefined)
       yield* Effect.forEach(orphaned, settle.fromRecord, { discard: true })
-      // A page of 100 at a time: the instances are settled once nothing of theirs is left open.
+      // A page of 100 at a time: the instances are settled once nothing of theirs is left open (rows written
+      // after the cut keep one visited until they go, D563).
       if (open.length < 100) yield* instances.markSettled(dead)
       yield* Effect.logWarning("settled what dead router instances left open", {
         instances: dead.join(","),

@@ -145,9 +145,13 @@ export class Ledger extends Context.Service<
     ) => Effect.Effect<boolean>
     /** Reservations older than `afterSeconds`, oldest first (at most 100). */
     readonly staleReservations: (afterSeconds: number) => Effect.Effect<ReadonlyArray<StaleReservation>>
-    /** Reservations still open that the given (dead) router instances made. */
+    /**
+     * Reservations still open that the given (dead) router instances left: those `leftByDead`
+     * (`Instances.leftByDead`) holds for, by their creation time (D563).
+     */
     readonly reservationsOf: (
-      instanceIds: ReadonlyArray<string>
+      instanceIds: ReadonlyArray<string>,
+      leftByDead: (instanceId: Statement.Fragment, writtenAt: Statement.Fragment) => Statement.Fragment
     ) => Effect.Effect<ReadonlyArray<StaleReservation>>
     /** An instance's reservations still open with a final meter on record: settlements it could not write. */
     readonly finalRecordsOf: (instanceId: string) => Effect.Effect<ReadonlyArray<StaleReservation>>
@@ -212,8 +216,14 @@ export class Ledger extends Context.Service<
       const staleReservations = (afterSeconds: number) =>
         openWhere(sql`r.created_at < now() - make_interval(secs => ${afterSeconds})`)
 
-      const reservationsOf = (instanceIds: ReadonlyArray<string>) =>
-        openWhere(sql`r.instance_id IN ${sql.in(instanceIds)}`)
+      const reservationsOf = (
+        instanceIds: ReadonlyArray<string>,
+        leftByDead: (instanceId: Statement.Fragment, writtenAt: Statement.Fragment) => Statement.Fragment
+      ) =>
+        openWhere(
+          sql`r.instance_id IN ${sql.in(instanceIds)}
+            AND EXISTS (SELECT 1 FROM router_instances WHERE ${leftByDead(sql`r.instance_id`, sql`r.created_at`)})`
+        )
 
       const finalRecordsOf = (instanceId: string) =>
         openWhere(sql`r.instance_id = ${instanceId} AND (r.metered->>'final')::boolean`)

@@ -108,6 +108,7 @@ describe("reservations left by a dead request", () => {
           yield* ledger.reserveCredit(record("req_mine"), key.keyId)
           yield* ledger.reserveCredit(record("req_of_dead"), key.keyId)
           yield* ledger.reserveCredit(record("req_of_alive"), key.keyId)
+          yield* ledger.reserveCredit(record("req_of_resumed"), key.keyId)
           const mine = yield* sql<{
             instance_id: string
           }>`SELECT instance_id FROM requests WHERE request_id = 'req_mine'`
@@ -115,8 +116,11 @@ describe("reservations left by a dead request", () => {
           // Another instance died 40 seconds ago mid-request; a third is alive and serving.
           yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
                    VALUES ('i_dead', now() - interval '40 seconds'), ('i_alive', now())`
-          yield* sql`UPDATE requests SET instance_id = 'i_dead' WHERE request_id = 'req_of_dead'`
+          yield* sql`UPDATE requests SET instance_id = 'i_dead', created_at = now() - interval '41 seconds'
+                   WHERE request_id = 'req_of_dead'`
           yield* sql`UPDATE requests SET instance_id = 'i_alive' WHERE request_id = 'req_of_alive'`
+          // The dead one opened a request just now, 40 s after its last beat: resumed, it serves it (D563).
+          yield* sql`UPDATE requests SET instance_id = 'i_dead' WHERE request_id = 'req_of_resumed'`
           // The dead one's leases: one written before its last beat, one 3 s after it (it died before the next),
           // and one written now, 40 s after it (D561): it was frozen, not dead, and serves that request again.
           yield* sql`INSERT INTO capacity_leases (lease_id, provider_id, model_class, acquired_at, expires_at, instance_id)
@@ -129,7 +133,10 @@ describe("reservations left by a dead request", () => {
 
           yield* steadyForAMinute
           // An instance that beats again (judged dead a moment ago, say) keeps its leases.
-          assert.strictEqual(yield* (yield* Instances).releaseLeases(["i_alive"]), 0)
+          const instances = yield* Instances
+          assert.strictEqual(yield* instances.releaseLeases(["i_alive"]), 0)
+          // Nor are its reservations settled (D563).
+          assert.deepStrictEqual(yield* ledger.reservationsOf(["i_alive"], instances.leftByDead), [])
           assert.strictEqual(yield* reaper.settleDeadInstances, 1)
           const statuses = yield* sql<{ request_id: string; status: string }>`
           SELECT request_id, status FROM requests WHERE payer = ${key.wallet} ORDER BY request_id`
@@ -138,7 +145,8 @@ describe("reservations left by a dead request", () => {
             [
               ["req_mine", "reserved"],
               ["req_of_alive", "reserved"],
-              ["req_of_dead", "released"]
+              ["req_of_dead", "released"],
+              ["req_of_resumed", "reserved"]
             ]
           )
           const leases = yield* sql<{ lease_id: string; instance_id: string }>`
@@ -155,12 +163,31 @@ describe("reservations left by a dead request", () => {
             receipt: { status: string; charged: number }
           }
           assert.deepStrictEqual([receipt.receipt.status, receipt.receipt.charged], ["released", 0])
-          assert.strictEqual((yield* keyState(key.keyId)).reserved, 6_000)
-          // Settled once: the dead instance is not visited again.
-          assert.strictEqual(yield* reaper.settleDeadInstances, 0)
-          const dead = yield* sql<{ settled: boolean }>`
+          assert.strictEqual((yield* keyState(key.keyId)).reserved, 9_000)
+          // What it wrote after resuming keeps it visited, not settled (D563)...
+          const settled = sql<{ settled: boolean }>`
           SELECT settled_at IS NOT NULL AS settled FROM router_instances WHERE instance_id = 'i_dead'`
-          assert.deepStrictEqual(dead, [{ settled: true }])
+          assert.strictEqual(yield* reaper.settleDeadInstances, 0)
+          assert.deepStrictEqual(yield* settled, [{ settled: false }])
+          // ...until it has been silent for the dead-after time since (30 s, this router's beats steady): it
+          // died again, and that lease and that reservation go too.
+          yield* sql`UPDATE router_instances SET heartbeat_at = heartbeat_at - interval '31 seconds'
+                     WHERE instance_id = 'i_dead'`
+          yield* sql`UPDATE capacity_leases SET acquired_at = acquired_at - interval '31 seconds'
+                     WHERE instance_id = 'i_dead'`
+          yield* sql`UPDATE requests SET created_at = created_at - interval '31 seconds'
+                     WHERE request_id = 'req_of_resumed'`
+          assert.strictEqual(yield* reaper.settleDeadInstances, 1)
+          assert.deepStrictEqual(
+            (yield* sql<{
+              lease_id: string
+            }>`SELECT lease_id FROM capacity_leases WHERE instance_id = 'i_dead'`).length,
+            0
+          )
+          assert.strictEqual((yield* keyState(key.keyId)).reserved, 6_000)
+          // Settled once nothing of it is left: not visited again.
+          assert.deepStrictEqual(yield* settled, [{ settled: true }])
+          assert.strictEqual(yield* reaper.settleDeadInstances, 0)
         })
     )
 
@@ -234,8 +261,9 @@ describe("reservations left by a dead request", () => {
               final: false
             })
           )
-          // Its requests name it before it is known dead (the router's own 5-second pass may settle them first).
-          yield* sql`UPDATE requests SET instance_id = 'i_died_streaming'
+          // Its requests name it before it is known dead (the router's own 5-second pass may settle them first),
+          // opened before its last beat (D563).
+          yield* sql`UPDATE requests SET instance_id = 'i_died_streaming', created_at = now() - interval '41 seconds'
                    WHERE request_id IN ('req_streaming', 'req_before_first_token')`
           yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
                    VALUES ('i_died_streaming', now() - interval '40 seconds')`
@@ -321,8 +349,9 @@ describe("reservations left by a dead request", () => {
           yield* ledger.recordMeter("req_exact", metered)
           yield* ledger.recordMeter("req_upto", metered)
           yield* ledger.recordMeter("req_lapsing", metered)
-          // Its requests name it before it is known dead (the router's own 5-second pass may settle them first).
-          yield* sql`UPDATE requests SET instance_id = 'i_died_paying'
+          // Its requests name it before it is known dead (the router's own 5-second pass may settle them first),
+          // opened before its last beat (D563).
+          yield* sql`UPDATE requests SET instance_id = 'i_died_paying', created_at = now() - interval '41 seconds'
                    WHERE request_id IN ('req_exact', 'req_upto', 'req_lapsing')`
           yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
                    VALUES ('i_died_paying', now() - interval '40 seconds')`
@@ -535,7 +564,8 @@ describe("reservations left by a dead request", () => {
                        VALUES ('i_stalled', now() - interval '40 seconds')`
             yield* sql`UPDATE router_instances SET heartbeat_at = now() - interval '40 seconds'
                        WHERE instance_id = ${INSTANCE_ID}`
-            yield* sql`UPDATE requests SET instance_id = 'i_stalled' WHERE request_id = 'req_of_stalled'`
+            yield* sql`UPDATE requests SET instance_id = 'i_stalled', created_at = now() - interval '41 seconds'
+                       WHERE request_id = 'req_of_stalled'`
             const released = yield* reaper.settleDeadInstances
             const state = yield* sql<{ status: string; settled: boolean }>`
               SELECT q.status, i.settled_at IS NOT NULL AS settled

@@ -160,6 +160,9 @@ describe("quote book", () => {
           deadAfterSeconds: 30,
           dead: Effect.succeed([]),
           releaseLeases: () => Effect.succeed(0),
+          leftByDead: () => {
+            throw new Error("not read by the book")
+          },
           markSettled: () => Effect.void,
           steadySince: () => beats.steadySince
         })
