@@ -164,8 +164,11 @@ describe("analytics from the clearing records and the hourly rollups", () => {
           ])
 
           // The window starts at the hour holding `now - 30 days`: an hour before it counts for nothing, and the
-          // retention pass deletes it; that hour itself counts.
-          const first = Math.floor((now - 30 * DAY) / HOUR) * HOUR
+          // retention pass deletes it; that hour itself counts. (Not within seconds of an hour's end, so the
+          // router's window starts at the same hour as the one computed here.)
+          const untilNextHour = HOUR - ((Date.now() - 30 * DAY) % HOUR)
+          if (untilNextHour < 10_000) yield* Effect.sleep(untilNextHour + 100)
+          const first = Math.floor((Date.now() - 30 * DAY) / HOUR) * HOUR
           yield* sql`INSERT INTO market_wallet_hours (hour_ms, wallet, spend, requests)
                    VALUES (${first - HOUR}, '0xbefore', 10000000, 1), (${first}, '0xfirst', 9000000, 2)`
           const windowed = (yield* json("/v1/analytics/leaderboard?limit=2")).body
@@ -191,6 +194,11 @@ describe("analytics from the clearing records and the hourly rollups", () => {
           yield* sql`DELETE FROM market_wallet_hours`
           yield* sql.unsafe(WALLET_HOURS_OF_CLEARS)
           assert.deepStrictEqual(byHour(yield* all()), byHour(before))
+          // Only the hours the window can still read (D564): a clear of 32 days ago is not summed.
+          yield* sql`DELETE FROM market_wallet_hours`
+          yield* sql`UPDATE market_clears SET at_ms = at_ms - ${32 * DAY} WHERE wallet = ${two.wallet}`
+          yield* sql.unsafe(WALLET_HOURS_OF_CLEARS)
+          assert.deepStrictEqual(byHour(yield* all()), byHour(before.filter((r) => r.wallet !== two.wallet)))
         })
     )
 
