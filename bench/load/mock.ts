@@ -4,6 +4,7 @@
  * `POST /v1/chat/completions` at once: a short SSE stream when `stream` is true (what the router
  * always asks for), one JSON completion otherwise. A message containing `[[hold]]` gets its first
  * chunk and then stays open until `POST /release` (the held-open-stream memory measurement).
+ * `MOCK_CONTENT_CHUNKS=N` makes the streamed reply N content chunks long, written at once.
  * Plain Node, no dependencies: nothing here may be the bottleneck.
  */
 import { createServer, type ServerResponse } from "node:http"
@@ -22,8 +23,14 @@ const chunk = (id: string, delta: Record<string, unknown>, finish: string | null
 
 const usage = { prompt_tokens: 12, completion_tokens: 6, total_tokens: 18 }
 
+// `MOCK_CONTENT_CHUNKS` (default 1): how many content chunks follow the first, all in the one write (a long
+// reply that arrives at once, D565).
+const contentChunks = Math.max(1, Number(process.env.MOCK_CONTENT_CHUNKS ?? 1))
+
 const tail = (id: string) =>
-  chunk(id, { content: " from the mock." }, null) +
+  (contentChunks === 1
+    ? chunk(id, { content: " from the mock." }, null)
+    : Array.from({ length: contentChunks }, (_, i) => chunk(id, { content: ` word${i}` }, null)).join("")) +
   chunk(id, {}, "stop") +
   `data: ${JSON.stringify({ id, object: "chat.completion.chunk", created: 1, model: "mock", choices: [], usage })}\n\n` +
   "data: [DONE]\n\n"

@@ -202,7 +202,8 @@ export class LiveStreams extends Context.Service<
   LiveStreams,
   {
     /**
-     * Starts `work` detached; it receives `emit` and `end`. `work` runs uninterruptibly except where it
+     * Starts `work` detached; it receives `emit` and `end`, and `publish`, the same as `emit` run at once
+     * (for a work that publishes several events in one step). `work` runs uninterruptibly except where it
      * says otherwise (`Effect.interruptible`), so its finalization always runs. `end` says the last event
      * was published: the readers are told the end then, while the work may go on finishing (D534); a
      * work that never says it ends its stream when it ends. Returns the stream and its capability token
@@ -210,7 +211,11 @@ export class LiveStreams extends Context.Service<
      */
     readonly start: <E>(
       id: string,
-      work: (emit: (event: E) => Effect.Effect<void>, end: Effect.Effect<void>) => Effect.Effect<void>
+      work: (
+        emit: (event: E) => Effect.Effect<void>,
+        end: Effect.Effect<void>,
+        publish: (event: E) => void
+      ) => Effect.Effect<void>
     ) => Effect.Effect<{ readonly stream: LiveStream<E>; readonly token: string }>
     readonly get: <E>(id: string) => LiveStream<E> | undefined
     /**
@@ -308,7 +313,11 @@ const makeLiveStreams = (replayBytes: number) =>
 
     const start = <E>(
       id: string,
-      work: (emit: (event: E) => Effect.Effect<void>, end: Effect.Effect<void>) => Effect.Effect<void>
+      work: (
+        emit: (event: E) => Effect.Effect<void>,
+        end: Effect.Effect<void>,
+        publish: (event: E) => void
+      ) => Effect.Effect<void>
     ) =>
       Effect.gen(function* () {
         const token = randomText(24, "base64url")
@@ -326,20 +335,20 @@ const makeLiveStreams = (replayBytes: number) =>
           kept: undefined
         }
         streams.set(id, stream as LiveStream<unknown>)
-        const emit = (event: E) =>
-          Effect.sync(() => {
-            // After the end nothing more is published (the readers were told the end).
-            if (stream.finishedAt !== undefined) return
-            // Past the buffer's bound the event still reaches every live reader (what is metered
-            // is delivered); only a later reconnect would miss it.
-            const indexed = { index: stream.events.length, event }
-            if (stream.events.length < MAX_EVENTS) stream.events.push(event)
-            for (const [reader, map] of stream.readers) {
-              const item = map(indexed)
-              if (item !== undefined && !(reader instanceof Waiter)) offer(reader, item)
-            }
-          })
-        const fiber = yield* work(emit, finish(stream)).pipe(
+        const publish = (event: E) => {
+          // After the end nothing more is published (the readers were told the end).
+          if (stream.finishedAt !== undefined) return
+          // Past the buffer's bound the event still reaches every live reader (what is metered
+          // is delivered); only a later reconnect would miss it.
+          const indexed = { index: stream.events.length, event }
+          if (stream.events.length < MAX_EVENTS) stream.events.push(event)
+          for (const [reader, map] of stream.readers) {
+            const item = map(indexed)
+            if (item !== undefined && !(reader instanceof Waiter)) offer(reader, item)
+          }
+        }
+        const emit = (event: E) => Effect.sync(() => publish(event))
+        const fiber = yield* work(emit, finish(stream), publish).pipe(
           Effect.ensuring(
             Effect.suspend(() => {
               // Kept for replay are the events and this record only: the finished fiber holds the

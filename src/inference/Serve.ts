@@ -142,47 +142,49 @@ const attemptCall = (deps: Deps, input: Serving, meter: Meter, holding: Holding,
     meter.servedBy = bid
     meter.heldSources = undefined
     const sentAt = yield* Clock.currentTimeMillis
-    // Each event is handled as it is read, in this fiber (no stream stages held while the reply is open).
+    // The first token: its provider is serving (held grounding goes out first), its latency observed, and
+    // the waiting admission told. Then the token itself, as any other.
+    const first = Effect.gen(function* () {
+      meter.delivered = true
+      meter.firstTokenAt = yield* Clock.currentTimeMillis
+      yield* latency.observe(bid.provider_id, bid.model_class, meter.firstTokenAt - sentAt)
+      if (meter.heldSources !== undefined) input.publish({ _tag: "Delta", event: meter.heldSources })
+      yield* Deferred.succeed(input.started, undefined)
+    })
+    // Each read's events are handled as they are read, in this fiber (no stream stages held while the reply
+    // is open), all in one step but the first token's (D565): metered, published, then one checkpoint.
     const call = Effect.suspend(() =>
       upstream.run(
         { baseUrl: provider.base_url, dialect: provider.dialect },
         input.request,
         bid.model_class,
         maxTokensOf(input.request),
-        // Called as each event is delivered (the upstream client runs the returned effect before it calls
-        // again), so the meter is written here. A token after the first, the usual event, makes no generator.
-        (event) => {
-          if (event._tag === "Usage") {
-            meter.usage = event
-            return Effect.void
+        // Called as each read's events are delivered (the upstream client runs the returned effect before it
+        // calls again), so the meter is written here.
+        (events) => {
+          let at = 0
+          let content = false
+          const rest = (): Effect.Effect<void> => {
+            while (at < events.length) {
+              const event = events[at]!
+              if (event._tag === "Usage") meter.usage = event
+              else if (event._tag === "Finish") meter.finish = event.reason
+              else if (event._tag === "Sources") {
+                // Grounding arrives before the first token; it is held until a token
+                // proves this provider is serving (a fallback must not repeat it).
+                if (meter.delivered) input.publish({ _tag: "Delta", event })
+                else meter.heldSources = event
+              } else if (!meter.delivered) return Effect.andThen(first, rest)
+              else {
+                recordContent(meter, event)
+                input.publish({ _tag: "Delta", event })
+                content = true
+              }
+              at++
+            }
+            return content ? deps.checkpoint(input, meter) : Effect.void
           }
-          if (event._tag === "Finish") {
-            meter.finish = event.reason
-            return Effect.void
-          }
-          if (event._tag === "Sources") {
-            // Grounding arrives before the first token; it is held until a token
-            // proves this provider is serving (a fallback must not repeat it).
-            if (meter.delivered) return input.emit({ _tag: "Delta", event })
-            meter.heldSources = event
-            return Effect.void
-          }
-          const content = Effect.suspend(() => {
-            recordContent(meter, event)
-            return Effect.andThen(deps.checkpoint(input, meter), input.emit({ _tag: "Delta", event }))
-          })
-          if (meter.delivered) return content
-          return Effect.andThen(
-            Effect.gen(function* () {
-              meter.delivered = true
-              meter.firstTokenAt = yield* Clock.currentTimeMillis
-              yield* latency.observe(bid.provider_id, bid.model_class, meter.firstTokenAt - sentAt)
-              if (meter.heldSources !== undefined)
-                yield* input.emit({ _tag: "Delta", event: meter.heldSources })
-              yield* Deferred.succeed(input.started, undefined)
-            }),
-            content
-          )
+          return Effect.suspend(rest)
         }
       )
     )
@@ -331,8 +333,8 @@ export class Serve extends Context.Service<
             funding: funding._tag
           })
           const started = yield* Deferred.make<void, UpstreamFailed | ServiceUnavailable>()
-          const { stream, token } = yield* live.start<ServeEvent>(requestId, (emit, end) => {
-            const serving: Serving = { ...input, emit, end, started }
+          const { stream, token } = yield* live.start<ServeEvent>(requestId, (emit, end, publish) => {
+            const serving: Serving = { ...input, emit, publish, end, started }
             input.telling.tell = announce(serving)
             return serve(serving, scope)
           })

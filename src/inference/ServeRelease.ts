@@ -30,6 +30,8 @@ export interface Reservation extends Launch {
 
 export interface Serving extends Reservation {
   readonly emit: (event: ServeEvent) => Effect.Effect<void>
+  /** `emit` at once, for several events in one step (D565). */
+  readonly publish: (event: ServeEvent) => void
   /** The stream's last event was published: its readers are told the end (LiveStreams, D534). */
   readonly end: Effect.Effect<void>
   readonly started: Started

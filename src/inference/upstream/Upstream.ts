@@ -187,29 +187,25 @@ export const decodeUpstreamStream = <S, E>(
   )
 
 /**
- * Reads the response's body straight into `onEvent`, in the calling fiber: no stream stages, pulls or
- * scopes held while the reply is open (issue 12 item 5). A loop of continuations, not a generator: a
- * held reply waits in a read with one small continuation on its fiber's stack, where a generator kept
- * its registers (the last pieces read among them, D501). A failure decoded from the body (a provider's
- * error frame, which may quote the prompt) is `redact`ed here; a failed read (`timeout`, `dropped`)
+ * Reads the response's body straight into `onEvents`, in the calling fiber: no stream stages, pulls or
+ * scopes held while the reply is open (issue 12 item 5), and one call per read, with the events decoded from
+ * it (a step per read, not per event: D565). A loop of continuations, not a generator: a held reply waits in
+ * a read with one small continuation on its fiber's stack, where a generator kept its registers (the last
+ * pieces read among them, D501). A failure decoded from the body (a provider's error frame, which may quote
+ * the prompt) is `redact`ed here, after the events before it went out; a failed read (`timeout`, `dropped`)
  * carries no excerpt.
  */
 const readBody = <S>(
   codec: DialectCodec<S>,
   response: UpstreamResponse,
-  onEvent: (event: UpstreamEvent) => Effect.Effect<void>,
+  onEvents: (events: ReadonlyArray<UpstreamEvent>) => Effect.Effect<void>,
   redact: (error: UpstreamError) => UpstreamError
 ): Effect.Effect<void, UpstreamError> =>
   Effect.suspend(() => {
     const decoder = makeBodyDecoder(codec)
     let finished = false
-    const events: Array<UpstreamEvent> = []
-    let at = 0
-    // The events decoded from the last pieces, in order, then the next read (or the end).
-    const deliver = (): Effect.Effect<void, UpstreamError> => {
-      if (at < events.length) return Effect.flatMap(onEvent(events[at++]!), deliver)
-      events.length = 0
-      at = 0
+    // After the events of the last read: the failure or the end they ended with, or the next read.
+    const after = (): Effect.Effect<void, UpstreamError> => {
       if (decoder.failure !== undefined) return Effect.fail(redact(decoder.failure))
       if (decoder.finished) {
         finished = true
@@ -219,8 +215,10 @@ const readBody = <S>(
     }
     // A late first byte: the call's timer fails the read with `timeout` (UpstreamHttp.ts).
     const next: Effect.Effect<void, UpstreamError> = Effect.flatMap(response.read, (chunks) => {
+      // A new array each read: the handler may keep what it is given.
+      const events: Array<UpstreamEvent> = []
       decoder.pieces(chunks, events)
-      return deliver()
+      return events.length === 0 ? after() : Effect.flatMap(onEvents(events), after)
     })
     return next.pipe(Effect.ensuring(Effect.sync(() => (finished ? response.finish() : response.close()))))
   })
@@ -335,7 +333,7 @@ export const make = Effect.fnUntraced(function* (options: UpstreamOptions = {}) 
     request: ChatCompletionRequest,
     modelClass: string,
     maxTokens: number,
-    onEvent: (event: UpstreamEvent) => Effect.Effect<void>
+    onEvents: (events: ReadonlyArray<UpstreamEvent>) => Effect.Effect<void>
   ): Effect.Effect<void, UpstreamError> => {
     const apiKey = target.apiKey === undefined ? undefined : Redacted.value(target.apiKey)
     const redact = redactFor(request, apiKey)
@@ -343,7 +341,7 @@ export const make = Effect.fnUntraced(function* (options: UpstreamOptions = {}) 
     // Redacted apart: while the body is read, the fiber keeps no frame over the call's opening.
     return Effect.flatMap(
       Effect.mapError(open(codec, target, apiKey, request, modelClass, maxTokens), redact),
-      (response) => readBody(codec, response, onEvent, redact)
+      (response) => readBody(codec, response, onEvents, redact)
     )
   }
 
@@ -373,17 +371,17 @@ export class Upstream extends Context.Service<
       maxTokens: number
     ) => Stream.Stream<UpstreamEvent, UpstreamError>
     /**
-     * The same reply, each event handed to `onEvent` as it arrives, in the calling fiber. The call's
-     * body is read directly (no stream stages held while a reply is open, issue 12 item 5). `onEvent` is
-     * called for an event only once the effect it returned for the one before has run, and that effect
-     * runs at once: a handler may record an event when called (`Serve`'s meter does, D536).
+     * The same reply, handed to `onEvents` as it arrives, in the calling fiber: the events of each read
+     * of the body, in order, never empty (D565). The call's body is read directly (no stream stages held
+     * while a reply is open, issue 12 item 5). `onEvents` is called again only once the effect it returned
+     * has run, and that effect runs at once: a handler may record events when called (D536).
      */
     readonly run: (
       target: UpstreamTarget,
       request: ChatCompletionRequest,
       modelClass: string,
       maxTokens: number,
-      onEvent: (event: UpstreamEvent) => Effect.Effect<void>
+      onEvents: (events: ReadonlyArray<UpstreamEvent>) => Effect.Effect<void>
     ) => Effect.Effect<void, UpstreamError>
   }
 >()("router/inference/Upstream") {
@@ -407,8 +405,9 @@ export class Upstream extends Context.Service<
       Upstream,
       Upstream.of({
         stream,
-        run: (target, request, modelClass, maxTokens, onEvent) =>
-          Stream.runForEach(stream(target, request, modelClass, maxTokens), onEvent)
+        // A script's chunks as reads: its events in one call each (`Stream.fromIterable`: all at once).
+        run: (target, request, modelClass, maxTokens, onEvents) =>
+          Stream.runForEachArray(stream(target, request, modelClass, maxTokens), onEvents)
       })
     )
 }

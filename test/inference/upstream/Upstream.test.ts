@@ -19,6 +19,16 @@ import type { ChatCompletionRequest } from "../../../src/domain/Chat.ts"
 import type { UpstreamEvent } from "../../../src/inference/Events.ts"
 import { make, Upstream, type UpstreamDialect } from "../../../src/inference/upstream/Upstream.ts"
 import { startStopwatch } from "../../support/Stopwatch.ts"
+
+/** One OpenAI chat-completion chunk as an SSE frame. */
+const chunk = (delta: object, finish: string | null) =>
+  `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 1, model: "m", choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`
+
+/** A handler of each event, for `run`'s events of a read (D565). */
+const each =
+  (handler: (event: UpstreamEvent) => Effect.Effect<unknown>) => (events: ReadonlyArray<UpstreamEvent>) =>
+    Effect.forEach(events, handler, { discard: true })
+
 import { ask, capabilityCases, failure, type Run, textOf, toolCallsOf, usageOf } from "./capabilities.ts"
 
 const simOptions = (dialect: UpstreamDialect, overrides: Partial<ProviderServerOptions> = {}) => ({
@@ -56,8 +66,8 @@ const collect = (
     const events: Array<UpstreamEvent> = []
     // `run`, as the router serves: undici's body read directly into the handler.
     const exit = yield* upstream
-      .run({ baseUrl: sims[dialect].baseUrl, dialect }, request, modelClass, maxTokens, (event) =>
-        Effect.sync(() => events.push(event))
+      .run({ baseUrl: sims[dialect].baseUrl, dialect }, request, modelClass, maxTokens, (batch) =>
+        Effect.sync(() => events.push(...batch))
       )
       .pipe(Effect.exit)
     return { events, exit } satisfies Run
@@ -147,8 +157,12 @@ layer(Upstream.layerUndici, { excludeTestServices: true })("Upstream interruptio
           const server = yield* ProviderServer.make(simOptions(dialect, { tokensPerSecond: 20 }))
           const firstToken = yield* Deferred.make<void>()
           const fiber = yield* upstream
-            .run({ baseUrl: server.baseUrl, dialect }, ask("Tell a long story."), "chat-medium", 4096, (e) =>
-              e._tag === "TextDelta" ? Deferred.succeed(firstToken, undefined) : Effect.void
+            .run(
+              { baseUrl: server.baseUrl, dialect },
+              ask("Tell a long story."),
+              "chat-medium",
+              4096,
+              each((e) => (e._tag === "TextDelta" ? Deferred.succeed(firstToken, undefined) : Effect.void))
             )
             .pipe(Effect.forkChild)
           yield* Deferred.await(firstToken)
@@ -333,10 +347,16 @@ bareIt.live(
       const upstream = yield* make().pipe(Effect.provideService(NodeHttpClient.Dispatcher, spying))
       for (let i = 0; i < 3; i++) {
         const texts: Array<string> = []
-        yield* upstream.run({ baseUrl, dialect: "openai" }, ask("hi"), "chat-medium", 64, (event) =>
-          Effect.sync(() => {
-            if (event._tag === "TextDelta") texts.push(event.text)
-          })
+        yield* upstream.run(
+          { baseUrl, dialect: "openai" },
+          ask("hi"),
+          "chat-medium",
+          64,
+          each((event) =>
+            Effect.sync(() => {
+              if (event._tag === "TextDelta") texts.push(event.text)
+            })
+          )
         )
         assert.deepStrictEqual(texts, ["done"])
       }
@@ -430,10 +450,16 @@ bareIt.live(
       const target = { baseUrl, dialect: "openai" } as const
       const texts: Array<string> = []
       const midReply = yield* upstream
-        .run(target, ask(prompt), "chat-medium", 64, (event) =>
-          Effect.sync(() => {
-            if (event._tag === "TextDelta") texts.push(event.text)
-          })
+        .run(
+          target,
+          ask(prompt),
+          "chat-medium",
+          64,
+          each((event) =>
+            Effect.sync(() => {
+              if (event._tag === "TextDelta") texts.push(event.text)
+            })
+          )
         )
         .pipe(Effect.exit)
       assert.deepStrictEqual(texts, ["Hel"])
@@ -456,8 +482,6 @@ bareIt.live(
   "a reader slower than its provider gets every piece: the call is paused ahead of it and resumed",
   () =>
     Effect.gen(function* () {
-      const chunk = (delta: object, finish: string | null) =>
-        `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 1, model: "m", choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`
       const baseUrl = yield* localUpstream((_request, _body, response) => {
         response.writeHead(200, { "content-type": "text/event-stream" })
         // Each piece in a write of its own, a turn of the event loop apart: far more than the reader takes.
@@ -471,14 +495,50 @@ bareIt.live(
       })
       const upstream = yield* upstreamWith()
       const texts: Array<string> = []
-      yield* upstream.run({ baseUrl, dialect: "openai" }, ask("count"), "chat-medium", 4096, (event) =>
-        event._tag === "TextDelta"
-          ? Effect.andThen(
-              Effect.sync(() => texts.push(event.text)),
-              texts.length < 20 ? Effect.sleep("5 millis") : Effect.void
-            )
-          : Effect.void
+      yield* upstream.run(
+        { baseUrl, dialect: "openai" },
+        ask("count"),
+        "chat-medium",
+        4096,
+        each((event) =>
+          event._tag === "TextDelta"
+            ? Effect.andThen(
+                Effect.sync(() => texts.push(event.text)),
+                texts.length < 20 ? Effect.sleep("5 millis") : Effect.void
+              )
+            : Effect.void
+        )
       )
       assert.strictEqual(texts.join(""), Array.from({ length: 300 }, (_, i) => `${i} `).join(""))
+    }).pipe(Effect.scoped)
+)
+
+bareIt.live(
+  "a reply that arrives at once is handed over in a call per read, every event in order (D565)",
+  () =>
+    Effect.gen(function* () {
+      const baseUrl = yield* localUpstream((_request, _body, response) => {
+        response.writeHead(200, { "content-type": "text/event-stream" })
+        // 200 pieces, the finish and the end in one write: a reply a provider had ready.
+        const pieces = Array.from({ length: 200 }, (_, i) => chunk({ content: `${i} ` }, null)).join("")
+        response.end(`${pieces}${chunk({}, "stop")}data: [DONE]\n\n`)
+      })
+      const upstream = yield* upstreamWith()
+      const calls: Array<ReadonlyArray<UpstreamEvent>> = []
+      yield* upstream.run({ baseUrl, dialect: "openai" }, ask("count"), "chat-medium", 4096, (events) =>
+        Effect.sync(() => {
+          calls.push(events)
+        })
+      )
+      const events = calls.flat()
+      const texts = events.flatMap((e) => (e._tag === "TextDelta" ? [e.text] : []))
+      assert.strictEqual(texts.join(""), Array.from({ length: 200 }, (_, i) => `${i} `).join(""))
+      assert.deepStrictEqual(
+        events.filter((e) => e._tag === "Finish").map((e) => (e as { reason: string }).reason),
+        ["stop"]
+      )
+      // A 10 KB write comes in a read or a few, not a call per event.
+      assert.isTrue(calls.every((batch) => batch.length > 0))
+      assert.isAtMost(calls.length, 10, `${calls.length} calls for ${events.length} events`)
     }).pipe(Effect.scoped)
 )
