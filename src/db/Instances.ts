@@ -11,6 +11,12 @@ import { elapsedMs } from "../process/ElapsedClock.ts"
 export const INSTANCE_ID = `i_${randomBytes(6).toString("hex")}`
 export const applicationName = `svc-router/${INSTANCE_ID}`
 
+/**
+ * A condition on a row another instance wrote: `instanceId` names the writer (with `router_instances` in scope,
+ * unaliased), `writtenAt` when it wrote it; true when the writer is dead and the row is one it left (D563).
+ */
+export type LeftByDead = (instanceId: Statement.Fragment, writtenAt: Statement.Fragment) => Statement.Fragment
+
 /** How often an instance says it is alive; an instance silent for `INSTANCE_DEAD_AFTER_SECONDS` is dead. */
 const HEARTBEAT = "5 seconds"
 const HEARTBEAT_SECONDS = 5
@@ -28,7 +34,11 @@ export class Instances extends Context.Service<
   {
     readonly self: string
     readonly deadAfterSeconds: number
-    /** Dead instances whose leftovers are not settled yet. */
+    /**
+     * Dead instances whose leftovers are not settled yet: never marked settled, or marked so and holding a lease
+     * or an open reservation since (written after resuming, before it died again, or committed after the pass
+     * that marked it, D563).
+     */
     readonly dead: Effect.Effect<ReadonlyArray<string>>
     /**
      * Deletes the capacity leases the given instances wrote before they fell silent, while each is still dead;
@@ -41,7 +51,7 @@ export class Instances extends Context.Service<
      * at `writtenAt`: the instance is still dead and the row is one it left, by the same cut as
      * `releaseLeases` (D563). Settling a reservation is as much a release as deleting a lease.
      */
-    readonly leftByDead: (instanceId: Statement.Fragment, writtenAt: Statement.Fragment) => Statement.Fragment
+    readonly leftByDead: LeftByDead
     /**
      * Records that nothing of these instances is left open (no lease, no open reservation), for those still
      * dead: one that beat meanwhile is visited again when it dies for good, with what it opened since, and one
@@ -108,7 +118,10 @@ export class Instances extends Context.Service<
           AND self.beating_since <= self.heartbeat_at - make_interval(secs => ${deadAfterSeconds})))`
       const dead = sql<{ instance_id: string }>`
         SELECT instance_id FROM router_instances
-        WHERE instance_id <> ${INSTANCE_ID} AND settled_at IS NULL AND ${isDead}
+        WHERE instance_id <> ${INSTANCE_ID} AND ${isDead}
+          AND (settled_at IS NULL
+               OR instance_id IN (SELECT l.instance_id FROM capacity_leases l
+                                  UNION SELECT r.instance_id FROM requests r WHERE r.status = 'reserved'))
         ORDER BY heartbeat_at LIMIT 20
       `.pipe(
         Effect.map((rows) => rows.map((r) => r.instance_id)),
@@ -119,12 +132,12 @@ export class Instances extends Context.Service<
       // An instance frozen long enough to be judged dead (a stopped VM, a stall of its own) writes again once it
       // resumes, before its next beat says so: those rows, written that long after its last beat, are the leases
       // and reservations of requests it is serving now, and releasing them would let the other instances past
-      // the provider's ceiling and leave its capture nothing to capture (D561, D563). The cut stays under the
+      // the provider's ceiling and leave its capture nothing to capture (D561, D563). The cut is at most the
       // dead-after time, so a row written after it by an instance judged dead is one written after resuming.
       // A row written after the cut by an instance that has since been silent for the dead-after time (while
       // this one's beats got through) was written by an instance that died again: it goes too.
       const cutSeconds = Math.min(Math.max(deadAfterSeconds / 2, 2 * HEARTBEAT_SECONDS), deadAfterSeconds)
-      const leftByDead = (instanceId: Statement.Fragment, writtenAt: Statement.Fragment) => sql`(
+      const leftByDead: LeftByDead = (instanceId, writtenAt) => sql`(
         router_instances.instance_id = ${instanceId} AND ${isDead}
         AND (${writtenAt} < router_instances.heartbeat_at + make_interval(secs => ${cutSeconds})
           OR ${writtenAt} < (SELECT self.heartbeat_at - make_interval(secs => ${deadAfterSeconds})

@@ -70,9 +70,9 @@ export class Reaper extends Context.Service<
       if (dead.length === 0) return 0
       const leases = yield* instances.releaseLeases(dead)
       // Settlements they claimed and never finished are offered to the live instances' settlement loop.
-      const claims = yield* authorizations.releaseClaimsOf(dead)
+      const claims = yield* authorizations.releaseClaimsOf(dead, instances.leftByDead)
       // Idempotency-Key claims they held (D291): a retry of such a key runs afresh, not 409 for a day.
-      const keys = yield* idempotency.releaseClaimsOf(dead)
+      const keys = yield* idempotency.releaseClaimsOf(dead, instances.leftByDead)
       // Those it left: not the requests of one that resumed and serves them now (D563).
       const open = yield* ledger.reservationsOf(dead, instances.leftByDead)
       // Nothing this instance serves is ever touched (a request id is one instance's only).
@@ -81,6 +81,8 @@ export class Reaper extends Context.Service<
       // A page of 100 at a time: the instances are settled once nothing of theirs is left open (rows written
       // after the cut keep one visited until they go, D563).
       if (open.length < 100) yield* instances.markSettled(dead)
+      // Quiet while an instance is only kept visited for rows it wrote after resuming (D563).
+      if (leases + claims + keys + orphaned.length === 0) return 0
       yield* Effect.logWarning("settled what dead router instances left open", {
         instances: dead.join(","),
         leases,

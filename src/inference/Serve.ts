@@ -160,11 +160,12 @@ const attemptCall = (deps: Deps, input: Serving, meter: Meter, holding: Holding,
         bid.model_class,
         maxTokensOf(input.request),
         // Called as each read's events are delivered (the upstream client runs the returned effect before it
-        // calls again), so the meter is written here.
+        // calls again), so the meter is written here, when called.
         (events) => {
           let at = 0
           let content = false
-          const rest = (): Effect.Effect<void> => {
+          // Meters and publishes this read's events from `at` on: false at a first token (still to be taken).
+          const meterRead = (): boolean => {
             while (at < events.length) {
               const event = events[at]!
               if (event._tag === "Usage") meter.usage = event
@@ -174,7 +175,7 @@ const attemptCall = (deps: Deps, input: Serving, meter: Meter, holding: Holding,
                 // proves this provider is serving (a fallback must not repeat it).
                 if (meter.delivered) input.publish({ _tag: "Delta", event })
                 else meter.heldSources = event
-              } else if (!meter.delivered) return Effect.andThen(first, rest)
+              } else if (!meter.delivered) return false
               else {
                 recordContent(meter, event)
                 input.publish({ _tag: "Delta", event })
@@ -182,9 +183,16 @@ const attemptCall = (deps: Deps, input: Serving, meter: Meter, holding: Holding,
               }
               at++
             }
-            return content ? deps.checkpoint(input, meter) : Effect.void
+            return true
           }
-          return Effect.suspend(rest)
+          const checkpoint = Effect.suspend(() => (content ? deps.checkpoint(input, meter) : Effect.void))
+          if (meterRead()) return checkpoint
+          // A first token: its step, then the rest of its read, with no interruption between them (once the
+          // provider is serving, the token that proved it is published and metered with it).
+          return Effect.andThen(
+            Effect.uninterruptible(Effect.andThen(first, Effect.sync(meterRead))),
+            checkpoint
+          )
         }
       )
     )

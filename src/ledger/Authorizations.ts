@@ -1,6 +1,7 @@
 import { Context, Effect, Layer, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import type { Hex } from "viem"
+import type { LeftByDead } from "../db/Instances.ts"
 import { ReceiptBody } from "../domain/Receipt.ts"
 
 /**
@@ -66,8 +67,14 @@ export class Authorizations extends Context.Service<
   {
     /** Rows left `submitted` by an instance that died mid-flight go back to the queue. */
     readonly recover: Effect.Effect<void>
-    /** The claims of instances known dead go back to the queue now; returns how many. */
-    readonly releaseClaimsOf: (instanceIds: ReadonlyArray<string>) => Effect.Effect<number>
+    /**
+     * The claims of instances known dead go back to the queue now, those `leftByDead` holds for by their last
+     * write (a resumed instance's own are kept, D563); returns how many.
+     */
+    readonly releaseClaimsOf: (
+      instanceIds: ReadonlyArray<string>,
+      leftByDead: LeftByDead
+    ) => Effect.Effect<number>
     /** Claims up to `CLAIM_LIMIT` due authorizations for submission. */
     readonly claimDue: Effect.Effect<ReadonlyArray<ClaimedAuthorization>>
     /** Records the hashes of broadcast transfers before they are awaited: one statement. */
@@ -237,12 +244,14 @@ export class Authorizations extends Context.Service<
 
       // A dead instance's claim may have broadcast already: the next claimer's send finds the recorded
       // transaction (ledger/Treasury.ts) and its landing is recorded once (`recordLanded` needs `submitted`).
-      const releaseClaimsOf = (instanceIds: ReadonlyArray<string>) =>
+      const releaseClaimsOf = (instanceIds: ReadonlyArray<string>, leftByDead: LeftByDead) =>
         instanceIds.length === 0
           ? Effect.succeed(0)
           : sql<{ nonce: string }>`
               UPDATE x402_authorizations SET status = 'pending', next_attempt_at = now(), updated_at = now()
               WHERE status = 'submitted' AND claimed_by IN ${sql.in(instanceIds)}
+                AND EXISTS (SELECT 1 FROM router_instances
+                            WHERE ${leftByDead(sql`x402_authorizations.claimed_by`, sql`x402_authorizations.updated_at`)})
               RETURNING nonce
             `.pipe(
               Effect.map((rows) => rows.length),

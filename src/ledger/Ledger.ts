@@ -1,6 +1,7 @@
 import { Context, Effect, Layer, Schema } from "effect"
 import { SqlClient, type SqlError, type Statement } from "effect/sql"
 import { Chain } from "../chain/Chain.ts"
+import type { LeftByDead } from "../db/Instances.ts"
 import type { ServiceUnavailable } from "../domain/Errors.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import type { LeaseRequest } from "../market/QuoteBook.ts"
@@ -151,7 +152,7 @@ export class Ledger extends Context.Service<
      */
     readonly reservationsOf: (
       instanceIds: ReadonlyArray<string>,
-      leftByDead: (instanceId: Statement.Fragment, writtenAt: Statement.Fragment) => Statement.Fragment
+      leftByDead: LeftByDead
     ) => Effect.Effect<ReadonlyArray<StaleReservation>>
     /** An instance's reservations still open with a final meter on record: settlements it could not write. */
     readonly finalRecordsOf: (instanceId: string) => Effect.Effect<ReadonlyArray<StaleReservation>>
@@ -216,10 +217,7 @@ export class Ledger extends Context.Service<
       const staleReservations = (afterSeconds: number) =>
         openWhere(sql`r.created_at < now() - make_interval(secs => ${afterSeconds})`)
 
-      const reservationsOf = (
-        instanceIds: ReadonlyArray<string>,
-        leftByDead: (instanceId: Statement.Fragment, writtenAt: Statement.Fragment) => Statement.Fragment
-      ) =>
+      const reservationsOf = (instanceIds: ReadonlyArray<string>, leftByDead: LeftByDead) =>
         openWhere(
           sql`r.instance_id IN ${sql.in(instanceIds)}
             AND EXISTS (SELECT 1 FROM router_instances WHERE ${leftByDead(sql`r.instance_id`, sql`r.created_at`)})`

@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto"
 import { Context, Effect, Layer, type Scope } from "effect"
 import { SqlClient } from "effect/sql"
+import type { LeftByDead } from "../db/Instances.ts"
 import { Conflict } from "../domain/Errors.ts"
 import { traced } from "../Telemetry.ts"
 
@@ -31,9 +32,13 @@ export class Idempotency extends Context.Service<
     readonly expire: Effect.Effect<void>
     /**
      * Frees the claims dead instances held (their releases never ran): each key's next request runs
-     * afresh instead of meeting a 409 for a day. Returns how many were freed.
+     * afresh instead of meeting a 409 for a day; those `leftByDead` holds for (a resumed instance's own are
+     * kept, D563). Returns how many were freed.
      */
-    readonly releaseClaimsOf: (instances: ReadonlyArray<string>) => Effect.Effect<number>
+    readonly releaseClaimsOf: (
+      instances: ReadonlyArray<string>,
+      leftByDead: LeftByDead
+    ) => Effect.Effect<number>
   }
 >()("router/payment/Idempotency") {
   static readonly layer = Layer.effect(
@@ -93,11 +98,14 @@ export class Idempotency extends Context.Service<
         Effect.orDie
       )
 
-      const releaseClaimsOf = (instances: ReadonlyArray<string>) =>
+      const releaseClaimsOf = (instances: ReadonlyArray<string>, leftByDead: LeftByDead) =>
         instances.length === 0
           ? Effect.succeed(0)
           : sql`DELETE FROM idempotency_keys
-                WHERE state = 'in_progress' AND instance_id IN ${sql.in(instances)} RETURNING key`.pipe(
+                WHERE state = 'in_progress' AND instance_id IN ${sql.in(instances)}
+                  AND EXISTS (SELECT 1 FROM router_instances
+                              WHERE ${leftByDead(sql`idempotency_keys.instance_id`, sql`idempotency_keys.created_at`)})
+                RETURNING key`.pipe(
               Effect.map((rows) => rows.length),
               Effect.orDie
             )

@@ -188,6 +188,20 @@ describe("reservations left by a dead request", () => {
           // Settled once nothing of it is left: not visited again.
           assert.deepStrictEqual(yield* settled, [{ settled: true }])
           assert.strictEqual(yield* reaper.settleDeadInstances, 0)
+          // Unless a row of it shows up after that (written after it resumed, committed after the pass that
+          // marked it): a settled dead instance holding a lease is visited again, and the lease goes.
+          yield* sql`INSERT INTO capacity_leases (lease_id, provider_id, model_class, acquired_at, expires_at, instance_id)
+                     VALUES ('l_after_settled', 'p', 'chat-small', now() - interval '31 seconds',
+                             now() + interval '20 minutes', 'i_dead')`
+          assert.isTrue((yield* instances.dead).includes("i_dead"))
+          yield* reaper.settleDeadInstances
+          assert.deepStrictEqual(
+            (yield* sql<{
+              lease_id: string
+            }>`SELECT lease_id FROM capacity_leases WHERE instance_id = 'i_dead'`).length,
+            0
+          )
+          assert.isFalse((yield* instances.dead).includes("i_dead"))
         })
     )
 
@@ -214,10 +228,12 @@ describe("reservations left by a dead request", () => {
           const reaper = yield* Reaper
           // A claim taken by an instance that was then killed (its release never ran), one of a live
           // instance, and a done key of the dead instance (it answered: its replay must stay).
-          yield* sql`INSERT INTO idempotency_keys (key, body_hash, state, instance_id) VALUES
-                       ('idem_dead_claim', 'h', 'in_progress', 'i_died_claiming'),
-                       ('idem_dead_done', 'h', 'done', 'i_died_claiming'),
-                       ('idem_live_claim', 'h', 'in_progress', ${INSTANCE_ID})`
+          // And one it took just now, 40 s after its last beat: frozen and resumed, it serves it (D563).
+          yield* sql`INSERT INTO idempotency_keys (key, body_hash, state, instance_id, created_at) VALUES
+                       ('idem_dead_claim', 'h', 'in_progress', 'i_died_claiming', now() - interval '41 seconds'),
+                       ('idem_dead_done', 'h', 'done', 'i_died_claiming', now() - interval '41 seconds'),
+                       ('idem_live_claim', 'h', 'in_progress', ${INSTANCE_ID}, now()),
+                       ('idem_resumed_claim', 'h', 'in_progress', 'i_died_claiming', now())`
           yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
                      VALUES ('i_died_claiming', now() - interval '40 seconds')`
 
@@ -229,7 +245,8 @@ describe("reservations left by a dead request", () => {
             rows.map((r) => [r.key, r.state]),
             [
               ["idem_dead_done", "done"],
-              ["idem_live_claim", "in_progress"]
+              ["idem_live_claim", "in_progress"],
+              ["idem_resumed_claim", "in_progress"]
             ]
           )
           yield* sql`DELETE FROM idempotency_keys WHERE key LIKE 'idem_%'`
@@ -501,7 +518,11 @@ describe("reservations left by a dead request", () => {
           yield* authorization("req_claim_alive", "0x03", "submitted")
           yield* sql`INSERT INTO router_instances (instance_id, heartbeat_at)
                      VALUES ('i_dead_claims', now() - interval '40 seconds'), ('i_alive_claims', now())`
-          yield* sql`UPDATE x402_authorizations SET claimed_by = 'i_dead_claims' WHERE nonce = '0x02'`
+          yield* sql`UPDATE x402_authorizations SET claimed_by = 'i_dead_claims', updated_at = now() - interval '41 seconds'
+                     WHERE nonce = '0x02'`
+          // The dead one claimed another just now, 40 s after its last beat: resumed, it is settling it (D563).
+          yield* authorization("req_claim_resumed", "0x04", "submitted")
+          yield* sql`UPDATE x402_authorizations SET claimed_by = 'i_dead_claims' WHERE nonce = '0x04'`
           yield* sql`UPDATE x402_authorizations SET claimed_by = 'i_alive_claims' WHERE nonce = '0x03'`
 
           yield* steadyForAMinute
@@ -515,6 +536,9 @@ describe("reservations left by a dead request", () => {
             JSON.stringify(dead)
           )
           assert.deepStrictEqual([rows[1]!.status, rows[1]!.claimed_by], ["submitted", "i_alive_claims"])
+          const resumed = yield* sql<{ status: string; claimed_by: string }>`
+            SELECT status, claimed_by FROM x402_authorizations WHERE nonce = '0x04'`
+          assert.deepStrictEqual([resumed[0]!.status, resumed[0]!.claimed_by], ["submitted", "i_dead_claims"])
           yield* sql`DELETE FROM x402_authorizations WHERE payer = '0xclaims'`
           yield* sql`DELETE FROM requests WHERE payer = '0xclaims'`
         })

@@ -114,6 +114,21 @@ const readAll = (events: ReadonlyArray<ServeEvent>) =>
 const settledWork = (admitted: { readonly requestId: string }) =>
   Effect.flatMap(Effect.service(LiveStreams), (live) => live.awaitDone(admitted.requestId, 5_000))
 
+/** A request served to its end: the events a reader from the start gets, once its work has settled. */
+const servedEvents = Effect.gen(function* () {
+  const admitted = yield* reserveAndLaunch(launch(auction()))
+  const events = yield* Effect.map(Stream.runCollect((yield* LiveStreams).follow(admitted.stream, 0)), (c) =>
+    c.map((i) => i.event)
+  )
+  yield* settledWork(admitted)
+  return events
+})
+
+const deltaTags = (events: ReadonlyArray<ServeEvent>) =>
+  events.flatMap((e) => (e._tag === "Delta" ? [e.event._tag] : []))
+
+const source = { id: "s1", title: "A source", url: "https://a.example/1", snippet: "…" }
+
 describe("Serve", () => {
   it.effect("streams the winner's reply and settles what it metered, once", () => {
     const settled: Array<Served> = []
@@ -177,6 +192,46 @@ describe("Serve", () => {
       assert.strictEqual(settled[0]!.status, "ok")
     }).pipe(Effect.provide(layerFor({ "http://prov-b.test": reply(["Fallback"]) }, settled)))
   })
+
+  // D565: a read's events are handled in one step; grounding is held until a token proves its provider serving.
+  it.effect("grounding in the same read as the first token goes out before it, once", () => {
+    const settled: Array<Served> = []
+    const grounded = Stream.fromIterable<UpstreamEvent>([
+      { _tag: "Sources", sources: [source] },
+      { _tag: "TextDelta", text: "Grounded" },
+      { _tag: "TextDelta", text: " reply" },
+      { _tag: "Finish", reason: "stop" },
+      { _tag: "Usage", inputTokens: 20, outputTokens: 2 }
+    ])
+    return Effect.gen(function* () {
+      const events = yield* servedEvents
+      assert.deepStrictEqual(deltaTags(events), ["Sources", "TextDelta", "TextDelta"])
+      assert.strictEqual(readAll(events), "Grounded reply")
+      assert.deepStrictEqual(settled[0]!.tokens, { input: 20, cachedInput: 0, output: 2 })
+    }).pipe(Effect.provide(layerFor({ "http://prov-a.test": grounded }, settled)))
+  })
+
+  it.effect(
+    "a winner's grounding is not repeated when it fails before its first token and the runner-up serves",
+    () => {
+      const settled: Array<Served> = []
+      const groundedThenFails = Stream.concat(
+        Stream.fromIterable<UpstreamEvent>([{ _tag: "Sources", sources: [source] }]),
+        fails
+      )
+      return Effect.gen(function* () {
+        assert.deepStrictEqual(deltaTags(yield* servedEvents), ["TextDelta"])
+        assert.strictEqual(settled[0]!.servedBy.provider_id, "prov-b")
+      }).pipe(
+        Effect.provide(
+          layerFor(
+            { "http://prov-a.test": groundedThenFails, "http://prov-b.test": reply(["Fallback"]) },
+            settled
+          )
+        )
+      )
+    }
+  )
 
   it.effect("when nobody serves: a 502 to the caller and the whole reservation released", () => {
     const settled: Array<Served> = []
