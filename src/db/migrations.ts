@@ -6,6 +6,7 @@ import { payoutScan } from "./migrations/payoutScan.ts"
 import { perRequest } from "./migrations/perRequest.ts"
 import { programs } from "./migrations/programs.ts"
 import { queueReads } from "./migrations/queueReads.ts"
+import { releasePlans } from "./migrations/releasePlans.ts"
 import { reliability } from "./migrations/reliability.ts"
 import { settlementEvidence } from "./migrations/settlementEvidence.ts"
 import { statementClears } from "./migrations/statementClears.ts"
@@ -29,5 +30,6 @@ export const migrations: Migrations = {
   ...statementPoints,
   ...statementClears,
   ...queueReads,
-  ...walletHours
+  ...walletHours,
+  ...releasePlans
 }

@@ -79,5 +79,33 @@ describe("queue tables read through their indexes (D553)", () => {
         assert.isAbove(counted.plain.capacity_leases!.seq, 0)
       })
     )
+
+    // D567: a settling statement with no lease to end (warm leases, D555) calls the release with an empty list; it
+    // returns at once, without the delete (whose plan was made afresh on every call), and the delete that does run
+    // keeps one generic plan.
+    it.effect("a release of no lease touches nothing, and the delete keeps a generic plan", () =>
+      Effect.gen(function* () {
+        const sql = yield* SqlClient.SqlClient
+        const locked = yield* sql.withTransaction(
+          Effect.gen(function* () {
+            const [none] = yield* sql<{ n: number }>`SELECT capacity_release('{}'::text[]) AS n`
+            const [nil] = yield* sql<{ n: number }>`SELECT capacity_release(NULL::text[]) AS n`
+            assert.deepStrictEqual([none!.n, nil!.n], [0, 0])
+            // A delete that ran holds the table's row-exclusive lock to the end of the transaction.
+            const rows = yield* sql<{ n: number }>`
+              SELECT count(*)::int AS n FROM pg_locks
+              WHERE pid = pg_backend_pid() AND relation = 'capacity_leases'::regclass AND mode = 'RowExclusiveLock'`
+            return rows[0]!.n
+          })
+        )
+        assert.strictEqual(locked, 0, "the delete ran for an empty list")
+        const [config] = yield* sql<{ config: ReadonlyArray<string> }>`
+          SELECT proconfig AS config FROM pg_proc WHERE proname = 'capacity_release'`
+        assert.includeMembers(
+          [...config!.config],
+          ["enable_seqscan=off", "plan_cache_mode=force_generic_plan"]
+        )
+      })
+    )
   })
 })
