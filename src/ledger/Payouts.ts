@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto"
-import { Clock, Effect, Schema } from "effect"
+import { Clock, Effect, Option, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import { getAddress, type Hash } from "viem"
 import { Chain, type ChainError } from "../chain/Chain.ts"
@@ -22,6 +22,10 @@ interface Payout {
   readonly amount: string
   readonly tx_hash: string | null
 }
+
+/** The first wait after a pass that left shares unpaid (D568), doubled after each such pass up to the most. */
+const UNPAID_WAIT_MS = 60_000
+const UNPAID_WAIT_MAX_MS = 10 * 60_000
 
 export interface ProviderPayouts {
   /**
@@ -48,6 +52,11 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
     const chain = yield* Chain
     const treasury = yield* Treasury
     const { epochSeconds } = yield* RouterConfig
+    // The last pass that left shares unpaid (the treasury could not cover them, or a transfer moved nothing,
+    // D568): the treasury's balance then, and until when a pass that finds it no larger skips the shares'
+    // aggregation (the next wait twice as long, up to ten minutes): the other providers' payouts wait with it.
+    // Any rise of the balance tries again at once.
+    let unpaid: { readonly balance: bigint; readonly until: number; readonly waitMs: number } | undefined
 
     const markPaid = (payout: Payout, hash: Hash) =>
       sql
@@ -185,13 +194,20 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
       )
 
     const settle = Effect.gen(function* () {
-      const epoch = Math.floor((yield* Clock.currentTimeMillis) / (epochSeconds * 1000))
+      const now = yield* Clock.currentTimeMillis
+      const epoch = Math.floor(now / (epochSeconds * 1000))
       let paid = 0
       const open = yield* sql<Payout>`
         SELECT payout_id, provider_id, to_address, amount::text AS amount, tx_hash
         FROM provider_payouts WHERE status = 'paying' ORDER BY created_at
       `.pipe(Effect.orDie)
       for (const payout of open) if (yield* attempt(resumeOne(payout), payout.provider_id)) paid++
+
+      // What the treasury holds (unread: no check, as before). Unchanged since a pass that left shares unpaid,
+      // the aggregation below (every unpaid share of the ended epochs) and the claims would only be redone.
+      const balance = Option.getOrUndefined(yield* Effect.option(chain.balanceOf(chain.treasury)))
+      if (balance !== undefined && unpaid !== undefined && balance <= unpaid.balance && now < unpaid.until)
+        return paid
 
       // One payout in flight per provider, so a transfer found in the logs can only be that payout's.
       // It reads the unpaid shares of ended epochs and nothing else (D509–D511): a request's `epoch_id` is
@@ -226,6 +242,8 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
         HAVING sum(l.amount) >= ${options.payoutFloor}
         ORDER BY q.provider_id
       `.pipe(Effect.flatMap(decodeAccrued), Effect.orDie)
+      let left = balance
+      let short = false
       for (const provider of accrued) {
         if (provider.signer === null) {
           yield* Effect.logWarning("provider shares accrue: no registered signer to pay", {
@@ -233,8 +251,25 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
           })
           continue
         }
-        if (yield* attempt(pay(provider, provider.signer, epoch - 1), provider.provider_id)) paid++
+        // Refused before its claim: a transfer the treasury cannot cover would only be claimed, refused by the
+        // chain's estimate and released again (D568).
+        const amount = BigInt(provider.total)
+        if (left !== undefined && amount > left) {
+          short = true
+          yield* Effect.logWarning("provider shares accrue: the treasury cannot cover their payout yet", {
+            provider_id: provider.provider_id,
+            amount: provider.total,
+            treasury_balance: left.toString()
+          })
+          continue
+        }
+        if (yield* attempt(pay(provider, provider.signer, epoch - 1), provider.provider_id)) {
+          paid++
+          if (left !== undefined) left -= amount
+        } else short = true
       }
+      const waitMs = Math.min((unpaid?.waitMs ?? UNPAID_WAIT_MS / 2) * 2, UNPAID_WAIT_MAX_MS)
+      unpaid = short && balance !== undefined ? { balance, until: now + waitMs, waitMs } : undefined
       return paid
     }).pipe(Effect.withSpan("Payouts.settle"))
 

@@ -481,7 +481,7 @@ describe("provider payouts at epoch close: the floor, and crashes that never pay
     )
 
     it.effect(
-      "a transfer the treasury cannot cover is refused before broadcast: released, paid once funded",
+      "a payout the treasury cannot cover is not claimed, the next passes wait for its balance to rise, then it is paid",
       () =>
         Effect.gen(function* () {
           const chain = yield* Chain
@@ -489,17 +489,28 @@ describe("provider payouts at epoch close: the floor, and crashes that never pay
           const signer = yield* registerProvider("prov-large")
           const charge = 2_000_000_000
           const share = BigInt(feeSplit(charge).providerShare)
-          yield* seedRequest("prov-large", baseEpoch + 40, "landed", charge)
+          const large = yield* seedRequest("prov-large", baseEpoch + 40, "landed", charge)
           assert.isTrue((yield* chain.balanceOf(chain.treasury)) < share)
 
+          // Refused before its claim (D568): no payout row, its share still unclaimed, nothing sent.
           assert.strictEqual((yield* epochs.closeEnded).payouts, 0)
-          const [refused] = yield* payoutsOf("prov-large")
-          assert.strictEqual(refused!.status, "failed")
+          assert.deepStrictEqual(yield* payoutsOf("prov-large"), [])
+          assert.isTrue((yield* linkedTo([large])).every((r) => r.payout_id === null))
           assert.strictEqual(yield* chain.balanceOf(signer), 0n)
 
+          // With the balance where it was, the next pass does not look at the shares again (a provider the treasury
+          // could pay waits with it); a rise of the balance pays both at once.
+          const smallSigner = yield* registerProvider("prov-small")
+          const smallCharge = 6_000
+          const smallShare = BigInt(feeSplit(smallCharge).providerShare)
+          yield* seedRequest("prov-small", baseEpoch + 40, "landed", smallCharge)
+          assert.strictEqual((yield* epochs.closeEnded).payouts, 0)
+          assert.deepStrictEqual(yield* payoutsOf("prov-small"), [])
+
           yield* fundTreasury(share)
-          assert.strictEqual((yield* epochs.closeEnded).payouts, 1)
+          assert.strictEqual((yield* epochs.closeEnded).payouts, 2)
           yield* assertPaidOnce("prov-large", signer, share)
+          yield* assertPaidOnce("prov-small", smallSigner, smallShare)
         })
     )
 
