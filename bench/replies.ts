@@ -113,11 +113,11 @@ const writeOne = (
   Effect.gen(function* () {
     const { live, replies } = variant
     const requestId = `req_${variant.name}_${++served}`
-    const { stream, token } = yield* live.start<ServeEvent>(requestId, (emit) =>
+    const { stream, token } = yield* live.start<ServeEvent>(requestId, (publish) =>
       Effect.gen(function* () {
-        yield* emit(events[0]!)
+        publish(events[0]!)
         yield* release === undefined ? Effect.yieldNow : Deferred.await(release)
-        for (let i = 1; i < events.length; i++) yield* emit(events[i]!)
+        for (let i = 1; i < events.length; i++) publish(events[i]!)
       })
     )
     const admitted: Admitted = {

@@ -114,7 +114,7 @@ const endReader = (reader: Buffered) => {
 /**
  * The reader's next items, all it has; once it has none and ended, `Cause.done`. A reader told of more
  * while it waits yields first, as a queue's taker is resumed through the scheduler: it never runs inside
- * the publishing fiber's step (the work's emit or its finish).
+ * the publishing fiber's step (the work's publish or its finish).
  */
 const pullOf = (reader: Buffered) => {
   const woken = Effect.andThen(
@@ -202,8 +202,8 @@ export class LiveStreams extends Context.Service<
   LiveStreams,
   {
     /**
-     * Starts `work` detached; it receives `emit` and `end`, and `publish`, the same as `emit` run at once
-     * (for a work that publishes several events in one step). `work` runs uninterruptibly except where it
+     * Starts `work` detached; it receives `publish` (an event to the stream, at once: a work may publish
+     * several in one step, D565) and `end`. `work` runs uninterruptibly except where it
      * says otherwise (`Effect.interruptible`), so its finalization always runs. `end` says the last event
      * was published: the readers are told the end then, while the work may go on finishing (D534); a
      * work that never says it ends its stream when it ends. Returns the stream and its capability token
@@ -211,11 +211,7 @@ export class LiveStreams extends Context.Service<
      */
     readonly start: <E>(
       id: string,
-      work: (
-        emit: (event: E) => Effect.Effect<void>,
-        end: Effect.Effect<void>,
-        publish: (event: E) => void
-      ) => Effect.Effect<void>
+      work: (publish: (event: E) => void, end: Effect.Effect<void>) => Effect.Effect<void>
     ) => Effect.Effect<{ readonly stream: LiveStream<E>; readonly token: string }>
     readonly get: <E>(id: string) => LiveStream<E> | undefined
     /**
@@ -313,11 +309,7 @@ const makeLiveStreams = (replayBytes: number) =>
 
     const start = <E>(
       id: string,
-      work: (
-        emit: (event: E) => Effect.Effect<void>,
-        end: Effect.Effect<void>,
-        publish: (event: E) => void
-      ) => Effect.Effect<void>
+      work: (publish: (event: E) => void, end: Effect.Effect<void>) => Effect.Effect<void>
     ) =>
       Effect.gen(function* () {
         const token = randomText(24, "base64url")
@@ -347,8 +339,7 @@ const makeLiveStreams = (replayBytes: number) =>
             if (item !== undefined && !(reader instanceof Waiter)) offer(reader, item)
           }
         }
-        const emit = (event: E) => Effect.sync(() => publish(event))
-        const fiber = yield* work(emit, finish(stream), publish).pipe(
+        const fiber = yield* work(publish, finish(stream)).pipe(
           Effect.ensuring(
             Effect.suspend(() => {
               // Kept for replay are the events and this record only: the finished fiber holds the

@@ -185,13 +185,13 @@ const attemptCall = (deps: Deps, input: Serving, meter: Meter, holding: Holding,
             }
             return true
           }
-          const checkpoint = Effect.suspend(() => (content ? deps.checkpoint(input, meter) : Effect.void))
-          if (meterRead()) return checkpoint
+          const checkpoint = () => (content ? deps.checkpoint(input, meter) : Effect.void)
+          if (meterRead()) return checkpoint()
           // A first token: its step, then the rest of its read, with no interruption between them (once the
           // provider is serving, the token that proved it is published and metered with it).
           return Effect.andThen(
             Effect.uninterruptible(Effect.andThen(first, Effect.sync(meterRead))),
-            checkpoint
+            Effect.suspend(checkpoint)
           )
         }
       )
@@ -341,8 +341,8 @@ export class Serve extends Context.Service<
             funding: funding._tag
           })
           const started = yield* Deferred.make<void, UpstreamFailed | ServiceUnavailable>()
-          const { stream, token } = yield* live.start<ServeEvent>(requestId, (emit, end, publish) => {
-            const serving: Serving = { ...input, emit, publish, end, started }
+          const { stream, token } = yield* live.start<ServeEvent>(requestId, (publish, end) => {
+            const serving: Serving = { ...input, publish, end, started }
             input.telling.tell = announce(serving)
             return serve(serving, scope)
           })

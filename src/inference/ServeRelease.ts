@@ -29,8 +29,7 @@ export interface Reservation extends Launch {
 }
 
 export interface Serving extends Reservation {
-  readonly emit: (event: ServeEvent) => Effect.Effect<void>
-  /** `emit` at once, for several events in one step (D565). */
+  /** An event to the request's stream, at once (several may go in one step, D565). */
   readonly publish: (event: ServeEvent) => void
   /** The stream's last event was published: its readers are told the end (LiveStreams, D534). */
   readonly end: Effect.Effect<void>
@@ -195,7 +194,7 @@ export const pastDeadline = (
 /** Tells the readers (`End`) and the waiting admission how the request ended. */
 export const announce = (input: Serving) => (summary: ServeSummary) =>
   Effect.gen(function* () {
-    yield* input.emit({ _tag: "End", summary })
+    input.publish({ _tag: "End", summary })
     yield* input.end
     if (summary.status === "released") {
       const error = summary.error

@@ -65,17 +65,17 @@ const bodyBytes = (response: HttpServerResponse.HttpServerResponse) => {
 
 const utf8 = (bytes: Uint8Array) => Buffer.from(bytes).toString("utf8")
 
-/** A stream whose work emits what the test sends it, and ends on `undefined`. */
+/** A stream whose work publishes what the test sends it, and ends on `undefined`. */
 const scripted = (id: string) =>
   Effect.gen(function* () {
     const live = yield* LiveStreams
     const script = yield* Queue.unbounded<ServeEvent | undefined>()
-    const { stream } = yield* live.start<ServeEvent>(id, (emit) =>
+    const { stream } = yield* live.start<ServeEvent>(id, (publish) =>
       Effect.gen(function* () {
         while (true) {
           const next = yield* Queue.take(script)
           if (next === undefined) return
-          yield* emit(next)
+          publish(next)
         }
       })
     )

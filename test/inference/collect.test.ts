@@ -17,10 +17,10 @@ const admittedOf = (stream: LiveStream<ServeEvent>) =>
 
 /** The router's own call: `n` text events and its end, as the serving work publishes them. */
 const ownCall = (live: LiveStreams["Service"], id: string, n: number) =>
-  live.start<ServeEvent>(id, (emit) =>
-    Effect.gen(function* () {
-      for (let i = 0; i < n; i++) yield* emit(text(`w${i} `))
-      yield* emit({ _tag: "End", summary })
+  live.start<ServeEvent>(id, (publish) =>
+    Effect.sync(() => {
+      for (let i = 0; i < n; i++) publish(text(`w${i} `))
+      publish({ _tag: "End", summary })
     })
   )
 
@@ -62,12 +62,12 @@ describe("the router's own calls, read to their end", () => {
     Effect.gen(function* () {
       const live = yield* LiveStreams
       const more = yield* Deferred.make<void>()
-      const { stream } = yield* live.start<ServeEvent>("req_cut", (emit) =>
+      const { stream } = yield* live.start<ServeEvent>("req_cut", (publish) =>
         Effect.gen(function* () {
-          yield* emit(text("first "))
+          publish(text("first "))
           yield* Deferred.await(more)
-          yield* emit(text("second "))
-          yield* emit({ _tag: "End", summary })
+          publish(text("second "))
+          publish({ _tag: "End", summary })
         })
       )
       const reading = yield* Effect.forkChild(collect(live, admittedOf(stream)))

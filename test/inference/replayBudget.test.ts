@@ -115,12 +115,14 @@ describe("the finished streams kept for replay", () => {
         const live = yield* LiveStreams
         // The first stream's work goes on after its end (its settlement in flight).
         const settled = yield* Deferred.make<void>()
-        const first = yield* live.start<string>("req_0", (_emit, end) =>
+        const first = yield* live.start<string>("req_0", (_publish, end) =>
           Effect.andThen(end, Deferred.await(settled))
         )
         live.keep(first.stream, () => reply(4_000))
         for (let i = 1; i <= 4; i++) {
-          const { stream } = yield* live.start<string>(`req_${i}`, (emit) => emit("x"))
+          const { stream } = yield* live.start<string>(`req_${i}`, (publish) =>
+            Effect.sync(() => publish("x"))
+          )
           live.keep(stream, () => reply(4_000))
           yield* settle
         }
@@ -135,11 +137,16 @@ describe("the finished streams kept for replay", () => {
         assert.isDefined(live.get("req_0"))
         // A stream still serving is never counted, however many finish after it started.
         const release = yield* Deferred.make<void>()
-        const running = yield* live.start<string>("req_live", (emit) =>
-          Effect.andThen(emit("x"), Deferred.await(release))
+        const running = yield* live.start<string>("req_live", (publish) =>
+          Effect.andThen(
+            Effect.sync(() => publish("x")),
+            Deferred.await(release)
+          )
         )
         for (let i = 5; i <= 8; i++) {
-          const { stream } = yield* live.start<string>(`req_${i}`, (emit) => emit("x"))
+          const { stream } = yield* live.start<string>(`req_${i}`, (publish) =>
+            Effect.sync(() => publish("x"))
+          )
           live.keep(stream, () => reply(4_000))
           yield* settle
         }

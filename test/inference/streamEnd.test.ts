@@ -13,14 +13,14 @@ describe("a stream's end and its work's end", () => {
       const live = yield* LiveStreams
       const ended = yield* Deferred.make<void>()
       const settled = yield* Deferred.make<void>()
-      const { stream } = yield* live.start<string>("req_end", (emit, end) =>
+      const { stream } = yield* live.start<string>("req_end", (publish, end) =>
         Effect.gen(function* () {
-          yield* emit("hello")
+          publish("hello")
           yield* Deferred.await(ended)
-          yield* emit("the end")
+          publish("the end")
           yield* end
           // After the end nothing more is published.
-          yield* emit("too late")
+          publish("too late")
           yield* Deferred.await(settled)
         })
       )
