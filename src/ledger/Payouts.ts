@@ -203,9 +203,14 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
       `.pipe(Effect.orDie)
       for (const payout of open) if (yield* attempt(resumeOne(payout), payout.provider_id)) paid++
 
-      // What the treasury holds (unread: no check, as before). Unchanged since a pass that left shares unpaid,
-      // the aggregation below (every unpaid share of the ended epochs) and the claims would only be redone.
-      const balance = Option.getOrUndefined(yield* Effect.option(chain.balanceOf(chain.treasury)))
+      // What the treasury holds, read only when it decides something (unread: no check, as before). Unchanged
+      // since a pass that left shares unpaid, the aggregation below (every unpaid share of the ended epochs) and
+      // the claims would only be redone.
+      const treasuryBalance = Effect.map(
+        Effect.option(chain.balanceOf(chain.treasury)),
+        Option.getOrUndefined
+      )
+      let balance = unpaid === undefined ? undefined : yield* treasuryBalance
       if (balance !== undefined && unpaid !== undefined && balance <= unpaid.balance && now < unpaid.until)
         return paid
 
@@ -242,6 +247,7 @@ export const makeProviderPayouts = (options: { readonly payoutFloor: number }) =
         HAVING sum(l.amount) >= ${options.payoutFloor}
         ORDER BY q.provider_id
       `.pipe(Effect.flatMap(decodeAccrued), Effect.orDie)
+      if (accrued.length > 0 && balance === undefined) balance = yield* treasuryBalance
       let left = balance
       let short = false
       for (const provider of accrued) {
