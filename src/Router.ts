@@ -54,6 +54,7 @@ import { Points } from "./points/Points.ts"
 import { Rewards } from "./points/Rewards.ts"
 import { DataDirLockLive } from "./process/DataDirLock.ts"
 import { Drain } from "./process/Drain.ts"
+import { GcMetricsLive } from "./process/GcMetrics.ts"
 import { IdleCollection } from "./process/IdleCollection.ts"
 import { RouterConfig } from "./RouterConfig.ts"
 import { AgentSetups } from "./setup/AgentSetups.ts"
@@ -151,6 +152,7 @@ export const ServicesLive = Layer.mergeAll(
 export const RouterLive = Layer.mergeAll(
   HttpServerLive,
   IdleCollection.layer,
+  GcMetricsLive,
   BannerLive.pipe(Layer.provide(HttpServerLive)),
   SimulatedFleetLive.pipe(Layer.provide(HttpServerLive))
 ).pipe(

@@ -34,6 +34,7 @@ import { Children, freePort, post, sleep } from "../support/Children.ts"
 import { runMain } from "../support/RunMain.ts"
 import { closedLoop, type LoadResult, openLoop, send, type Target } from "./Load.ts"
 import { rssBytes, usage } from "./Proc.ts"
+import { postgresRoundTrips, type RoundTrips, routerTransportUrl } from "./RoundTrips.ts"
 import { chatBody, startRouter, x402Payments } from "./Setup.ts"
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 8)
@@ -132,6 +133,21 @@ const heapUsed = async (router: string) => {
   return Number.isFinite(lowest) ? lowest : Number.NaN
 }
 
+/**
+ * Every garbage collection pause of the router's main thread so far, in ms (`nodejs_gc_duration_seconds`,
+ * summed over its kinds, from `/metrics`; D569). With `WORKERS` a read answers for one process only: none.
+ */
+const gcPausedMs = async (router: string) => {
+  if (Number(process.env.WORKERS ?? 1) > 1) return Number.NaN
+  try {
+    const text = await (await fetch(`${router}/metrics`)).text()
+    const sums = [...text.matchAll(/^nodejs_gc_duration_seconds_sum(?:\{[^}]*\})?\s+(\S+)/gm)]
+    return sums.length === 0 ? Number.NaN : 1000 * sums.reduce((total, m) => total + Number(m[1]), 0)
+  } catch {
+    return Number.NaN
+  }
+}
+
 // Held-open streams
 
 const holdStreams = async (target: Target, count: number, mock: string, settle: () => Promise<void>) => {
@@ -182,6 +198,8 @@ interface Row {
   readonly cpuPerRequestMs: number
   /** The part of `cpuPerRequestMs` on the node processes' main threads. */
   readonly mainCpuPerRequestMs: number
+  /** The part of `mainCpuPerRequestMs` the garbage collector paused it for (the router's `/metrics`; one process). */
+  readonly gcPerRequestMs: number
   readonly dbCpuPerRequestMs: number
   /** The router's embedded Anvil (the chain its x402 reads and settlements go to). */
   readonly chainCpuPerRequestMs: number
@@ -307,11 +325,16 @@ const main = async () => {
     for (const name of order) await closedLoop(targets[name]!, 10, 2)
 
     const rows: Array<Row> = []
+    const roundTrips: Array<RoundTrips> = []
+    const databaseTransport = routerTransportUrl(join(dataDir, "router"))
     const measure = async (name: string, load: string, run: () => Promise<LoadResult>) => {
       const pid = pids[name]
+      const routerRow = name === "router" || name === "x402"
+      const gcBefore = routerRow ? await gcPausedMs(router) : Number.NaN
       const before = pid === undefined ? undefined : usage(pid)
       const result = await run()
       const after = pid === undefined ? undefined : usage(pid)
+      const gcAfter = routerRow ? await gcPausedMs(router) : Number.NaN
       const cpu =
         before && after ? (after.cpuMs.node - before.cpuMs.node) / Math.max(1, result.requests) : Number.NaN
       const main =
@@ -330,8 +353,9 @@ const main = async () => {
         result,
         cpuPerRequestMs: cpu,
         mainCpuPerRequestMs: main,
-        dbCpuPerRequestMs: name === "router" || name === "x402" ? db : Number.NaN,
-        chainCpuPerRequestMs: name === "router" || name === "x402" ? chain : Number.NaN,
+        gcPerRequestMs: (gcAfter - gcBefore) / Math.max(1, result.requests),
+        dbCpuPerRequestMs: routerRow ? db : Number.NaN,
+        chainCpuPerRequestMs: routerRow ? chain : Number.NaN,
         rssMb: after ? after.rss.node / MB : Number.NaN,
         cpuWait:
           before && after
@@ -378,6 +402,15 @@ const main = async () => {
       }
       for (const name of [...order, ...(x402Target ? ["x402"] : [])]) {
         await measure(name, `open ${OPEN_RATE}/s`, () => openLoop(targets[name]!, OPEN_RATE, OPEN_SECONDS))
+      }
+      // The round trip a credit-key call waits for before it is served, alone, at the open loop's rate and at
+      // ten times it: on this machine, between calls.
+      if (only.has("router")) {
+        for (const perSecond of [OPEN_RATE, OPEN_RATE * 10]) {
+          const trips = await postgresRoundTrips(databaseTransport, perSecond, Math.min(OPEN_SECONDS, 5))
+          roundTrips.push(trips)
+          log(`Postgres round trips at ${perSecond}/s: p50 ${fmt(trips.p50, 3)} p99 ${fmt(trips.p99, 3)} ms`)
+        }
       }
     }
 
@@ -482,6 +515,7 @@ const main = async () => {
       "failed".padStart(6),
       "cpu ms/req".padStart(10),
       "main ms/req".padStart(11),
+      "gc ms/req".padStart(9),
       "pg ms/req".padStart(9),
       "chain ms/req".padStart(12),
       "rss MB".padStart(7),
@@ -515,6 +549,7 @@ const main = async () => {
             String(mine.reduce((a, r) => a + r.result.failures, 0)).padStart(6),
             fmt(median(mine.map((r) => r.cpuPerRequestMs)), 2).padStart(10),
             fmt(median(mine.map((r) => r.mainCpuPerRequestMs)), 2).padStart(11),
+            fmt(median(mine.map((r) => r.gcPerRequestMs)), 2).padStart(9),
             fmt(median(mine.map((r) => r.dbCpuPerRequestMs)), 2).padStart(9),
             fmt(median(mine.map((r) => r.chainCpuPerRequestMs)), 2).padStart(12),
             fmt(median(mine.map((r) => r.rssMb)), 0).padStart(7),
@@ -535,6 +570,12 @@ const main = async () => {
         )
       }
     }
+    for (const perSecond of [...new Set(roundTrips.map((t) => t.perSecond))]) {
+      const mine = roundTrips.filter((t) => t.perSecond === perSecond)
+      ratios.push(
+        `  one Postgres round trip (SELECT 1, the transport a reservation takes) at ${perSecond}/s: p50 ${fmt(median(mine.map((t) => t.p50)), 3)} ms, p99 ${fmt(median(mine.map((t) => t.p99)), 3)} ms`
+      )
+    }
     if (x402Target) {
       const openLoad = `open ${OPEN_RATE}/s`
       ratios.push(
@@ -548,7 +589,9 @@ const main = async () => {
         `Machine: ${availableParallelism()} cores, load average ${fmt(loadAtStart)} at the start and ${fmt(loadavg()[0]!)} at the end (other work on the machine slows every target).`,
         "+p50/+p99: latency added over the mock called directly under the same load. cpu ms/req: the target's node",
         "processes' CPU time per request (/proc/<pid>/stat), main ms/req the part on their main threads (/proc/<pid>/task/<pid>/stat:",
-        "the event loop, without worker, GC and I/O threads); pg ms/req: the router's Postgres; chain ms/req: its embedded Anvil.",
+        "the event loop, without worker, GC and I/O threads); gc ms/req: the router's main thread paused by its garbage collector",
+        "(its /metrics, one process; the collector's helper threads are in cpu, not main); pg ms/req: the router's Postgres;",
+        "chain ms/req: its embedded Anvil.",
         "rss: the target's node RSS after the phase.",
         "cpu wait: the share of the target's runnable time it spent waiting for a core (/proc/<pid>/schedstat; high = a busy machine).",
         "",
