@@ -209,9 +209,12 @@ interface Row {
 }
 
 const fmt = (x: number, digits = 1) => (Number.isFinite(x) ? x.toFixed(digits) : "-")
+/** The median; of an even count, the mean of the two middle values (of the default two rounds, their mean, not the lower). */
 const median = (xs: ReadonlyArray<number>) => {
   const sorted = [...xs].sort((a, b) => a - b)
-  return sorted.length === 0 ? Number.NaN : sorted[Math.floor((sorted.length - 1) / 2)]!
+  if (sorted.length === 0) return Number.NaN
+  const middle = Math.floor(sorted.length / 2)
+  return sorted.length % 2 === 1 ? sorted[middle]! : (sorted[middle - 1]! + sorted[middle]!) / 2
 }
 
 const main = async () => {
@@ -565,8 +568,13 @@ const main = async () => {
     const ratios: Array<string> = []
     if (only.has("router") && only.has("portkey")) {
       for (const load of ["closed 50", "closed 500"]) {
+        // Each round's ratio too: the rounds are interleaved, so a machine that slows between rounds slows both.
+        const byRound = (target: string) =>
+          rows.filter((r) => r.target === target && r.load === load).map((r) => r.result.rps)
+        const portkeyRounds = byRound(targets.portkey!.name)
+        const perRound = byRound(targets.router!.name).map((rps, i) => fmt(rps / portkeyRounds[i]!, 2))
         ratios.push(
-          `  router/Portkey throughput, ${load}: ${fmt(rps(targets.router!.name, load) / rps(targets.portkey!.name, load), 2)}`
+          `  router/Portkey throughput, ${load}: ${fmt(rps(targets.router!.name, load) / rps(targets.portkey!.name, load), 2)} (by round: ${perRound.join(", ")})`
         )
       }
     }
