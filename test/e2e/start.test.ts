@@ -3,7 +3,14 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
-import { freshDatabase, startRouterProcess } from "../support/Process.ts"
+import { isAlive } from "../../src/process/ChildProcess.ts"
+import {
+  descendantsOf,
+  freshDatabase,
+  runningAfter,
+  startRouterProcess,
+  waitUntilServing
+} from "../support/Process.ts"
 import { startStopwatch } from "../support/Stopwatch.ts"
 
 /**
@@ -63,6 +70,35 @@ describe("npm start", () => {
       if (router.child.exitCode === null) router.child.kill("SIGKILL")
       await router.exited
       await db.drop()
+    }
+  }, 180_000)
+
+  it("a SIGTERM to `npm start` itself reaches the router: it drains, stops and leaves no process behind", async () => {
+    // npm runs the script through `sh -c`; a shell that waits for its one command dies of the signal npm
+    // passes on and leaves that command running (dash, Debian's sh, does not exec it). The script execs node.
+    const db = await freshDatabase()
+    const npmDataDir = mkdtempSync(join(tmpdir(), "svc-npm-start-"))
+    const npm = await startRouterProcess({ DATA_DIR: npmDataDir, DATABASE_URL: db.url }, "npm")
+    let below: Array<number> = []
+    try {
+      await waitUntilServing(npm)
+      below = descendantsOf(npm.pid)
+      const routerPid = below.find((pid) =>
+        readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").includes("src/main.ts")
+      )
+      expect(routerPid, `processes under npm: ${below.join(", ")}`).toBeDefined()
+      npm.child.kill("SIGTERM")
+      await npm.exited
+      expect(await runningAfter(below, 30_000), npm.output().slice(-3000)).toEqual([])
+      expect(isAlive(routerPid!)).toBe(false)
+      expect(npm.output()).toContain("stopped")
+    } finally {
+      if (npm.child.exitCode === null) npm.child.kill("SIGKILL")
+      await npm.exited
+      // Whatever outlived npm (reparented, so no longer under it) goes too.
+      for (const pid of below.filter(isAlive)) process.kill(pid, "SIGKILL")
+      await db.drop()
+      rmSync(npmDataDir, { recursive: true, force: true })
     }
   }, 180_000)
 })

@@ -19,7 +19,16 @@ export interface RouterProcess {
   readonly exited: Promise<{ readonly code: number | null; readonly signal: NodeJS.Signals | null }>
 }
 
-export const startRouterProcess = async (env: Record<string, string | undefined>): Promise<RouterProcess> => {
+/**
+ * How the router is launched: `node` (the default: `src/main.ts` in a node of its own, as the suites have always
+ * started it) or `npm` (`npm start` itself, the package's script: `pid` is then npm's, the router its child).
+ */
+export type Launch = "node" | "npm"
+
+export const startRouterProcess = async (
+  env: Record<string, string | undefined>,
+  launch: Launch = "node"
+): Promise<RouterProcess> => {
   const port = await listenablePort()
   const full: Record<string, string | undefined> = {
     ...process.env,
@@ -29,10 +38,15 @@ export const startRouterProcess = async (env: Record<string, string | undefined>
   }
   delete full.RPC_URL
   if (env.DATABASE_URL === undefined) delete full.DATABASE_URL
-  const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
-    env: full,
-    stdio: ["ignore", "pipe", "pipe"]
-  })
+  // `npm_execpath` is npm's own script when the suite runs under `npm test`; else the `npm` on the PATH.
+  const npm = process.env.npm_execpath
+  const [command, args] =
+    launch === "node"
+      ? [process.execPath, ["--import", "tsx", "src/main.ts"]]
+      : npm === undefined
+        ? ["npm", ["start"]]
+        : [process.execPath, [npm, "start"]]
+  const child = spawn(command, args, { env: full, stdio: ["ignore", "pipe", "pipe"] })
   let output = ""
   child.stdout?.on("data", (b) => {
     output += b
@@ -101,6 +115,10 @@ export const childrenOf = (pid: number): Array<number> => {
       }
     })
 }
+
+/** Every process descended from `pid` that is still alive: its children, theirs, and so on. */
+export const descendantsOf = (pid: number): Array<number> =>
+  childrenOf(pid).flatMap((child) => [child, ...descendantsOf(child)])
 
 /**
  * The pids among `pids` still running after up to `timeoutMs` (empty as soon as all have stopped). For
