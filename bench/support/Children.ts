@@ -23,15 +23,16 @@ export const freePort = () =>
     })
   })
 
-/** The router's command, taken from `npm start`: the node arguments after `node`. */
+/** The router's command, taken from `npm start`: the node arguments after `node` (the script execs it, D570). */
 export const routerArgs = (): ReadonlyArray<string> => {
   const scripts = JSON.parse(readFileSync(join(root, "package.json"), "utf8")).scripts as Record<
     string,
     string
   >
   const words = scripts.start!.split(/\s+/)
-  if (words[0] !== "node") throw new Error(`npm start is not a node command: ${scripts.start}`)
-  return words.slice(1)
+  const command = words[0] === "exec" ? words.slice(1) : words
+  if (command[0] !== "node") throw new Error(`npm start is not a node command: ${scripts.start}`)
+  return command.slice(1)
 }
 
 /** POSTs JSON and returns the body; a non-2xx answer is an error naming the status. */
