@@ -6,6 +6,7 @@ import { commitWithoutFlush } from "../db/AsyncCommit.ts"
 import { databaseUnavailable, isCheckViolation, pgFault } from "../db/SqlFaults.ts"
 import type { ServiceUnavailable } from "../domain/Errors.ts"
 import { acquireCapacity, LEASE_TTL, type LeaseRequest } from "../market/QuoteBook.ts"
+import { retryAfterFailure } from "../process/Retry.ts"
 import { traced } from "../Telemetry.ts"
 
 /** An x402 authorization that cannot be reserved: its nonce was seen, or the payer's balance is spoken for. */
@@ -361,7 +362,7 @@ export const makeReservations = (sql: SqlClient.SqlClient) => {
     `.pipe(
       // Two statements that lock the same key and balance rows can meet in a deadlock (Postgres aborts
       // one); the statement is atomic, so it is run again.
-      Effect.retry({ while: (error) => error.reason._tag === "DeadlockError", times: 3 }),
+      retryAfterFailure({ while: (error) => error.reason._tag === "DeadlockError", times: 3 }),
       // Refusals are the schema's own: the key's cap (`api_keys_within_budget`), the owner's balance
       // (`wallet_balances` never below zero) or no balance row at all (the division guard, SQLSTATE
       // 22012). Anything else is the database failing, a 503 to retry, never a 402.

@@ -3,6 +3,7 @@ import type { SqlError } from "effect/sql"
 import type { TokenCounts } from "../domain/Billing.ts"
 import type { ReceiptBody } from "../domain/Receipt.ts"
 import type { AuctionCleared, RankedBid } from "../market/Auction.ts"
+import { retryAfterFailure } from "../process/Retry.ts"
 import { within } from "../process/Within.ts"
 import { RouterConfig } from "../RouterConfig.ts"
 import { traced } from "../Telemetry.ts"
@@ -269,7 +270,7 @@ export class Settle extends Context.Service<
         })
         return attempt.pipe(
           Effect.as(true),
-          Effect.retry({ schedule: INLINE_RETRY, times: INLINE_RETRIES }),
+          retryAfterFailure({ schedule: INLINE_RETRY, times: INLINE_RETRIES }),
           (retried) => within(retried, INLINE_BOUND_MS),
           // Never silent, never a held caller: the caller gets its answer now, the write is retried
           // in the background from the final meter recorded on the row, counted in /metrics.
