@@ -1,13 +1,11 @@
 /**
  * What one Postgres round trip costs on this machine at a given rate: `SELECT 1`, evenly spaced, from the
- * bench's process over the transport the router uses (its embedded server's Unix-domain socket when there
- * is one). A credit-key call waits for one round trip before anything is served (its reservation), which a
+ * bench's process over the transport the router uses (`embeddedDatabaseUrl`: its embedded server's
+ * Unix-domain socket when there is one). A credit-key call waits for one round trip before anything is served (its reservation), which a
  * free gateway never makes; on a machine whose cores sleep between calls each round trip also pays for
  * waking them, so its cost at 100 calls a second says how much of the router's added latency there is
  * the machine's (issue 12). Asserts nothing.
  */
-import { readFileSync } from "node:fs"
-import { join } from "node:path"
 import { PgClient } from "@effect/sql-pg"
 import { Effect, Redacted } from "effect"
 
@@ -16,15 +14,6 @@ export interface RoundTrips {
   readonly count: number
   readonly p50: number
   readonly p99: number
-}
-
-/** The router's embedded Postgres as the router reaches it: its socket folder (lock file line 5) as `host`. */
-export const routerTransportUrl = (dataDir: string) => {
-  const lines = readFileSync(join(dataDir, "postgres", "postmaster.pid"), "utf8").split("\n")
-  const url = new URL(`postgres://postgres:postgres@127.0.0.1:${lines[3]!.trim()}/router`)
-  const socketDir = lines[4]?.trim()
-  if (socketDir !== undefined && socketDir !== "") url.searchParams.set("host", socketDir)
-  return url.toString()
 }
 
 const quantile = (sorted: ReadonlyArray<number>, q: number) =>

@@ -46,10 +46,17 @@ export const postQuotes = (router: string) =>
     })
   )
 
-/** The embedded Postgres's port, from its lock file (line 4), as any operator would find it. */
+/**
+ * The embedded Postgres as the router reaches it, from its lock file as any operator would find it: its port
+ * (line 4) and its socket folder (line 5) as `host` when it has one, which libpq, psql and @effect/sql-pg
+ * take over the URL's host.
+ */
 export const embeddedDatabaseUrl = (dataDir: string) => {
   const lines = readFileSync(join(dataDir, "postgres", "postmaster.pid"), "utf8").split("\n")
-  return `postgres://postgres:postgres@127.0.0.1:${lines[3]!.trim()}/router`
+  const url = new URL(`postgres://postgres:postgres@127.0.0.1:${lines[3]!.trim()}/router`)
+  const socketDir = lines[4]?.trim()
+  if (socketDir !== undefined && socketDir !== "") url.searchParams.set("host", socketDir)
+  return url.toString()
 }
 
 export const chatBody = (content: string, stream: boolean) =>

@@ -34,7 +34,7 @@ import { Children, freePort, post, sleep } from "../support/Children.ts"
 import { runMain } from "../support/RunMain.ts"
 import { closedLoop, type LoadResult, openLoop, send, type Target } from "./Load.ts"
 import { rssBytes, usage } from "./Proc.ts"
-import { postgresRoundTrips, type RoundTrips, routerTransportUrl } from "./RoundTrips.ts"
+import { postgresRoundTrips, type RoundTrips } from "./RoundTrips.ts"
 import { chatBody, startRouter, x402Payments } from "./Setup.ts"
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 8)
@@ -329,7 +329,6 @@ const main = async () => {
 
     const rows: Array<Row> = []
     const roundTrips: Array<RoundTrips> = []
-    const databaseTransport = routerTransportUrl(join(dataDir, "router"))
     const measure = async (name: string, load: string, run: () => Promise<LoadResult>) => {
       const pid = pids[name]
       const routerRow = name === "router" || name === "x402"
@@ -410,7 +409,7 @@ const main = async () => {
       // ten times it: on this machine, between calls.
       if (only.has("router")) {
         for (const perSecond of [OPEN_RATE, OPEN_RATE * 10]) {
-          const trips = await postgresRoundTrips(databaseTransport, perSecond, Math.min(OPEN_SECONDS, 5))
+          const trips = await postgresRoundTrips(started.databaseUrl, perSecond, Math.min(OPEN_SECONDS, 5))
           roundTrips.push(trips)
           log(`Postgres round trips at ${perSecond}/s: p50 ${fmt(trips.p50, 3)} p99 ${fmt(trips.p99, 3)} ms`)
         }

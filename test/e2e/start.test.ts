@@ -83,9 +83,15 @@ describe("npm start", () => {
     try {
       await waitUntilServing(npm)
       below = descendantsOf(npm.pid)
-      const routerPid = below.find((pid) =>
-        readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").includes("src/main.ts")
-      )
+      // A process that ended since the listing has no command line left to read.
+      const commandOf = (pid: number) => {
+        try {
+          return readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0")
+        } catch {
+          return []
+        }
+      }
+      const routerPid = below.find((pid) => commandOf(pid).includes("src/main.ts"))
       expect(routerPid, `processes under npm: ${below.join(", ")}`).toBeDefined()
       npm.child.kill("SIGTERM")
       await npm.exited
