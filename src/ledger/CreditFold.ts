@@ -1,6 +1,6 @@
-import { Clock, Config, Effect } from "effect"
+import { Config, Effect } from "effect"
 import type { SqlClient } from "effect/sql"
-import { repeatInBackground } from "../Background.ts"
+import { passWhenWoken, type Wake } from "../Background.ts"
 import { commitWithoutFlush } from "../db/AsyncCommit.ts"
 
 /** How often captured credit requests are folded into their key's and owner's rows (a test lengthens it). */
@@ -94,13 +94,12 @@ export const makeCreditFold = (sql: SqlClient.SqlClient) => {
       }
     })
 
-  // The background pass folds while this instance has captured (`queued`), else once per sweep interval.
+  // The background pass folds while this instance has captured (`queued`), else once per sweep interval; an
+  // idle router does not wake for it in between (D572).
   let passesOwed = 1
-  let lastPassAt = Number.NEGATIVE_INFINITY
-  const pass = Effect.flatMap(Clock.currentTimeMillis, (now) => {
-    if (passesOwed === 0 && now - lastPassAt < SWEEP_EVERY_MS) return Effect.succeed(0)
+  let wake: Wake = () => {}
+  const pass = Effect.suspend(() => {
     passesOwed = Math.max(0, passesOwed - 1)
-    lastPassAt = now
     return foldAll(false)
   })
 
@@ -108,17 +107,20 @@ export const makeCreditFold = (sql: SqlClient.SqlClient) => {
     /** A credit capture or release was queued here: the next passes fold it (no statement of its own). */
     queued: () => {
       passesOwed = PASSES_AFTER_CAPTURE
+      wake()
     },
     /** Everything captured before the call is folded when it returns (waits for a fold under way). */
     foldNow: foldAll(true).pipe(Effect.orDie, Effect.withSpan("Ledger.foldCredit")),
     /**
-     * The background pass (at once, then every 50 ms while this instance captures, every 2 s when it does
-     * not) and a last one when the layer closes (shutdown).
+     * The background pass (50 ms after the start or a capture, then every 50 ms while passes are owed, every
+     * 2 s when none are) and a last one when the layer closes (shutdown).
      */
     start: Effect.gen(function* () {
       const every = yield* foldEveryMs
-      yield* repeatInBackground(pass, {
+      wake = yield* passWhenWoken(pass, {
         every: `${every} millis`,
+        pending: () => passesOwed > 0,
+        idleEvery: `${SWEEP_EVERY_MS} millis`,
         failure: "folding credit captures failed"
       })
       yield* Effect.addFinalizer(() => Effect.ignore(foldAll(true)))

@@ -1,6 +1,6 @@
 import { Effect, Exit, Schema } from "effect"
 import type { SqlClient } from "effect/sql"
-import { repeatInBackground } from "../Background.ts"
+import { passWhenWoken, repeatInBackground } from "../Background.ts"
 import type { ChainShape } from "../chain/Chain.ts"
 import { ReceiptBody } from "../domain/Receipt.ts"
 import { traced } from "../Telemetry.ts"
@@ -10,7 +10,7 @@ const decodeReceipt = Schema.decodeUnknownEffect(ReceiptBody)
 
 export type ReceiptStore = Effect.Success<ReturnType<typeof makeReceiptStore>>
 
-/** How often queued receipts are signed (each pass: every receipt queued so far, one statement). */
+/** How long a queued receipt waits for others to sign with it (each pass: every receipt queued so far, one statement). */
 const SIGN_EVERY = "20 millis"
 /** A receipt left unsigned this long was queued by an instance that stopped first: the sweep signs it. */
 const SWEEP_AFTER_SECONDS = 5
@@ -28,8 +28,8 @@ const finalAsStored = (receipt: ReceiptBody) =>
  * stored (`signFinal`), so its row is written once, signed (D495): a signature stored by a later update
  * was a second, non-HOT write of the row, a statement and a commit of its own, and an entry in the
  * sweep's index. One that could not be signed then is stored unsigned and queued (`enqueue`): a
- * background pass every 20 ms signs what is queued (`signReceipts`) and stores the signatures in one
- * statement (spec 2.3: the receipt linked from the reply can finalize shortly after the response).
+ * background pass 20 ms after the first receipt queued signs what is queued by then (`signReceipts`) and
+ * stores the signatures in one statement; with nothing queued it does not run (D572) (spec 2.3: the receipt linked from the reply can finalize shortly after the response).
  * Signatures are deterministic (RFC 6979), so whoever signs a receipt first (the pass, a reader that
  * finds it unsigned, the sweep of an instance that stopped before signing) stores the same bytes.
  */
@@ -78,7 +78,11 @@ export const makeReceiptStore = Effect.fnUntraced(function* (sql: SqlClient.SqlC
     yield* signAll(yield* Effect.forEach(rows, (row) => decodeReceipt(row.body)))
   })
 
-  yield* repeatInBackground(signQueued, { every: SIGN_EVERY, failure: "signing receipts failed" })
+  const wake = yield* passWhenWoken(signQueued, {
+    every: SIGN_EVERY,
+    pending: () => queue.length > 0,
+    failure: "signing receipts failed"
+  })
   yield* repeatInBackground(sweep, { every: "30 seconds", failure: "signing unsigned receipts failed" })
   // What is queued at shutdown is signed before the database goes (else the sweep of a later run does).
   yield* Effect.addFinalizer(() => Effect.ignore(signQueued))
@@ -106,6 +110,7 @@ export const makeReceiptStore = Effect.fnUntraced(function* (sql: SqlClient.SqlC
   const enqueue = (receipt: ReceiptBody) =>
     Effect.sync(() => {
       queue.push(receipt)
+      wake()
     })
 
   /** A stored receipt; one whose settlement is known and that is not signed yet is signed now. */

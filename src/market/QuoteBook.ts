@@ -1,7 +1,7 @@
 import { Clock, Config, Context, Effect, Layer, Schema, type Scope } from "effect"
 import { SqlClient, type Statement } from "effect/sql"
 import { type Hex, recoverMessageAddress } from "viem"
-import { repeatInBackground } from "../Background.ts"
+import { passWhenWoken, repeatInBackground, type Wake } from "../Background.ts"
 import { Instances } from "../db/Instances.ts"
 import { Conflict, Forbidden, InvalidRequest, ServiceUnavailable, Unauthorized } from "../domain/Errors.ts"
 import { quoteSigningString, SignedQuote } from "../domain/Quote.ts"
@@ -274,16 +274,18 @@ export class QuoteBook extends Context.Service<
       // Rows to delete: a statement that fails keeps its ids here for the next pass, so a database blip does not
       // leave idle rows holding their slots until their TTL.
       const toEnd: Array<string> = []
+      // Wakes the pass that gives idle rows back (it sleeps while no lease is warm and nothing is to end, D572).
+      let wake: Wake = () => {}
+      const endLater = (leaseIds: ReadonlyArray<string>) => {
+        toEnd.push(...leaseIds)
+        wake()
+      }
       const endLeases = (leaseIds: ReadonlyArray<string>) =>
         leaseIds.length === 0
           ? Effect.void
           : sql`SELECT capacity_release(ARRAY(SELECT jsonb_array_elements_text(${JSON.stringify(leaseIds)}::jsonb)))`.pipe(
               Effect.asVoid,
-              Effect.catch(() =>
-                Effect.sync(() => {
-                  toEnd.push(...leaseIds)
-                })
-              )
+              Effect.catch(() => Effect.sync(() => endLater(leaseIds)))
             )
       const endPending = (more: ReadonlyArray<string>) =>
         Effect.suspend(() => endLeases([...toEnd.splice(0), ...more]))
@@ -291,7 +293,7 @@ export class QuoteBook extends Context.Service<
       // written before the gap go (their deletes are harmless if so), and none of them is kept or reused.
       const dropUnsteady = (nowMs: number) => {
         const stale = warm.standSince(instances.steadySince(nowMs))
-        if (stale.length > 0) toEnd.push(...stale)
+        if (stale.length > 0) endLater(stale)
       }
 
       // The lease row and its release are one uninterruptible step (acquireReleaseLean, D465): a caller
@@ -311,7 +313,10 @@ export class QuoteBook extends Context.Service<
             const slot = slots.get(held)
             slots.delete(held)
             return Effect.flatMap(elapsedNow, (nowMs) => {
-              if (slot?.warm === true && warm.put(key, held, nowMs)) return Effect.void
+              if (slot?.warm === true && warm.put(key, held, nowMs)) {
+                wake()
+                return Effect.void
+              }
               if (slot?.warm !== true && slot?.handedOff === true) return Effect.void
               return endLeases([held.leaseId])
             })
@@ -341,7 +346,7 @@ export class QuoteBook extends Context.Service<
       const takeWarm = (key: string, capacity: number) =>
         Effect.map(elapsedNow, (nowMs) => {
           dropUnsteady(nowMs)
-          return warm.take(key, capacity, nowMs, (leaseId) => toEnd.push(leaseId))
+          return warm.take(key, capacity, nowMs, (leaseId) => endLater([leaseId]))
         })
 
       const acquireSlot = (quote: SignedQuote) => {
@@ -390,12 +395,17 @@ export class QuoteBook extends Context.Service<
       })
       // Idle leases go back to every instance a moment after their last request; all of them at shutdown,
       // after the requests (which may still put theirs back) and before the database closes.
-      yield* repeatInBackground(
+      wake = yield* passWhenWoken(
         Effect.flatMap(elapsedNow, (nowMs) => {
           dropUnsteady(nowMs)
           return endPending(warm.idle(nowMs))
         }),
-        { every: "100 millis", failure: "warm capacity leases were not given back", level: "warning" }
+        {
+          every: "100 millis",
+          pending: () => warm.size > 0 || toEnd.length > 0,
+          failure: "warm capacity leases were not given back",
+          level: "warning"
+        }
       )
       yield* Effect.addFinalizer(() => Effect.suspend(() => endPending(warm.drain())))
 
