@@ -10,7 +10,7 @@ const decodeReceipt = Schema.decodeUnknownEffect(ReceiptBody)
 
 export type ReceiptStore = Effect.Success<ReturnType<typeof makeReceiptStore>>
 
-/** How long a queued receipt waits for others to sign with it (each pass: every receipt queued so far, one statement). */
+/** How long a queued receipt waits for others to be signed with it (a pass: all queued so far, one statement). */
 const SIGN_EVERY = "20 millis"
 /** A receipt left unsigned this long was queued by an instance that stopped first: the sweep signs it. */
 const SWEEP_AFTER_SECONDS = 5
@@ -29,7 +29,8 @@ const finalAsStored = (receipt: ReceiptBody) =>
  * was a second, non-HOT write of the row, a statement and a commit of its own, and an entry in the
  * sweep's index. One that could not be signed then is stored unsigned and queued (`enqueue`): a
  * background pass 20 ms after the first receipt queued signs what is queued by then (`signReceipts`) and
- * stores the signatures in one statement; with nothing queued it does not run (D572) (spec 2.3: the receipt linked from the reply can finalize shortly after the response).
+ * stores the signatures in one statement (spec 2.3: the receipt linked from the reply can finalize shortly
+ * after the response); with nothing queued the pass does not run (D572).
  * Signatures are deterministic (RFC 6979), so whoever signs a receipt first (the pass, a reader that
  * finds it unsigned, the sweep of an instance that stopped before signing) stores the same bytes.
  */
