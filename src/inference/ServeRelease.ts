@@ -138,7 +138,8 @@ export const settleReservation =
       // (nothing delivered) is told once its release is written: the caller may retry on the whole hold.
       // Contained: a reader's encoder that throws on the end must not cost the request its settlement (the
       // stream then ends when the work does).
-      if (!released && answersFirst(input)) {
+      const first = !released && answersFirst(input)
+      if (first) {
         yield* tellOnce(input.telling, summary).pipe(
           Effect.catchCause((cause) =>
             Effect.logError("the end of a reply was not told before its settlement", {
@@ -151,6 +152,13 @@ export const settleReservation =
       // A session remembers the whole conversation so far: the next turn's cached prefix.
       const prefixTokens = usage.promptTokens + usage.completionTokens
       const slot = holding.slot
+      // The row the capture ends, unless the lease stays warm for the next request (D555).
+      const lease = slot?.endsWith()
+      // An answer told first, whose lease stays warm (or that holds none), lets its slot go now and its
+      // statement wait for more of its wallet's (D573): the provider's capacity is free once the reply is
+      // out, and the warm lease's row is not the statement's to end.
+      const linger = first && lease === undefined
+      if (linger) yield* letGo(holding)
       const settled = yield* settle.request({
         requestId: input.requestId,
         createdAt: input.createdAt,
@@ -172,8 +180,8 @@ export const settleReservation =
           sessionId: input.request.routing?.session_id ?? null,
           agent: input.agent
         },
-        // The row the capture ends, unless the lease stays warm for the next request (D555).
-        lease: slot?.endsWith()
+        lease,
+        linger
       })
       if (settled) slot?.handOff()
     }).pipe(Effect.ensuring(letGo(input.holding)), Effect.orDie)

@@ -1,4 +1,4 @@
-import { Effect } from "effect"
+import { Config, Effect } from "effect"
 import type { SqlClient, Statement } from "effect/sql"
 import { feeSplit } from "../domain/Billing.ts"
 import type { EconomicsRecord } from "../domain/Economics.ts"
@@ -30,6 +30,11 @@ export interface CaptureRecord {
   readonly source?: PaymentSource | undefined
   /** The capacity lease the request held while served: the statement deletes it (whether or not it claims). */
   readonly lease?: string | undefined
+  /**
+   * The caller has its reply already and nothing waits for this settlement (D534): a key's or an `exact`
+   * authorization's that holds no lease row may wait up to `SETTLE_LINGER_MS` for more of its wallet's (D573).
+   */
+  readonly linger?: boolean | undefined
 }
 
 /** What the settling statement stores besides the record: the receipt's signature when it is final as stored. */
@@ -38,6 +43,12 @@ interface Signed {
 }
 
 const X402Source: PaymentSource = { _tag: "X402" }
+
+/** How long a settlement whose caller has its reply may wait for more of its wallet's (D573); 0: none. */
+const settleLingerMs = Config.Int("SETTLE_LINGER_MS").pipe(
+  Config.withDefault(20),
+  Config.map((ms) => Math.max(0, ms))
+)
 
 /** Whether settling a request paid this way may queue a credit capture for the fold (D315). */
 export const queuesCredit = (source: PaymentSource | undefined): boolean =>
@@ -63,7 +74,7 @@ type Together = Partial<Pick<Settlement, "credit_queued" | "authorization_status
  * waiting for a transfer is stored unsigned and signed when its settlement lands.
  */
 export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient, receipts: ReceiptStore) {
-  const batch = yield* makeSettleBatch(sql)
+  const batch = yield* makeSettleBatch(sql, yield* settleLingerMs)
 
   /**
    * Whether the receipt is final as captured (balance- or budget-backed, or an `upto` authorization charged
@@ -145,25 +156,28 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
 
   /** The settlement as one row of its wallet's batch of this turn (`SettleBatch.ts`). */
   const settleTogether = (
-    { receipt, economics, lease, signature }: CaptureRecord & Signed,
+    { receipt, economics, lease, signature, linger }: CaptureRecord & Signed,
     status: "captured" | "released",
     entries: ReadonlyArray<Entry>,
     together: Together
   ) =>
-    batch.settle({
-      request_id: receipt.request_id,
-      status,
-      charged: receipt.charged,
-      epoch_id: receipt.epoch_id,
-      receipt,
-      signature,
-      economics,
-      entries: entries.filter((e) => e.amount > 0),
-      lease: lease ?? null,
-      credit_queued: together.credit_queued ?? false,
-      authorization_status: together.authorization_status ?? null,
-      refund: together.refund ?? 0
-    })
+    batch.settle(
+      {
+        request_id: receipt.request_id,
+        status,
+        charged: receipt.charged,
+        epoch_id: receipt.epoch_id,
+        receipt,
+        signature,
+        economics,
+        entries: entries.filter((e) => e.amount > 0),
+        lease: lease ?? null,
+        credit_queued: together.credit_queued ?? false,
+        authorization_status: together.authorization_status ?? null,
+        refund: together.refund ?? 0
+      },
+      linger === true && lease === undefined
+    )
 
   /**
    * Settles in the batch with `together`, else in a statement of its own. A receipt `final` as settled is
@@ -271,7 +285,8 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
     receipt,
     economics,
     source = X402Source,
-    lease
+    lease,
+    linger
   }: CaptureRecord) {
     const { routerFee, providerShare } = feeSplit(receipt.charged)
     const refund = receipt.authorized - receipt.charged
@@ -308,7 +323,7 @@ export const makeCapture = Effect.fnUntraced(function* (sql: SqlClient.SqlClient
     }
     // A charge settled on a balance or a budget is final now; one paid by a transfer waits for it.
     return yield* settle(
-      { receipt, economics, lease },
+      { receipt, economics, lease, linger },
       "captured",
       entries,
       effects,

@@ -85,6 +85,8 @@ export interface Served {
   readonly detail: EconomicsDetail
   /** The capacity lease the request held: the settling statement deletes it. */
   readonly lease?: string | undefined
+  /** The caller has its reply and nothing waits for the settlement: it may linger for its wallet's others (D573). */
+  readonly linger?: boolean | undefined
 }
 
 /** What every settlement states, from a served request or from a reservation's durable record. */
@@ -266,7 +268,8 @@ export class Settle extends Context.Service<
           receipt,
           economics,
           source: served.source,
-          lease: served.lease
+          lease: served.lease,
+          linger: served.linger
         })
         return attempt.pipe(
           Effect.as(true),

@@ -71,7 +71,7 @@ export const settleBatchFallbacks = Metric.counter("svc_settle_batch_fallbacks_t
  * in payer order, by `outstanding_locked`, which both the update and the receipts' insert wait for: the
  * payer's row before any points row, as a landing takes them (D513).
  */
-export const makeSettleBatch = Effect.fnUntraced(function* (sql: SqlClient.SqlClient) {
+export const makeSettleBatch = Effect.fnUntraced(function* (sql: SqlClient.SqlClient, lingerMs = 0) {
   /** One statement over `rows` (distinct requests): the ids of the requests it claimed. */
   const settleAll = (rows: ReadonlyArray<Settlement>) =>
     sql<{ request_id: string }>`
@@ -128,7 +128,7 @@ export const makeSettleBatch = Effect.fnUntraced(function* (sql: SqlClient.SqlCl
   const alone = (row: Settlement) => Effect.map(settleAll([row]), (claimed) => claimed.size > 0)
 
   /** One wallet's batch: the ids the statement claimed, or undefined when it failed (each is then written alone). */
-  const batches = yield* makeTurnBatches((_wallet: string, rows: ReadonlyArray<Settlement>) =>
+  const sendBatch = (_wallet: string, rows: ReadonlyArray<Settlement>) =>
     Metric.update(settleBatchSize, rows.length).pipe(
       // Built inside the effect: a record that could not be encoded fails the batch (each row then goes
       // alone) instead of throwing past the answer every caller of the batch waits for.
@@ -145,26 +145,35 @@ export const makeSettleBatch = Effect.fnUntraced(function* (sql: SqlClient.SqlCl
           ).pipe(Effect.as(undefined))
       })
     )
-  )
+  const batches = yield* makeTurnBatches(sendBatch)
+  /**
+   * The batches of settlements whose callers have their replies already (D573): each waits `lingerMs` after
+   * its first settlement for more of its wallet's, so a wallet settling a call every few milliseconds shares
+   * a statement (its fixed cost, the receipts' triggers and the commit's flush) among several.
+   */
+  const lingering = lingerMs > 0 ? yield* makeTurnBatches(sendBatch, 64, lingerMs) : batches
 
   /**
-   * Settles `row` in its wallet's batch of this turn: whether this call claimed the request. At shutdown what
-   * is still open is sent before the database goes, and before the fold's and the receipt signer's last passes
-   * (made before this, so closed after it); later settlements go alone.
+   * Settles `row` in its wallet's batch of this turn (with `linger`, in its wallet's lingering batch): whether
+   * this call claimed the request. At shutdown what is still open is sent before the database goes, and before
+   * the fold's and the receipt signer's last passes (made before this, so closed after it); later settlements
+   * go alone.
    */
-  const settle = (row: Settlement): Effect.Effect<boolean, SqlError.SqlError> =>
+  const settle = (row: Settlement, linger = false): Effect.Effect<boolean, SqlError.SqlError> =>
     Effect.suspend(() => {
       const wallet = row.receipt.wallet
-      const current = batches.open(wallet)
-      // The same request twice in one turn: the second is written after the batch, alone (and claims nothing).
-      if (current?.items.some((r) => r.request_id === row.request_id)) {
-        return Effect.andThen(current.answered, alone(row))
+      // The same request twice in one open batch: the second is written after the batch, alone (and claims
+      // nothing).
+      for (const open of [batches.open(wallet), lingering.open(wallet)]) {
+        if (open?.items.some((r) => r.request_id === row.request_id)) {
+          return Effect.andThen(open.answered, alone(row))
+        }
       }
       // Nothing charged (a release, or a capture of nothing) moves no points of the wallet: its receipt locks
       // a provider shard and not the wallet's row, so in a batch it could take a shard before the wallet's row
       // while another batch of the wallet holds that row and waits for the shard. It goes alone (D420).
       if (row.charged <= 0) return alone(row)
-      return Effect.flatMap(batches.add(wallet, row), (batched) =>
+      return Effect.flatMap((linger ? lingering : batches).add(wallet, row), (batched) =>
         batched === undefined || batched.answer === undefined
           ? alone(row)
           : Effect.succeed(batched.answer.has(row.request_id))

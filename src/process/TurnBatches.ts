@@ -27,10 +27,15 @@ export interface TurnBatches<K, I, R> {
  * whatever way it ends reaches every caller of its batch (a defect in it is theirs), so a batch taken is a
  * batch answered. When the scope that made the batches closes, every batch not yet sent is sent before the
  * close goes on, and items added later get `undefined`.
+ *
+ * With `lingerMs` above zero a batch waits that long after its first item instead of the turn's end, so items
+ * of later turns join it too (D573: work whose caller does not wait for it, gathered at rates where turns
+ * rarely share anything); a batch that fills up is still sent at once, and the close sends it at once.
  */
 export const makeTurnBatches = <K, I, R>(
   send: (key: K, items: ReadonlyArray<I>) => Effect.Effect<R>,
-  maxItems = 64
+  maxItems = 64,
+  lingerMs = 0
 ) =>
   Effect.gen(function* () {
     const scope = yield* Effect.scope
@@ -77,10 +82,18 @@ export const makeTurnBatches = <K, I, R>(
         const batch: Batch = joins ? current : newBatch(key)
         const index = batch.items.push(item) - 1
         const answer = Effect.map(Deferred.await(batch.done), (answer) => ({ answer, index }))
-        if (joins) return answer
+        if (joins) {
+          // A lingering batch this item filled goes at the end of this turn, not at its linger's end.
+          if (lingerMs <= 0 || batch.items.length < maxItems) return answer
+          return Effect.andThen(
+            Effect.forkIn(Effect.andThen(Effect.yieldNow, sendOnce(batch)), scope),
+            answer
+          )
+        }
         open.set(key, batch)
         unsent.add(batch)
-        return Effect.andThen(Effect.forkIn(Effect.andThen(Effect.yieldNow, sendOnce(batch)), scope), answer)
+        const wait = lingerMs > 0 && maxItems > 1 ? Effect.sleep(lingerMs) : Effect.yieldNow
+        return Effect.andThen(Effect.forkIn(Effect.andThen(wait, sendOnce(batch)), scope), answer)
       })
 
     return {

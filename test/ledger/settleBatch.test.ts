@@ -1,7 +1,7 @@
 import { randomBytes, randomInt } from "node:crypto"
 import { assert, describe, layer } from "@effect/vitest"
 import { InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base"
-import { Cause, Context, Deferred, Effect, Exit, Fiber, Layer, Scope } from "effect"
+import { Cause, ConfigProvider, Context, Deferred, Effect, Exit, Fiber, Layer, Scope } from "effect"
 import { SqlClient } from "effect/sql"
 import { Chain, ChainError } from "../../src/chain/Chain.ts"
 import { feeSplit } from "../../src/domain/Billing.ts"
@@ -520,6 +520,86 @@ describe("settlements ready in the same turn are written in one statement", () =
         yield* Scope.close(scope, Exit.void)
         assert.deepStrictEqual(statements(), { batched: 1, alone: 0 })
         assert.deepStrictEqual(yield* Fiber.joinAll(fibers), [true, true, true])
+        for (const request of requests) {
+          assert.strictEqual((yield* written(request.requestId)).status, "captured")
+        }
+      })
+    )
+
+    /** A fresh ledger of its own whose told-first settlements linger `ms` (D573), closed by `scope`. */
+    const lingeringLedger = (scope: Scope.Scope, ms: number) =>
+      Effect.map(
+        Layer.buildWithScope(
+          Layer.fresh(Ledger.layer).pipe(
+            Layer.provide(
+              ConfigProvider.layerAdd(ConfigProvider.fromUnknown({ SETTLE_LINGER_MS: String(ms) }), {
+                asPrimary: true
+              })
+            )
+          ),
+          scope
+        ),
+        (context) => Context.get(context, Ledger)
+      )
+    /** The capture of a request whose caller has its reply and whose lease stays warm (no row to end). */
+    const toldFirst = (request: Reserved): CaptureRecord => ({
+      ...request.settle(CHARGED),
+      lease: undefined,
+      linger: true
+    })
+
+    it.effect(
+      "settlements told first wait for their wallet's later ones: one statement over several turns (D573)",
+      () =>
+        Effect.gen(function* () {
+          const key = yield* fundedKey({ budget: 10_000_000, balance: 10_000_000 })
+          const requests = yield* Effect.forEach(["credit", "x402", "credit", "credit"] as const, (p) =>
+            reserve(key, p)
+          )
+          const scope = yield* Scope.make()
+          const own = yield* lingeringLedger(scope, 400)
+          exporter.reset()
+          // One capture every 5 ms: each in a turn of its own, where turn batching wrote one statement each.
+          const fibers: Array<Fiber.Fiber<boolean>> = []
+          for (const request of requests) {
+            fibers.push(yield* Effect.forkChild(own.capture(toldFirst(request))))
+            yield* Effect.sleep(5)
+          }
+          assert.deepStrictEqual(statements(), { batched: 0, alone: 0 })
+          assert.deepStrictEqual(yield* Fiber.joinAll(fibers), [true, true, true, true])
+          assert.deepStrictEqual(statements(), { batched: 1, alone: 0 })
+          for (const request of requests) {
+            assert.strictEqual((yield* written(request.requestId)).status, "captured")
+          }
+          // A settlement that ends its lease's row, or one not told first, still goes at its turn's end.
+          const [withLease, waited] = yield* Effect.forEach(["credit", "credit"] as const, (p) =>
+            reserve(key, p)
+          )
+          exporter.reset()
+          const started = Date.now()
+          assert.isTrue(yield* own.capture({ ...withLease!.settle(CHARGED), linger: true }))
+          assert.isTrue(yield* own.capture({ ...waited!.settle(CHARGED), lease: undefined }))
+          assert.isBelow(Date.now() - started, 300)
+          assert.deepStrictEqual(statements(), { batched: 2, alone: 0 })
+          yield* Scope.close(scope, Exit.void)
+        })
+    )
+
+    it.effect("a ledger shut down with a lingering batch open sends it at once", () =>
+      Effect.gen(function* () {
+        const key = yield* fundedKey({ budget: 10_000_000, balance: 10_000_000 })
+        const requests = yield* Effect.forEach(["credit", "x402"] as const, (p) => reserve(key, p))
+        const scope = yield* Scope.make()
+        const own = yield* lingeringLedger(scope, 60_000)
+        exporter.reset()
+        const fibers = yield* Effect.forEach(requests, (request) =>
+          Effect.forkChild(own.capture(toldFirst(request)))
+        )
+        yield* Effect.sleep(5)
+        assert.deepStrictEqual(statements(), { batched: 0, alone: 0 })
+        yield* Scope.close(scope, Exit.void)
+        assert.deepStrictEqual(statements(), { batched: 1, alone: 0 })
+        assert.deepStrictEqual(yield* Fiber.joinAll(fibers), [true, true])
         for (const request of requests) {
           assert.strictEqual((yield* written(request.requestId)).status, "captured")
         }

@@ -1,9 +1,14 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Cause, Effect, Exit, Fiber, Scope } from "effect"
+import { TestClock } from "effect/testing"
 import { makeTurnBatches } from "../../src/process/TurnBatches.ts"
 
 /** A batcher whose send records what it was given and answers with it (or with `answer`'s result). */
-const recording = (maxItems?: number, answer?: (items: ReadonlyArray<string>) => Effect.Effect<string>) =>
+const recording = (
+  maxItems?: number,
+  answer?: (items: ReadonlyArray<string>) => Effect.Effect<string>,
+  lingerMs?: number
+) =>
   Effect.gen(function* () {
     const sent: Array<{ key: string; items: ReadonlyArray<string> }> = []
     const batches = yield* makeTurnBatches(
@@ -12,7 +17,8 @@ const recording = (maxItems?: number, answer?: (items: ReadonlyArray<string>) =>
           sent.push({ key, items: [...items] })
           return answer?.(items) ?? Effect.succeed(items.join(","))
         }),
-      maxItems
+      maxItems,
+      lingerMs
     )
     return { sent, batches }
   })
@@ -97,5 +103,62 @@ describe("work grouped by turn (D370, D545)", () => {
       const exit = yield* Effect.exit(Fiber.join(waiting))
       assert.deepStrictEqual(exit, Exit.succeed({ answer: "1", index: 0 }))
     })
+  )
+
+  it.effect("a lingering batch takes the items of later turns until its linger ends (D573)", () =>
+    Effect.scoped(
+      Effect.gen(function* () {
+        const { sent, batches } = yield* recording(64, undefined, 20)
+        const first = yield* Effect.forkChild(batches.add("k", "1"))
+        yield* TestClock.adjust(5)
+        const second = yield* Effect.forkChild(batches.add("k", "2"))
+        const other = yield* Effect.forkChild(batches.add("j", "x"))
+        yield* TestClock.adjust(10)
+        const third = yield* Effect.forkChild(batches.add("k", "3"))
+        yield* TestClock.adjust(4)
+        // 19 ms after the first item: nothing sent yet.
+        assert.deepStrictEqual(sent, [])
+        yield* TestClock.adjust(1)
+        assert.deepStrictEqual(yield* Fiber.joinAll([first, second, third]), [
+          { answer: "1,2,3", index: 0 },
+          { answer: "1,2,3", index: 1 },
+          { answer: "1,2,3", index: 2 }
+        ])
+        assert.deepStrictEqual(sent, [{ key: "k", items: ["1", "2", "3"] }])
+        // The other key's batch opened 5 ms later and lingers its own 20 ms.
+        yield* TestClock.adjust(5)
+        assert.deepStrictEqual(yield* Fiber.join(other), { answer: "x", index: 0 })
+        // After the send, the next item opens a new batch.
+        const later = yield* Effect.forkChild(batches.add("k", "4"))
+        yield* TestClock.adjust(20)
+        assert.deepStrictEqual(yield* Fiber.join(later), { answer: "4", index: 0 })
+      })
+    )
+  )
+
+  it.effect(
+    "a lingering batch that fills up goes at the end of its turn; the close sends one still lingering",
+    () =>
+      Effect.gen(function* () {
+        const scope = yield* Scope.make()
+        const { sent, batches } = yield* recording(2, undefined, 1_000).pipe(Scope.provide(scope))
+        const full = yield* Effect.forkChild(
+          Effect.forEach(["1", "2"], (item) => batches.add("k", item), { concurrency: "unbounded" })
+        )
+        // No clock moved: the batch went because it filled.
+        assert.deepStrictEqual(yield* Fiber.join(full), [
+          { answer: "1,2", index: 0 },
+          { answer: "1,2", index: 1 }
+        ])
+        const lingering = yield* Effect.forkChild(batches.add("k", "3"))
+        yield* TestClock.adjust(10)
+        assert.deepStrictEqual(sent, [{ key: "k", items: ["1", "2"] }])
+        yield* Scope.close(scope, Exit.void)
+        assert.deepStrictEqual(yield* Fiber.join(lingering), { answer: "3", index: 0 })
+        assert.deepStrictEqual(sent, [
+          { key: "k", items: ["1", "2"] },
+          { key: "k", items: ["3"] }
+        ])
+      })
   )
 })
