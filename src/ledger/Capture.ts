@@ -44,10 +44,13 @@ interface Signed {
 
 const X402Source: PaymentSource = { _tag: "X402" }
 
-/** How long a settlement whose caller has its reply may wait for more of its wallet's (D573); 0: none. */
+/**
+ * How long a settlement whose caller has its reply may wait for more of its wallet's (D573); 0: none. At most 1 s:
+ * the settlement's inline bound (2 s, `Settle.ts`) must not run out while it waits.
+ */
 const settleLingerMs = Config.Int("SETTLE_LINGER_MS").pipe(
   Config.withDefault(20),
-  Config.map((ms) => Math.max(0, ms))
+  Config.map((ms) => Math.min(1_000, Math.max(0, ms)))
 )
 
 /** Whether settling a request paid this way may queue a credit capture for the fold (D315). */
