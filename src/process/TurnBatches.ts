@@ -82,17 +82,14 @@ export const makeTurnBatches = <K, I, R>(
         const batch: Batch = joins ? current : newBatch(key)
         const index = batch.items.push(item) - 1
         const answer = Effect.map(Deferred.await(batch.done), (answer) => ({ answer, index }))
-        if (joins) {
-          // A lingering batch this item filled goes at the end of this turn, not at its linger's end.
-          if (lingerMs <= 0 || batch.items.length < maxItems) return answer
-          return Effect.andThen(
-            Effect.forkIn(Effect.andThen(Effect.yieldNow, sendOnce(batch)), scope),
-            answer
-          )
+        // A batch this item filled goes at the end of this turn, whether or not it lingers.
+        const full = batch.items.length >= maxItems
+        if (joins && (lingerMs <= 0 || !full)) return answer
+        if (!joins) {
+          open.set(key, batch)
+          unsent.add(batch)
         }
-        open.set(key, batch)
-        unsent.add(batch)
-        const wait = lingerMs > 0 && maxItems > 1 ? Effect.sleep(lingerMs) : Effect.yieldNow
+        const wait = lingerMs > 0 && !full ? Effect.sleep(lingerMs) : Effect.yieldNow
         return Effect.andThen(Effect.forkIn(Effect.andThen(wait, sendOnce(batch)), scope), answer)
       })
 
