@@ -1,0 +1,115 @@
+/**
+ * `npm run bench:phases`: where a key-paid call's time goes below saturation (issue 12, "where the time goes"),
+ * read from the router's own spans. Starts the zero-latency mock and the router as `bench:load` does, with
+ * `OTEL_EXPORTER_OTLP_ENDPOINT` pointed at a receiver in this process (OTLP/HTTP JSON), drives the mock
+ * directly and the router (credit key) in alternated open-loop rounds of `BENCH_RATE` requests a second (default
+ * 100) for `BENCH_OPEN_SECONDS` (default 8), `BENCH_ROUNDS` (default 2) times, and prints, for the router's
+ * calls, each span's median start and end from the call's server span and its median length: the reservation's
+ * statement (`postgres` under `Completions.admit`), the upstream call (`POST` under `Serve.run`), the settlement
+ * after the reply. Spans cost the router CPU of their own (D320 turns them off unless an endpoint is set),
+ * so the router's latency here is above `bench:load`'s; the table is for the order and the shares, not the
+ * totals. Asserts nothing.
+ */
+import { chmodSync, mkdtempSync, rmSync } from "node:fs"
+import { createServer } from "node:http"
+import type { AddressInfo } from "node:net"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { Children, freePort, sleep } from "../support/Children.ts"
+import { runMain } from "../support/RunMain.ts"
+import { openLoop, type Target } from "./Load.ts"
+import { chatBody, startRouter } from "./Setup.ts"
+import { type OtlpJson, phasesOf, type Span, spansOf } from "./Spans.ts"
+
+const RATE = Number(process.env.BENCH_RATE ?? 100)
+const SECONDS = Number(process.env.BENCH_OPEN_SECONDS ?? 8)
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2)
+const log = (line: string) => process.stderr.write(`[bench:phases] ${line}\n`)
+
+const main = async () => {
+  const dataDir = mkdtempSync(join(tmpdir(), "svc-bench-phases-"))
+  // Embedded Postgres runs as another user when this runs as root: it must reach its directory.
+  chmodSync(dataDir, 0o755)
+  const children = new Children(log)
+  children.stopOnSignals()
+  if (process.env.BENCH_KEEP === undefined)
+    children.atSignalExit(() => rmSync(dataDir, { recursive: true, force: true }))
+  const spans: Array<Span> = []
+  let recording = false
+  const receiver = createServer((request, response) => {
+    const chunks: Array<Buffer> = []
+    request.on("data", (chunk: Buffer) => chunks.push(chunk))
+    request.on("end", () => {
+      if (recording) spans.push(...spansOf(JSON.parse(Buffer.concat(chunks).toString("utf8")) as OtlpJson))
+      response.writeHead(200, { "content-type": "application/json" }).end("{}")
+    })
+  })
+  await new Promise<void>((resolve) => receiver.listen(0, "127.0.0.1", resolve))
+  try {
+    const mockPort = await freePort()
+    children.start("mock", ["bench/load/mock.ts", String(mockPort)], {}, join(dataDir, "mock.log"))
+    const mock = `http://127.0.0.1:${mockPort}`
+    await children.waitFor("the mock", async () => (await fetch(`${mock}/held`)).ok, 30)
+    process.env.OTEL_EXPORTER_OTLP_ENDPOINT = `http://127.0.0.1:${(receiver.address() as AddressInfo).port}`
+    const started = await startRouter(children, {
+      dataDir: join(dataDir, "router"),
+      logFile: join(dataDir, "router.log"),
+      mock,
+      log
+    })
+    const { router, creditKey } = started
+    const body = chatBody("Say hello to the load benchmark.", false)
+    const direct: Target = { name: "direct", url: `${mock}/v1/chat/completions`, headers: () => ({}), body }
+    const paid: Target = {
+      name: "router",
+      url: `${router}/v1/chat/completions`,
+      headers: () => ({ "x-credit-key": creditKey }),
+      body
+    }
+    await openLoop(paid, RATE, 3)
+    await openLoop(direct, RATE, 1)
+    await sleep(6_000)
+    recording = true
+    const p50 = { direct: [] as Array<number>, router: [] as Array<number> }
+    for (let round = 0; round < ROUNDS; round++) {
+      for (const target of [direct, paid]) {
+        const result = await openLoop(target, RATE, SECONDS)
+        p50[target.name as "direct" | "router"].push(result.p50)
+        log(
+          `round ${round + 1} ${target.name}: p50 ${result.p50.toFixed(2)} ms, p99 ${result.p99.toFixed(2)}, ${result.failures} failed`
+        )
+      }
+    }
+    // The exporter sends its batch every 5 s.
+    await sleep(7_000)
+    started.stop()
+    const { calls, phases } = phasesOf(spans)
+    const mean = (values: ReadonlyArray<number>) => values.reduce((a, b) => a + b, 0) / values.length
+    console.log(
+      `\nA key-paid call at ${RATE}/s, its spans (${calls} calls; traced, so slower than bench:load): ` +
+        `p50 direct ${mean(p50.direct).toFixed(2)} ms, router ${mean(p50.router).toFixed(2)} ms\n`
+    )
+    const reservation = phases.find((phase) => phase.name === "postgres < Completions.admit")
+    const added = mean(p50.router) - mean(p50.direct)
+    if (reservation !== undefined) {
+      console.log(
+        `added p50 over direct ${added.toFixed(2)} ms, of which the reservation's statement (median) ` +
+          `${reservation.lengthMs.toFixed(2)} ms (${Math.round((100 * reservation.lengthMs) / added)}%)\n`
+      )
+    }
+    console.log(
+      `${"span < parent".padEnd(44)} ${"in calls".padStart(8)} ${"start".padStart(7)} ${"end".padStart(7)} ${"length".padStart(7)}  (ms, medians)`
+    )
+    for (const phase of phases.filter((phase) => phase.calls >= calls / 10)) {
+      console.log(
+        `${phase.name.slice(0, 44).padEnd(44)} ${`${Math.round((100 * phase.calls) / calls)}%`.padStart(8)} ${phase.startMs.toFixed(3).padStart(7)} ${phase.endMs.toFixed(3).padStart(7)} ${phase.lengthMs.toFixed(3).padStart(7)}`
+      )
+    }
+  } finally {
+    receiver.close()
+    await children.stopAll()
+    if (process.env.BENCH_KEEP === undefined) rmSync(dataDir, { recursive: true, force: true })
+  }
+}
+
+runMain(main)
