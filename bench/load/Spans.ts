@@ -44,7 +44,9 @@ export const spansOf = (body: OtlpJson): ReadonlyArray<Span> =>
 
 const median = (values: ReadonlyArray<number>) => {
   const sorted = [...values].sort((a, b) => a - b)
-  return sorted.length === 0 ? Number.NaN : sorted[Math.floor(sorted.length / 2)]!
+  const middle = sorted.length / 2
+  if (sorted.length === 0) return Number.NaN
+  return Number.isInteger(middle) ? (sorted[middle - 1]! + sorted[middle]!) / 2 : sorted[Math.floor(middle)]!
 }
 
 export interface Phase {
@@ -58,11 +60,18 @@ export interface Phase {
 }
 
 /**
- * For the traces whose root is a server span named `root` and that hold a `within` span (a paid call's
- * admission), each span name's median start and end from the root's start, and its median length, in the
- * order of their starts; the root's own end is among them.
+ * For the calls (the traces whose root, a span with no parent at all, is named `root`, starts at `sinceNs`
+ * or later and holds a `within` span: a paid call's admission), each span name's median start and end from
+ * the root's start, and its median length, in the order of their starts; the root's own end is among them.
+ * A name that occurs twice in a call counts twice in its medians. The load client sends no trace context,
+ * so the server span is the only root; an upstream call's span whose parent was dropped by the exporter
+ * still names a parent, and its trace is not a call.
  */
-export const phasesOf = (spans: ReadonlyArray<Span>, root = "POST", within = "Completions.admit") => {
+export const phasesOf = (
+  spans: ReadonlyArray<Span>,
+  options: { readonly root?: string; readonly within?: string; readonly sinceNs?: bigint } = {}
+) => {
+  const { root = "POST", within = "Completions.admit", sinceNs = 0n } = options
   const traces = new Map<string, Array<Span>>()
   for (const span of spans) {
     const trace = traces.get(span.traceId)
@@ -76,10 +85,8 @@ export const phasesOf = (spans: ReadonlyArray<Span>, root = "POST", within = "Co
   let calls = 0
   for (const trace of traces.values()) {
     const ids = new Map(trace.map((span) => [span.spanId, span]))
-    const top = trace.find(
-      (span) => span.name === root && (span.parentSpanId === undefined || !ids.has(span.parentSpanId))
-    )
-    if (top === undefined || !trace.some((span) => span.name === within)) continue
+    const top = trace.find((span) => span.name === root && span.parentSpanId === undefined)
+    if (top === undefined || top.startNs < sinceNs || !trace.some((span) => span.name === within)) continue
     calls++
     const seen = new Set<string>()
     for (const span of trace) {

@@ -22,25 +22,37 @@ const call = (trace: string, at: number, reserveMs: number) => {
     startTimeUnixNano: ns(at + from),
     endTimeUnixNano: ns(at + to)
   })
+  // Listed in the order an exporter sends them, by their ends: the upstream call's `POST` before the server's.
   return exportOf([
-    span(1, "POST", undefined, 0, 3),
-    span(2, "Completions.admit", 1, 0.4, 2.5),
     span(3, "postgres", 2, 0.8, 0.8 + reserveMs),
-    span(4, "Serve.run", 2, 1.9, 9),
-    span(5, "POST", 4, 2, 2.6)
+    span(5, "POST", 4, 2, 2.6),
+    span(2, "Completions.admit", 1, 0.4, 2.5),
+    span(1, "POST", undefined, 0, 3),
+    span(4, "Serve.run", 2, 1.9, 9)
   ])
 }
 
 describe("bench:phases reads where a call's time goes from its spans", () => {
   it("places each span by its median start and end from its call's server span, named with its parent", () => {
     const spans = [call("a", 0, 1), call("b", 10, 1.2), call("c", 20, 0.8)].flatMap(spansOf)
-    // A background statement's trace (no server span, no admission) is not a call.
+    // Not calls: a background statement's trace; a provider's quote refresh (a server `POST` with no admission);
+    // a call whose server span and `Serve.run` were dropped, so that only its upstream `POST` is left as a root
+    // candidate (it still names its parent); and a call that started before the rounds.
     const background = spansOf(
       exportOf([
         { name: "postgres", traceId: "z", spanId: "z1", startTimeUnixNano: ns(5), endTimeUnixNano: ns(6) }
       ])
     )
-    const { calls, phases } = phasesOf([...spans, ...background])
+    const refresh = spansOf(
+      exportOf([
+        { name: "POST", traceId: "q", spanId: "q1", startTimeUnixNano: ns(7), endTimeUnixNano: ns(8) }
+      ])
+    )
+    const dropped = spansOf(call("d", 30, 5)).filter((span) => span.spanId !== "d1" && span.spanId !== "d4")
+    const early = spansOf(call("e", -20, 5))
+    const { calls, phases } = phasesOf([...early, ...spans, ...background, ...refresh, ...dropped], {
+      sinceNs: BigInt(ns(0))
+    })
     expect(calls).toBe(3)
     expect(phases.map((phase) => phase.name)).toEqual([
       "POST",
