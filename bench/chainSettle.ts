@@ -36,6 +36,7 @@ import { FEE_ESTIMATE_TTL_MS, makeOutgoing, type OutgoingTransactions } from "..
 import { signEip1559 } from "../src/chain/TransactionSigning.ts"
 import { keccakReady } from "../src/domain/Keccak.ts"
 import { CHAIN_CALLS_AT_ONCE } from "../src/ledger/Treasury.ts"
+import { median } from "./support/Stats.ts"
 
 const TRANSFERS = Number(process.env.BENCH_TRANSFERS ?? 200)
 /** A directory: the `light` rounds are CPU-profiled there (one `.cpuprofile` a round). */
@@ -224,12 +225,6 @@ const signatureCost = async () => {
     if (r > 0) best.wasm = Math.min(best.wasm, (used.user + used.system) / 500)
   }
   return best
-}
-
-const median = (values: ReadonlyArray<number>) => {
-  const sorted = [...values].sort((a, b) => a - b)
-  const mid = Math.floor(sorted.length / 2)
-  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
 }
 
 const main = Effect.gen(function* () {

@@ -1,3 +1,5 @@
+import { median } from "../support/Stats.ts"
+
 /**
  * The spans of an OTLP/HTTP JSON export, and where they fall in a call (`bench:phases`): for each span name, its
  * median start and end from its call's server span and its median length.
@@ -41,13 +43,6 @@ export const spansOf = (body: OtlpJson): ReadonlyArray<Span> =>
       }))
     )
   )
-
-const median = (values: ReadonlyArray<number>) => {
-  const sorted = [...values].sort((a, b) => a - b)
-  const middle = sorted.length / 2
-  if (sorted.length === 0) return Number.NaN
-  return Number.isInteger(middle) ? (sorted[middle - 1]! + sorted[middle]!) / 2 : sorted[Math.floor(middle)]!
-}
 
 export interface Phase {
   /** The span's name, with its parent's: `postgres < Completions.admit`. */

@@ -32,6 +32,7 @@ import { availableParallelism, loadavg, tmpdir } from "node:os"
 import { join } from "node:path"
 import { Children, freePort, post, sleep } from "../support/Children.ts"
 import { runMain } from "../support/RunMain.ts"
+import { median } from "../support/Stats.ts"
 import { closedLoop, type LoadResult, openLoop, send, type Target } from "./Load.ts"
 import { rssBytes, usage } from "./Proc.ts"
 import { postgresRoundTrips, type RoundTrips } from "./RoundTrips.ts"
@@ -209,14 +210,6 @@ interface Row {
 }
 
 const fmt = (x: number, digits = 1) => (Number.isFinite(x) ? x.toFixed(digits) : "-")
-/** The median; of an even count, the mean of the two middle values (of the default two rounds, their mean, not the lower). */
-const median = (xs: ReadonlyArray<number>) => {
-  const sorted = [...xs].sort((a, b) => a - b)
-  if (sorted.length === 0) return Number.NaN
-  const middle = Math.floor(sorted.length / 2)
-  return sorted.length % 2 === 1 ? sorted[middle]! : (sorted[middle - 1]! + sorted[middle]!) / 2
-}
-
 const main = async () => {
   const dataDir = mkdtempSync(join(tmpdir(), "svc-bench-load-"))
   // The embedded Postgres drops root privileges: its user must be able to reach its folder.
