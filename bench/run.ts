@@ -33,6 +33,7 @@ import { hashSecret } from "../src/payment/Keys.ts"
 import { ServicesLive } from "../src/Router.ts"
 import { RouterConfig } from "../src/RouterConfig.ts"
 import { tracingWith } from "../src/Telemetry.ts"
+import { mean } from "./support/Stats.ts"
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 40)
 const TOKEN = "bench-operator"
@@ -42,7 +43,7 @@ const quantile = (xs: ReadonlyArray<number>, q: number) => {
   return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!
 }
 const summary = (xs: ReadonlyArray<number>) =>
-  `p50 ${quantile(xs, 0.5).toFixed(1)} ms  p95 ${quantile(xs, 0.95).toFixed(1)} ms  mean ${(xs.reduce((a, b) => a + b, 0) / xs.length).toFixed(1)} ms`
+  `p50 ${quantile(xs, 0.5).toFixed(1)} ms  p95 ${quantile(xs, 0.95).toFixed(1)} ms  mean ${mean(xs).toFixed(1)} ms`
 
 /** Milliseconds from sending the request to the first content delta of an SSE body. */
 /** First-to-last content delta of the most recent stream (how long the tokens took to flow through). */
@@ -92,10 +93,7 @@ const spanTable = (exporter: InMemorySpanExporter) => {
     .filter(([name]) =>
       /^(Completions|PaymentVerifier|Ledger|QuoteBook\.acquire|Market|Chain|Idempotency)/.test(name)
     )
-    .map(
-      ([name, xs]) =>
-        `    ${name.padEnd(40)} ${(xs.reduce((a, b) => a + b, 0) / xs.length).toFixed(2).padStart(8)}  (n=${xs.length})`
-    )
+    .map(([name, xs]) => `    ${name.padEnd(40)} ${mean(xs).toFixed(2).padStart(8)}  (n=${xs.length})`)
 }
 
 const main = async () => {

@@ -17,6 +17,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Children, freePort, sleep } from "../support/Children.ts"
 import { runMain } from "../support/RunMain.ts"
+import { mean } from "../support/Stats.ts"
 import { openLoop, type Target } from "./Load.ts"
 import { chatBody, startRouter } from "./Setup.ts"
 import { type OtlpJson, phasesOf, type Span, spansOf } from "./Spans.ts"
@@ -98,7 +99,6 @@ const main = async () => {
         `no paid call's spans came (${spans.length} spans in ${exports.length} exports): the router's span names changed?`
       )
     }
-    const mean = (values: ReadonlyArray<number>) => values.reduce((a, b) => a + b, 0) / values.length
     console.log(
       `\nA key-paid call at ${RATE}/s, its spans (${calls} calls; traced, so slower than bench:load): ` +
         `p50 direct ${mean(p50.direct).toFixed(2)} ms, router ${mean(p50.router).toFixed(2)} ms\n`
