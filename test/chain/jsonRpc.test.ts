@@ -19,10 +19,15 @@ const fakeNode = (answer: (calls: ReadonlyArray<Call>, request: number, response
     Effect.callback<{
       readonly url: string
       readonly requests: Array<ReadonlyArray<string>>
+      /** Each request's path and authorization header, as the node got them. */
+      readonly heads: Array<{ readonly path: string | undefined; readonly authorization: string | undefined }>
       readonly server: Server
     }>((resume) => {
       const requests: Array<ReadonlyArray<string>> = []
+      const heads: Array<{ readonly path: string | undefined; readonly authorization: string | undefined }> =
+        []
       const server = createServer((request: IncomingMessage, response) => {
+        heads.push({ path: request.url, authorization: request.headers.authorization })
         const chunks: Array<Buffer> = []
         request.on("data", (chunk: Buffer) => chunks.push(chunk))
         request.on("end", () => {
@@ -33,7 +38,7 @@ const fakeNode = (answer: (calls: ReadonlyArray<Call>, request: number, response
       })
       server.listen(0, "127.0.0.1", () => {
         const { port } = server.address() as AddressInfo
-        resume(Effect.succeed({ url: `http://127.0.0.1:${port}/`, requests, server }))
+        resume(Effect.succeed({ url: `http://127.0.0.1:${port}/`, requests, heads, server }))
       })
     }),
     (node) =>
@@ -72,6 +77,44 @@ describe("makeJsonRpcBatch over HTTP (a fake node, D485/D487)", () => {
       assert.deepStrictEqual(answers, ["eth_echo:a", "eth_echo:b", "eth_echo:c", "eth_echo:d"])
       assert.strictEqual(node.requests.length, 1)
     }).pipe(Effect.scoped)
+  )
+
+  it.effect(
+    "the URL's path, query and credentials reach the node (a provider's key in the path, basic auth)",
+    () =>
+      Effect.gen(function* () {
+        const node = yield* fakeNode((calls, _, response) => json(response, calls.map(echo)))
+        const keyed =
+          node.url.replace("http://", "http://rpc-user:p%40ss%3Aword@") + "v2/secret-key?network=base"
+        const rpc = makeJsonRpcBatch(httpPost(keyed, 2_000))
+        assert.strictEqual(yield* rpc.call("eth_echo", ["a"]), "eth_echo:a")
+        const plain = makeJsonRpcBatch(httpPost(node.url, 2_000))
+        assert.strictEqual(yield* plain.call("eth_echo", ["b"]), "eth_echo:b")
+        assert.deepStrictEqual(node.heads, [
+          {
+            path: "/v2/secret-key?network=base",
+            authorization: `Basic ${Buffer.from("rpc-user:p@ss:word").toString("base64")}`
+          },
+          { path: "/", authorization: undefined }
+        ])
+      }).pipe(Effect.scoped)
+  )
+
+  it.effect(
+    "a node that closes the connection without an answer fails the batch as unanswered, not timed out",
+    () =>
+      Effect.gen(function* () {
+        const node = yield* fakeNode((_, __, response) => response.socket?.destroy())
+        const rpc = makeJsonRpcBatch(httpPost(node.url, 2_000))
+        const started = Date.now()
+        const failure = yield* Effect.flip(rpc.call("eth_echo", ["a"]))
+        assert.deepStrictEqual(failure, {
+          _tag: "Unanswered",
+          timedOut: false,
+          message: "the node could not be reached or answered no JSON"
+        })
+        assert.isBelow(Date.now() - started, 1_000)
+      }).pipe(Effect.scoped)
   )
 
   it.effect("a call whose id is missing from the answer is sent again if it may be; else no answer", () =>
