@@ -6,7 +6,9 @@
  * 100) for `BENCH_OPEN_SECONDS` (default 8), `BENCH_ROUNDS` (default 2) times, and prints, for the router's
  * calls, each span's median start and end from the call's server span and its median length: the reservation's
  * statement (`postgres` under `Completions.admit`), the upstream call (`POST` under `Serve.run`), the settlement
- * after the reply. Spans cost the router CPU of their own (D320 turns them off unless an endpoint is set),
+ * after the reply. Then, unless `BENCH_X402=0`, the same for x402 calls (official client payments signed before
+ * each round, `x402Payments`), in rounds alternated with the key's, printed as a second table with the x402 call's
+ * p50 over the key call's. Spans cost the router CPU of their own (D320 turns them off unless an endpoint is set),
  * so the router's latency here is above `bench:load`'s; the table is for the order and the shares, not the
  * totals. Asserts nothing.
  */
@@ -19,13 +21,26 @@ import { Children, freePort, sleep } from "../support/Children.ts"
 import { runMain } from "../support/RunMain.ts"
 import { mean } from "../support/Stats.ts"
 import { openLoop, type Target } from "./Load.ts"
-import { chatBody, startRouter } from "./Setup.ts"
-import { type OtlpJson, phasesOf, type Span, spansOf } from "./Spans.ts"
+import { chatBody, startRouter, x402Payments } from "./Setup.ts"
+import { type OtlpJson, type Phase, phasesOf, type Span, spansOf } from "./Spans.ts"
 
 const RATE = Number(process.env.BENCH_RATE ?? 100)
 const SECONDS = Number(process.env.BENCH_OPEN_SECONDS ?? 8)
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 2)
+const X402 = process.env.BENCH_X402 !== "0"
 const log = (line: string) => process.stderr.write(`[bench:phases] ${line}\n`)
+
+/** The spans in at least a tenth of the calls, by their median start. */
+const printPhases = (phases: ReadonlyArray<Phase>, calls: number) => {
+  console.log(
+    `${"span < parent".padEnd(44)} ${"in calls".padStart(8)} ${"start".padStart(7)} ${"end".padStart(7)} ${"length".padStart(7)}  (ms, medians)`
+  )
+  for (const phase of phases.filter((phase) => phase.calls >= calls / 10)) {
+    console.log(
+      `${phase.name.slice(0, 44).padEnd(44)} ${`${Math.round((100 * phase.calls) / calls)}%`.padStart(8)} ${phase.startMs.toFixed(3).padStart(7)} ${phase.endMs.toFixed(3).padStart(7)} ${phase.lengthMs.toFixed(3).padStart(7)}`
+    )
+  }
+}
 
 const main = async () => {
   const dataDir = mkdtempSync(join(tmpdir(), "svc-bench-phases-"))
@@ -68,14 +83,32 @@ const main = async () => {
       headers: () => ({ "x-credit-key": creditKey }),
       body
     }
+    // x402 calls pay with payments signed before each of their rounds (one a call), used in order.
+    let payments: Array<Record<string, string>> = []
+    let next = 0
+    const x402: Target = {
+      name: "x402",
+      url: `${router}/v1/chat/completions`,
+      headers: () => payments[next++] ?? {},
+      body
+    }
+    const sign = async (seconds: number) => {
+      payments = await x402Payments(router, body, RATE * seconds + 10)
+      next = 0
+    }
     await openLoop(paid, RATE, 3)
     await openLoop(direct, RATE, 1)
+    if (X402) {
+      await sign(3)
+      await openLoop(x402, RATE, 3)
+    }
     const sinceNs = BigInt(Date.now()) * 1_000_000n
-    const p50 = { direct: [] as Array<number>, router: [] as Array<number> }
+    const p50 = { direct: [] as Array<number>, router: [] as Array<number>, x402: [] as Array<number> }
     for (let round = 0; round < ROUNDS; round++) {
-      for (const target of [direct, paid]) {
+      for (const target of X402 ? [direct, paid, x402] : [direct, paid]) {
+        if (target === x402) await sign(SECONDS)
         const result = await openLoop(target, RATE, SECONDS)
-        p50[target.name as "direct" | "router"].push(result.p50)
+        p50[target.name as "direct" | "router" | "x402"].push(result.p50)
         log(
           `round ${round + 1} ${target.name}: p50 ${result.p50.toFixed(2)} ms, p99 ${result.p99.toFixed(2)}, ${result.failures} failed`
         )
@@ -92,7 +125,14 @@ const main = async () => {
         log(`an export that is not OTLP/HTTP JSON was skipped (${body.length} bytes)`)
       }
     }
-    const { calls, phases } = phasesOf(spans, { sinceNs })
+    // The key's calls: every paid call's trace but the x402 ones (whose admission holds their own reservation).
+    const x402Traces = new Set(
+      spans.filter((span) => span.name === "Ledger.reserveX402").map((s) => s.traceId)
+    )
+    const { calls, phases } = phasesOf(
+      spans.filter((span) => !x402Traces.has(span.traceId)),
+      { sinceNs }
+    )
     const reservation = phases.find((phase) => phase.name === "postgres < Completions.admit")
     if (calls === 0 || reservation === undefined) {
       throw new Error(
@@ -108,13 +148,14 @@ const main = async () => {
       `added p50 over direct ${added.toFixed(2)} ms; the reservation's statement (median) ` +
         `${reservation.lengthMs.toFixed(2)} ms${added > 0 ? ` (${Math.round((100 * reservation.lengthMs) / added)}%)` : ""}\n`
     )
-    console.log(
-      `${"span < parent".padEnd(44)} ${"in calls".padStart(8)} ${"start".padStart(7)} ${"end".padStart(7)} ${"length".padStart(7)}  (ms, medians)`
-    )
-    for (const phase of phases.filter((phase) => phase.calls >= calls / 10)) {
+    printPhases(phases, calls)
+    if (X402) {
+      const paidX402 = phasesOf(spans, { sinceNs, within: "Ledger.reserveX402" })
       console.log(
-        `${phase.name.slice(0, 44).padEnd(44)} ${`${Math.round((100 * phase.calls) / calls)}%`.padStart(8)} ${phase.startMs.toFixed(3).padStart(7)} ${phase.endMs.toFixed(3).padStart(7)} ${phase.lengthMs.toFixed(3).padStart(7)}`
+        `\nAn x402 call at ${RATE}/s, its spans (${paidX402.calls} calls): p50 ${mean(p50.x402).toFixed(2)} ms, ` +
+          `${(mean(p50.x402) - mean(p50.router)).toFixed(2)} ms over the key call's\n`
       )
+      printPhases(paidX402.phases, paidX402.calls)
     }
   } finally {
     // The router's last export goes as it stops: the receiver is still there for it.

@@ -68,4 +68,36 @@ describe("bench:phases reads where a call's time goes from its spans", () => {
     expect(reservation.endMs).toBeCloseTo(1.8, 6)
     expect(phases[0]!.endMs).toBeCloseTo(3, 6)
   })
+
+  it("reads the calls of one window, and of one kind, by `untilNs` and `within`", () => {
+    const keyed = [call("a", 0, 1), call("b", 10, 1.2)].flatMap(spansOf)
+    // Later x402 calls: their admission holds the x402 reservation's span.
+    const x402 = [call("x", 100, 2), call("y", 110, 3)]
+      .flatMap(spansOf)
+      .flatMap((span) =>
+        span.name === "postgres"
+          ? [
+              span,
+              {
+                ...span,
+                spanId: `${span.spanId}r`,
+                name: "Ledger.reserveX402",
+                parentSpanId: span.parentSpanId
+              }
+            ]
+          : [span]
+      )
+    const all = [...keyed, ...x402]
+    const before = phasesOf(all, { sinceNs: BigInt(ns(0)), untilNs: BigInt(ns(100)) })
+    expect(before.calls).toBe(2)
+    expect(
+      before.phases.find((phase) => phase.name === "postgres < Completions.admit")!.lengthMs
+    ).toBeCloseTo(1.1, 6)
+    const paid = phasesOf(all, { sinceNs: BigInt(ns(0)), within: "Ledger.reserveX402" })
+    expect(paid.calls).toBe(2)
+    expect(
+      paid.phases.find((phase) => phase.name === "Ledger.reserveX402 < Completions.admit")!.lengthMs
+    ).toBeCloseTo(2.5, 6)
+    expect(phasesOf(all, { sinceNs: BigInt(ns(100)) }).calls).toBe(2)
+  })
 })
