@@ -72,21 +72,19 @@ describe("bench:phases reads where a call's time goes from its spans", () => {
   it("reads the calls of one window, and of one kind, by `untilNs` and `within`", () => {
     const keyed = [call("a", 0, 1), call("b", 10, 1.2)].flatMap(spansOf)
     // Later x402 calls: their admission holds the x402 reservation's span.
-    const x402 = [call("x", 100, 2), call("y", 110, 3)]
-      .flatMap(spansOf)
-      .flatMap((span) =>
-        span.name === "postgres"
-          ? [
-              span,
-              {
-                ...span,
-                spanId: `${span.spanId}r`,
-                name: "Ledger.reserveX402",
-                parentSpanId: span.parentSpanId
-              }
-            ]
-          : [span]
-      )
+    const x402 = [call("x", 100, 2), call("y", 110, 3)].flatMap(spansOf).flatMap((span) =>
+      span.name === "postgres"
+        ? [
+            span,
+            {
+              ...span,
+              spanId: `${span.spanId}r`,
+              name: "Ledger.reserveX402",
+              parentSpanId: span.parentSpanId
+            }
+          ]
+        : [span]
+    )
     const all = [...keyed, ...x402]
     const before = phasesOf(all, { sinceNs: BigInt(ns(0)), untilNs: BigInt(ns(100)) })
     expect(before.calls).toBe(2)
