@@ -175,10 +175,6 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
   // Signs digests in WebAssembly (`signDigest`, D432): read out of its `Redacted` once, never logged.
   const routerKeyBytes = Buffer.from(Redacted.value(deployment.routerKey).slice(2), "hex")
 
-  const blockNumber = Effect.fn("Chain.blockNumber")(() =>
-    call("Chain.blockNumber", () => publicClient.getBlockNumber({ cacheTime: 0 }))
-  )
-
   const headTimestamp = Effect.fn("Chain.headTimestamp")(() =>
     call("Chain.headTimestamp", () => publicClient.getBlock({ blockTag: "latest" })).pipe(
       Effect.map((block) => block.timestamp)
@@ -309,6 +305,9 @@ const makeService = Effect.fnUntraced(function* (deployment: Deployment) {
       ? [deployment.routerKey]
       : [deployment.routerKey, deployment.treasuryKey]
   )
+
+  // Over the light batch (D578), not viem's transport: the treasury's looks and passes ask for it every few seconds.
+  const blockNumber = Effect.fn("Chain.blockNumber")(() => outgoing.head)
 
   const anchoredRoot = Effect.fn("Chain.anchoredRoot")(function* (epochId: bigint) {
     yield* requireUint64(epochId)

@@ -64,6 +64,8 @@ export interface OutgoingTransactions {
   readonly state: (hash: Hash) => Effect.Effect<TransactionState, ChainError>
   /** How many transactions of the account are mined (`latest`): the lowest nonce still free on chain. */
   readonly minedNonce: (address: Address) => Effect.Effect<number, ChainError>
+  /** The newest block's number (`eth_blockNumber`), in the turn's batch like the looks it is read with. */
+  readonly head: Effect.Effect<bigint, ChainError>
 }
 
 /** Gas estimates move with state between estimate and inclusion; a quarter more costs nothing unused. */
@@ -398,5 +400,10 @@ export const makeOutgoing = (
       failure: chainError("Outgoing.minedNonce")
     })
 
-  return { plan, sign, broadcast, state, minedNonce }
+  const head = rpc.callWith("eth_blockNumber", [], {
+    result: quantityOf("Chain.blockNumber"),
+    failure: chainError("Chain.blockNumber")
+  })
+
+  return { plan, sign, broadcast, state, minedNonce, head }
 }

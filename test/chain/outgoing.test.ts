@@ -78,6 +78,13 @@ layer(ChainEmbedded, { timeout: "60 seconds" })(
           })
           assert.isTrue(yield* chain.authorizationState(payment.from, payment.nonce))
           assert.strictEqual(yield* chain.outgoing.minedNonce(call.from), nonce + 1)
+          // The head as viem reads it, from the batch (D578): at or past the block that mined it.
+          const [head, viaViemHead] = yield* Effect.all([
+            chain.outgoing.head,
+            Effect.promise(() => chain.publicClient.getBlockNumber({ cacheTime: 0 }))
+          ])
+          assert.strictEqual(head, viaViemHead)
+          assert.isAtLeast(Number(head), Number(receipt.blockNumber))
 
           // Plans, states and counts asked for together: one HTTP request.
           requests.length = 0
@@ -86,12 +93,14 @@ layer(ChainEmbedded, { timeout: "60 seconds" })(
             [
               Effect.forEach(transfers, chain.outgoing.plan, { concurrency: "unbounded" }),
               chain.outgoing.state(signed.hash),
-              chain.outgoing.minedNonce(call.from)
+              chain.outgoing.minedNonce(call.from),
+              chain.outgoing.head
             ],
             { concurrency: "unbounded" }
           )
           assert.strictEqual(requests.length, 1, JSON.stringify(requests))
           assert.strictEqual(requests[0]!.filter((method) => method === "eth_estimateGas").length, 5)
+          assert.include(requests[0]!, "eth_blockNumber")
         })
     )
 
