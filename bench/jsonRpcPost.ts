@@ -59,9 +59,10 @@ const nodeHttpPost = (rpcUrl: string): PostJson => {
 }
 
 const node = spawn(process.execPath, ["-e", NODE], { stdio: ["ignore", "pipe", "inherit"] })
-const port = await new Promise<string>((resolve) =>
+const port = await new Promise<string>((resolve, reject) => {
   node.stdout.once("data", (data) => resolve(String(data).trim()))
-)
+  node.once("exit", (code) => reject(new Error(`the node process exited (${code}) before it listened`)))
+})
 const url = `http://127.0.0.1:${port}/`
 const body = JSON.stringify([
   { jsonrpc: "2.0", id: 0, method: "eth_call", params: [{ to: "0x0", data: "0x" }, "latest"] },

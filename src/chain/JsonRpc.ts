@@ -56,12 +56,17 @@ class PostCall implements Dispatcher.DispatchHandler {
     this.reject(error)
   }
 
+  /**
+   * A request whose time ran out while it waited in the pool for a connection is aborted as it gets one
+   * (undici then closes that connection, where Node's client took a queued request out of its queue):
+   * only when more than the pool's 8 requests wait on a stalled node, and never sent late.
+   */
   onRequestStart(controller: Dispatcher.DispatchController) {
     this.controller = controller
     if (this.timedOut !== undefined) controller.abort(this.timedOut)
   }
 
-  /** The status is all of the head the batch reads; an informational one (`100 Continue`) is not the answer. */
+  /** The status is all of the head the batch reads; an informational one (`103 Early Hints`) is not the answer. */
   onResponseStart(controller: Dispatcher.DispatchController, statusCode: number) {
     if (statusCode >= 200) {
       controller.rawHeaders = null
@@ -99,7 +104,8 @@ const lateAnswer = (call: PostCall) => call.late()
  */
 export const httpPost = (rpcUrl: string, timeoutMs: number): PostJson => {
   const url = new URL(rpcUrl)
-  const pool = new Pool(url.origin, { connections: 8 })
+  // HTTP/1.1 as Node's client spoke it: undici would offer HTTP/2 to a TLS endpoint (one multiplexed connection).
+  const pool = new Pool(url.origin, { connections: 8, allowH2: false })
   const path = url.pathname + url.search
   const headers: Record<string, string> = { "content-type": "application/json" }
   if (url.username !== "" || url.password !== "") {

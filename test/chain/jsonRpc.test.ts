@@ -1,5 +1,10 @@
+import { execFileSync } from "node:child_process"
+import { mkdtempSync, readFileSync, rmSync } from "node:fs"
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http"
+import { createSecureServer } from "node:http2"
 import type { AddressInfo } from "node:net"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { httpPost, makeJsonRpcBatch, type RpcFailure, TRANSIENT_CODES } from "../../src/chain/JsonRpc.ts"
@@ -98,6 +103,64 @@ describe("makeJsonRpcBatch over HTTP (a fake node, D485/D487)", () => {
           { path: "/", authorization: undefined }
         ])
       }).pipe(Effect.scoped)
+  )
+
+  it.effect("to a TLS node that offers HTTP/2 it speaks HTTP/1.1, as Node's client did", () =>
+    Effect.gen(function* () {
+      // A self-signed certificate for 127.0.0.1, made here (openssl), trusted for this test only.
+      const dir = mkdtempSync(join(tmpdir(), "svc-rpc-tls-"))
+      execFileSync(
+        "openssl",
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"].concat([
+          "-keyout",
+          join(dir, "key.pem"),
+          "-out",
+          join(dir, "cert.pem")
+        ]),
+        { stdio: "ignore" }
+      )
+      const versions: Array<string> = []
+      const server = createSecureServer(
+        {
+          key: readFileSync(join(dir, "key.pem")),
+          cert: readFileSync(join(dir, "cert.pem")),
+          allowHTTP1: true
+        },
+        (request, response) => {
+          versions.push(request.httpVersion)
+          const chunks: Array<Buffer> = []
+          request.on("data", (chunk: Buffer) => chunks.push(chunk))
+          request.on("end", () => {
+            const calls = JSON.parse(Buffer.concat(chunks).toString("utf8")) as ReadonlyArray<Call>
+            response.writeHead(200, { "content-type": "application/json" })
+            response.end(JSON.stringify(calls.map(echo)))
+          })
+        }
+      )
+      yield* Effect.acquireRelease(
+        Effect.callback<void>((resume) => {
+          server.listen(0, "127.0.0.1", () => resume(Effect.void))
+        }),
+        () =>
+          Effect.sync(() => {
+            server.close()
+            rmSync(dir, { recursive: true, force: true })
+          })
+      )
+      const trusted = process.env.NODE_TLS_REJECT_UNAUTHORIZED
+      process.env.NODE_TLS_REJECT_UNAUTHORIZED = "0"
+      yield* Effect.addFinalizer(() =>
+        Effect.sync(() => {
+          if (trusted === undefined) delete process.env.NODE_TLS_REJECT_UNAUTHORIZED
+          else process.env.NODE_TLS_REJECT_UNAUTHORIZED = trusted
+        })
+      )
+      const { port } = server.address() as AddressInfo
+      const rpc = makeJsonRpcBatch(httpPost(`https://127.0.0.1:${port}/`, 5_000))
+      assert.strictEqual(yield* rpc.call("eth_echo", ["a"]), "eth_echo:a")
+      assert.strictEqual(yield* rpc.call("eth_echo", ["b"]), "eth_echo:b")
+      assert.deepStrictEqual(versions, ["1.1", "1.1"])
+    }).pipe(Effect.scoped)
   )
 
   it.effect(
