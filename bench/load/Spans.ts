@@ -56,7 +56,7 @@ export interface Phase {
 
 /**
  * For the calls (the traces whose root, a span with no parent at all, is named `root`, starts at `sinceNs`
- * or later and before `untilNs`, and holds a `within` span: a paid call's admission), each span name's median start and end from
+ * or later, holds a `within` span (a paid call's admission) and no `without` span (another kind of call's)), each span name's median start and end from
  * the root's start, and its median length, in the order of their starts; the root's own end is among them.
  * A name that occurs twice in a call counts twice in its medians. The load client sends no trace context,
  * so the server span is the only root; an upstream call's span whose parent was dropped by the exporter
@@ -68,10 +68,10 @@ export const phasesOf = (
     readonly root?: string
     readonly within?: string
     readonly sinceNs?: bigint
-    readonly untilNs?: bigint
+    readonly without?: string
   } = {}
 ) => {
-  const { root = "POST", within = "Completions.admit", sinceNs = 0n, untilNs } = options
+  const { root = "POST", within = "Completions.admit", sinceNs = 0n, without } = options
   const traces = new Map<string, Array<Span>>()
   for (const span of spans) {
     const trace = traces.get(span.traceId)
@@ -86,9 +86,8 @@ export const phasesOf = (
   for (const trace of traces.values()) {
     const ids = new Map(trace.map((span) => [span.spanId, span]))
     const top = trace.find((span) => span.name === root && span.parentSpanId === undefined)
-    if (top === undefined || top.startNs < sinceNs || (untilNs !== undefined && top.startNs >= untilNs))
-      continue
-    if (!trace.some((span) => span.name === within)) continue
+    if (top === undefined || top.startNs < sinceNs || !trace.some((span) => span.name === within)) continue
+    if (without !== undefined && trace.some((span) => span.name === without)) continue
     calls++
     const seen = new Set<string>()
     for (const span of trace) {

@@ -126,13 +126,7 @@ const main = async () => {
       }
     }
     // The key's calls: every paid call's trace but the x402 ones (whose admission holds their own reservation).
-    const x402Traces = new Set(
-      spans.filter((span) => span.name === "Ledger.reserveX402").map((s) => s.traceId)
-    )
-    const { calls, phases } = phasesOf(
-      spans.filter((span) => !x402Traces.has(span.traceId)),
-      { sinceNs }
-    )
+    const { calls, phases } = phasesOf(spans, { sinceNs, without: "Ledger.reserveX402" })
     const reservation = phases.find((phase) => phase.name === "postgres < Completions.admit")
     if (calls === 0 || reservation === undefined) {
       throw new Error(

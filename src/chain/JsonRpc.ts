@@ -99,8 +99,9 @@ const lateAnswer = (call: PostCall) => call.late()
 /**
  * POSTs straight on an undici pool of kept-alive connections (a few), one handler per request: cheaper per
  * request than Node's own HTTP client (a `ClientRequest`, an `IncomingMessage` and their listeners: about
- * 40 µs of CPU more a request, `npm run bench:json-rpc`, D578) and than the global `fetch` (WHATWG streams, a Response and its body
- * reader). Credentials in the URL go as basic authorization, as Node's client sends them.
+ * 40 µs of CPU more a request, `npm run bench:json-rpc`, D578) and than the global `fetch` (WHATWG
+ * streams, a Response and its body reader). Credentials in the URL go as basic authorization, as Node's
+ * client sends them.
  */
 export const httpPost = (rpcUrl: string, timeoutMs: number): PostJson => {
   const url = new URL(rpcUrl)
